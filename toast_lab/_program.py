@@ -1,0 +1,142 @@
+"""The traced program: values and ops, flat, in program order (DESIGN.md §1).
+
+Regions (`scan`, `while`, `cond`) stay in the flat list: the region op comes first, then its
+body ops (`Op.region` points back at it), so one walk over `Program.ops` sees every op once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+# Where a value comes from.
+INPUT = "input"        # a leaf of the function's arguments
+CONST = "const"        # a constant captured by the traced function
+LITERAL = "literal"    # a literal scalar in an equation
+RESULT = "result"      # produced by an op
+BODY_INPUT = "body"    # an input of a region body (defined by the region op)
+
+NO_OP = -1  # sentinel: a value with no producing op, or an op outside any region
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """One tensor of the program. `shape` in elements; `nbytes` for the whole (unsharded) tensor."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    origin: str
+    producer: int = NO_OP
+    name: str = ""  # for inputs: the pytree path, e.g. "params/blocks/0/attn/wq"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        label = f" {self.name}" if self.name else ""
+        return f"%{self.id}:{self.dtype.name}[{dims}]{label}"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Op:
+    """One equation. `trip_count`: how often it runs per call (scan bodies run `length` times)."""
+
+    id: int
+    primitive: str
+    params: Mapping[str, Any]
+    operands: tuple[int, ...]
+    results: tuple[int, ...]
+    name_scope: str
+    source_info: Any = field(repr=False)
+    region: int = NO_OP
+    trip_count: int = 1
+    body: tuple[int, ...] = ()      # region ops: body inputs and outputs, in the rule's order
+    body_ops: tuple[int, int] = (0, 0)  # region ops: [start, stop) of their body ops' ids
+
+    @property
+    def source(self) -> str:
+        """The user's source line, e.g. 'model.py:42 (attention)'."""
+        return source_line(self.source_info)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"%{v}" for v in self.operands)
+        outs = ", ".join(f"%{v}" for v in self.results)
+        scope = f" [{self.name_scope}]" if self.name_scope else ""
+        return f"{outs} = {self.primitive}({ins}){scope}"
+
+
+def source_line(source_info) -> str:
+    if source_info is None:
+        return "<unknown>"
+    from jax._src import source_info_util  # private, but the only way to JAX's user frame
+
+    try:
+        return source_info_util.summarize(source_info)
+    except Exception:  # a source line is a courtesy: never let it break analysis
+        return "<unknown>"
+
+
+class Program:
+    """A traced function: values, ops in program order, and the argument/result structure."""
+
+    def __init__(self, values, ops, inputs, outputs, in_tree, out_tree, input_names,
+                 dim_names, fn_name: str):
+        self.values: tuple[Value, ...] = tuple(values)
+        self.ops: tuple[Op, ...] = tuple(ops)
+        self.inputs: tuple[int, ...] = tuple(inputs)
+        self.outputs: tuple[int, ...] = tuple(outputs)
+        self.in_tree = in_tree      # PyTreeDef of (args, kwargs)
+        self.out_tree = out_tree
+        self.input_names: tuple[str, ...] = tuple(input_names)
+        # Per input leaf: logical dim names the user (or the zoo) gave, or None.
+        self.dim_names: tuple[tuple[str | None, ...] | None, ...] = tuple(dim_names)
+        self.fn_name = fn_name
+        users: list[list[int]] = [[] for _ in self.values]
+        for op in self.ops:
+            for v in op.operands:
+                users[v].append(op.id)
+            for v in op.body:  # body outputs are read by the region op
+                if self.values[v].origin != BODY_INPUT:
+                    users[v].append(op.id)
+        self._users = tuple(tuple(u) for u in users)
+
+    def users(self, value: int) -> tuple[int, ...]:
+        return self._users[value]
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    def primitives(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for op in self.ops:
+            counts[op.primitive] = counts.get(op.primitive, 0) + 1
+        return counts
+
+    def fingerprint(self) -> str:
+        """A hash of the program's structure (inputs, primitives, shapes), not of its source.
+
+        Plan files carry it so that loading a plan against another program fails clearly.
+        """
+        h = hashlib.sha256()
+        for v in self.inputs:
+            val = self.values[v]
+            h.update(f"{val.name}:{val.dtype.name}{val.shape};".encode())
+        for op in self.ops:
+            shapes = ",".join(str(self.values[r].shape) for r in op.results)
+            h.update(f"{op.primitive}{shapes};".encode())
+        return h.hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        return (f"Program({self.fn_name!r}, {len(self.inputs)} inputs, {len(self.ops)} ops, "
+                f"{len(self.values)} values)")

@@ -1,0 +1,209 @@
+"""trace(fn, *args) -> Program: a jaxpr walk in the manner of `jax.core.eval_jaxpr`.
+
+Call-like primitives (nested `jit`, `custom_jvp_call`, `custom_vjp_call`, `remat`) are inlined
+with their name scope kept; `scan`, `while` and `cond` stay regions whose bodies are walked once
+(DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jex_core
+
+from ._program import (BODY_INPUT, CONST, INPUT, LITERAL, NO_OP, RESULT, Op, Program, Value)
+from .rules import INLINED_PRIMITIVES
+
+_SUBJAXPR_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
+    """Traces `fn(*args, **kwargs)` into a Program without running it.
+
+    args: arrays or `jax.ShapeDtypeStruct` pytrees. dim_names: optional logical names for the
+    dims of each positional argument (a tuple with one entry per argument: None, or a pytree of
+    the argument's structure whose leaves are tuples of str|None, one per dim); defaults to
+    `fn.dim_names` when the function carries one (the zoo's functions do). Class names come
+    from these hints first, then from argument paths.
+    """
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    input_names = [_path_name(path, _arg_names(fn, len(args))) for path, _ in leaves_with_path]
+    if dim_names is None:
+        dim_names = getattr(fn, "dim_names", None)
+    hints = _flatten_dim_names(dim_names, args, kwargs)
+    builder = _ProgramBuilder()
+    inputs = [builder.new_value(v.aval, INPUT, name=input_names[i])
+              for i, v in enumerate(closed.jaxpr.invars)]
+    env: dict[Any, int] = dict(zip(closed.jaxpr.invars, inputs))
+    for var in closed.jaxpr.constvars:
+        env[var] = builder.new_value(var.aval, CONST)
+    builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1)
+    outputs = [builder.read(env, v) for v in closed.jaxpr.outvars]
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
+                   input_names, hints, getattr(fn, "__name__", type(fn).__name__))
+
+
+class _ProgramBuilder:
+    def __init__(self):
+        self.values: list[Value] = []
+        self.ops: list[Op | None] = []
+
+    def new_value(self, aval, origin: str, producer: int = NO_OP, name: str = "") -> int:
+        vid = len(self.values)
+        shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+        self.values.append(Value(vid, shape, aval.dtype, origin, producer, name))
+        return vid
+
+    def read(self, env, var) -> int:
+        if isinstance(var, jex_core.Literal):
+            return self.new_value(var.aval, LITERAL)
+        return env[var]
+
+    def walk(self, jaxpr, env, scope: str, region: int, trip: int) -> None:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            eqn_scope = _join(scope, clean_scope(str(eqn.source_info.name_stack)))
+            operands = [self.read(env, v) for v in eqn.invars]
+            if name in INLINED_PRIMITIVES:
+                self._inline(eqn, operands, env, eqn_scope, region, trip)
+            elif name == "scan":
+                self._region(eqn, operands, env, eqn_scope, region, trip,
+                             [eqn.params["jaxpr"]], trip * int(eqn.params["length"]))
+            elif name == "while":
+                # The trip count of a while loop is unknown statically: its body counts once.
+                self._region(eqn, operands, env, eqn_scope, region, trip,
+                             [eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]], trip,
+                             outputs_of=(1,))
+            elif name == "cond":
+                self._region(eqn, operands, env, eqn_scope, region, trip,
+                             list(eqn.params["branches"]), trip)
+            else:
+                op_id = len(self.ops)
+                results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
+                self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
+                                   eqn_scope, eqn.source_info, region, trip))
+                env.update(zip(eqn.outvars, results))
+
+    def _inline(self, eqn, operands, env, scope, region, trip):
+        sub = next(eqn.params[k] for k in _SUBJAXPR_KEYS if k in eqn.params)
+        jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+        inner_scope = _join(scope, eqn.params.get("name", "")) if eqn.primitive.name in (
+            "jit", "pjit") else scope
+        inner = dict(zip(jaxpr.invars, operands))
+        for var in jaxpr.constvars:
+            inner[var] = self.new_value(var.aval, CONST)
+        self.walk(jaxpr, inner, inner_scope, region, trip)
+        env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
+
+    def _region(self, eqn, operands, env, scope, region, trip, bodies, body_trip,
+                outputs_of=None):
+        """Lays out a region op, then its bodies; `body` lists each body's inputs and outputs.
+
+        outputs_of: which bodies' outputs enter the boundary (a while loop's cond output is
+        its predicate, not a carried value); default all.
+        """
+        op_id = len(self.ops)
+        self.ops.append(None)  # reserved: the region op precedes its body ops
+        boundary_in, boundary_out = [], []
+        for k, closed in enumerate(bodies):
+            jaxpr = closed.jaxpr
+            inner = {v: self.new_value(v.aval, BODY_INPUT, op_id) for v in jaxpr.invars}
+            for var in jaxpr.constvars:
+                inner[var] = self.new_value(var.aval, CONST)
+            self.walk(jaxpr, inner, scope, op_id, body_trip)
+            ins = [inner[v] for v in jaxpr.invars]
+            outs = [self.read(inner, v) for v in jaxpr.outvars]
+            if eqn.primitive.name == "cond":  # per branch: inputs then outputs
+                boundary_in += ins + outs
+            else:
+                boundary_in += ins
+                if outputs_of is None or k in outputs_of:
+                    boundary_out += outs
+        results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
+        self.ops[op_id] = Op(op_id, eqn.primitive.name, eqn.params, tuple(operands),
+                             tuple(results), scope, eqn.source_info, region, trip,
+                             body=tuple(boundary_in + boundary_out),
+                             body_ops=(op_id + 1, len(self.ops)))
+        env.update(zip(eqn.outvars, results))
+
+
+# JAX wraps scopes in the transformations applied to them: "transpose(jvp(block0))/attn".
+_TRANSFORM_WRAPPER = re.compile(r"\b(?:jvp|transpose|vmap|remat|checkpoint|pjit|jit)\(([^()]*)\)")
+
+
+def clean_scope(name_stack: str) -> str:
+    """'transpose(jvp(block0))/attn' -> 'block0/attn': the user's scopes, forward and backward alike."""
+    prev = None
+    while prev != name_stack:
+        prev, name_stack = name_stack, _TRANSFORM_WRAPPER.sub(r"\1", name_stack)
+    return "/".join(p for p in name_stack.split("/") if p)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+def _arg_names(fn, n: int) -> list[str]:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params[:n]]
+    except (TypeError, ValueError):
+        names = []
+    return names + [f"arg{i}" for i in range(len(names), n)]
+
+
+def _path_name(path, arg_names: list[str]) -> str:
+    """'params/blocks/0/attn/wq' from the key path of one leaf of (args, kwargs)."""
+    parts = []
+    for i, key in enumerate(path):
+        if isinstance(key, jax.tree_util.SequenceKey):
+            part = key.idx
+        elif isinstance(key, jax.tree_util.DictKey):
+            part = key.key
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            part = key.name
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            part = key.key
+        else:
+            part = str(key)
+        if i == 1 and path[0] == jax.tree_util.SequenceKey(0):  # a positional argument
+            part = arg_names[part] if part < len(arg_names) else f"arg{part}"
+        if i > 0:
+            parts.append(str(part))
+    return "/".join(parts)
+
+
+def _is_names_leaf(x) -> bool:
+    return x is None or (isinstance(x, tuple) and all(isinstance(e, (str, type(None))) for e in x))
+
+
+def _flatten_dim_names(dim_names, args, kwargs):
+    """Per input leaf: a tuple of logical dim names, or None. Validates against the args."""
+    hints = []
+    if dim_names is not None and len(dim_names) != len(args):
+        raise ValueError(f"dim_names has {len(dim_names)} entries but the function takes "
+                         f"{len(args)} positional arguments: give one entry (or None) per argument")
+    for i, arg in enumerate(args):
+        arg_leaves = jax.tree_util.tree_leaves(arg)
+        names = None if dim_names is None else dim_names[i]
+        if names is None:
+            hints += [None] * len(arg_leaves)
+            continue
+        name_leaves = jax.tree_util.tree_leaves(names, is_leaf=_is_names_leaf)
+        if len(name_leaves) != len(arg_leaves):
+            raise ValueError(f"dim_names[{i}] has {len(name_leaves)} leaves but argument {i} has "
+                             f"{len(arg_leaves)}: it must have the argument's structure, with a "
+                             f"tuple of names (one per dim) at each leaf")
+        for leaf, nm in zip(arg_leaves, name_leaves):
+            if nm is not None and len(nm) != len(jax.numpy.shape(leaf)):
+                raise ValueError(f"dim_names {nm} for an argument of shape "
+                                 f"{tuple(jax.numpy.shape(leaf))}: give one name per dim")
+            hints.append(nm)
+    hints += [None] * len(jax.tree_util.tree_leaves(kwargs))
+    return hints
