@@ -3,4 +3,15 @@
 This module is the one place that says what is public.
 """
 
+from . import rules, zoo
+from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
+from ._classes import REPLICATE, Conflict, ConflictSide, DimClass
+from ._program import Op, Program, Value
+from ._trace import trace
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
+    "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "zoo",
+]

@@ -81,7 +81,7 @@ def source_line(source_info) -> str:
     from jax._src import source_info_util  # private, but the only way to JAX's user frame
 
     try:
-        return source_info_util.summarize(source_info)
+        return source_info_util.summarize(source_info) or "<unknown>"
     except Exception:  # a source line is a courtesy: never let it break analysis
         return "<unknown>"
 
