@@ -1,0 +1,472 @@
+"""Device presets: peak flops, memory and links of current accelerators (DESIGN.md §4).
+
+Units are SI throughout: FLOP/s, bytes, bytes per second, seconds. Figures are dense (not
+2:4-sparse) vendor datasheet numbers per chip. HBM capacities are binary (an "80 GB" H100 has
+80 GiB of HBM, of which JAX can use a little less); bandwidths are decimal, as vendors quote
+them.
+
+A `Link` is what one device can push along one mesh axis, in one direction:
+
+- NVIDIA: NVLink is quoted as total bidirectional bandwidth per GPU (H100: 900 GB/s), so one
+  direction is half of it. Across nodes each GPU has its own InfiniBand NIC (400 Gb/s on
+  H100/H200/B200 systems, 200 Gb/s on A100 systems).
+- TPU: ICI is quoted as bidirectional bandwidth per chip over all its ports (4 ports on the 2D
+  torus of v5e/v6e, 6 on the 3D torus of v4/v5p). A mesh axis laid along one torus dimension
+  uses two ports (one each way round its ring), so its one-direction bandwidth is
+  2 x (per-chip bidirectional / 2 / ports). Across slices, traffic goes over the data-center
+  network (DCN), shared by the chips of a host.
+
+Latencies are typical orders of magnitude (about a microsecond for NVLink and ICI hops, several
+for InfiniBand and DCN), not datasheet figures; pass your own `Link` where they matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+GiB = 2**30
+
+# The dtype names every preset must state a rate for.
+REQUIRED_DTYPES = ("bfloat16", "float16", "float32")
+
+# TPU MXUs have no float32 mode: a float32 matmul runs as several bfloat16 passes (1 at JAX's
+# DEFAULT precision, 3 at HIGH, 6 at HIGHEST). We charge 3, the usual price of float32-accurate
+# matmuls; give a DeviceSpec your own "float32" rate if you pin a precision.
+TPU_FLOAT32_PASSES = 3
+
+# Short and HLO-style spellings accepted by `DeviceSpec.peak_flops_for`.
+_DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "single": "float32",
+    "f64": "float64",
+    "fp64": "float64",
+    "double": "float64",
+    "tf32": "tensorfloat32",
+    "fp8": "float8",
+    "f8": "float8",
+    "s8": "int8",
+    "i8": "int8",
+    "u8": "uint8",
+    "s4": "int4",
+    "u4": "uint4",
+    "c64": "complex64",
+    "c128": "complex128",
+    "pred": "bool",
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A mesh axis's interconnect, per device and per direction.
+
+    bandwidth: bytes per second one device sends along the axis.
+    latency: seconds per collective step (the alpha of an alpha-beta model).
+    """
+
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:
+            raise ValueError(f"Link bandwidth must be positive bytes/s, got {self.bandwidth!r}.")
+        if not self.latency >= 0:
+            raise ValueError(f"Link latency must be >= 0 seconds, got {self.latency!r}.")
+
+    def __repr__(self) -> str:
+        return f"Link(bandwidth={self.bandwidth:.3g} B/s, latency={self.latency:.3g} s)"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator: what a roofline and an alpha-beta model need to know about it.
+
+    name: the preset name, e.g. "h100-80gb".
+    peak_flops: dtype name -> dense peak FLOP/s (bfloat16, float16 and float32 at least; also
+        float8 / int8 / tensorfloat32 / float64 where the hardware has them).
+    memory_bytes: HBM capacity per device, in bytes.
+    memory_bandwidth: HBM bandwidth per device, in bytes per second.
+    intra_node: the link between devices that share the fast interconnect (NVLink, ICI).
+    inter_node: the link between devices that do not (InfiniBand, data-center network).
+    devices_per_node: how many devices share the fast interconnect: 8 in an NVLink node; for
+        TPUs the largest slice on one ICI network.
+    source: where the numbers come from.
+    """
+
+    name: str
+    peak_flops: Mapping[str, float]
+    memory_bytes: int
+    memory_bandwidth: float
+    intra_node: Link
+    inter_node: Link
+    devices_per_node: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        flops = {_canonical_dtype_name(k): float(v) for k, v in dict(self.peak_flops).items()}
+        missing = [d for d in REQUIRED_DTYPES if d not in flops]
+        if missing:
+            raise ValueError(
+                f"DeviceSpec {self.name!r} needs peak_flops for {', '.join(missing)}; "
+                f"got {sorted(flops)}. Give each a rate in FLOP/s."
+            )
+        bad = {k: v for k, v in flops.items() if not v > 0}
+        if bad:
+            raise ValueError(f"DeviceSpec {self.name!r}: peak_flops must be positive, got {bad}.")
+        if not self.memory_bytes > 0:
+            raise ValueError(f"DeviceSpec {self.name!r}: memory_bytes must be positive.")
+        if not self.memory_bandwidth > 0:
+            raise ValueError(f"DeviceSpec {self.name!r}: memory_bandwidth must be positive.")
+        if not (isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
+            raise ValueError(
+                f"DeviceSpec {self.name!r}: devices_per_node must be an int >= 1, "
+                f"got {self.devices_per_node!r}."
+            )
+        # Read-only, so that a preset shared by every Mesh cannot be changed through one of them.
+        object.__setattr__(self, "peak_flops", MappingProxyType(flops))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_flops.items())),
+                self.memory_bytes,
+                self.memory_bandwidth,
+                self.intra_node,
+                self.inter_node,
+                self.devices_per_node,
+            )
+        )
+
+    def __reduce__(self):
+        # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
+        return (
+            DeviceSpec,
+            (
+                self.name,
+                dict(self.peak_flops),
+                self.memory_bytes,
+                self.memory_bandwidth,
+                self.intra_node,
+                self.inter_node,
+                self.devices_per_node,
+                self.source,
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceSpec({self.name!r}, bf16={self.peak_flops['bfloat16'] / 1e12:.4g} TFLOP/s, "
+            f"memory={self.memory_bytes / GiB:.4g} GiB, "
+            f"hbm={self.memory_bandwidth / 1e9:.4g} GB/s, "
+            f"intra_node={self.intra_node.bandwidth / 1e9:.4g} GB/s, "
+            f"inter_node={self.inter_node.bandwidth / 1e9:.4g} GB/s, "
+            f"devices_per_node={self.devices_per_node})"
+        )
+
+    def peak_flops_for(self, dtype: Any) -> float:
+        """Peak FLOP/s for arithmetic in `dtype` (a numpy/JAX dtype, or a name like "bf16").
+
+        Falls back where the hardware has no dedicated rate: float8 and int4 run at the int8 /
+        bfloat16 rate, other integers and bool at the float32 rate (vector units), complex at
+        its real type's rate. float64 without a stated rate is an error (TPUs have none).
+        """
+        name = _canonical_dtype_name(dtype)
+        for candidate in _fallbacks(name):
+            if candidate in self.peak_flops:
+                return self.peak_flops[candidate]
+        raise ValueError(
+            f"{self.name} has no peak flops for dtype {name!r} (it states "
+            f"{', '.join(sorted(self.peak_flops))}). Use another dtype, or give the device "
+            f"your own rate: dataclasses.replace(spec, peak_flops={{**spec.peak_flops, "
+            f"{name!r}: ...}})."
+        )
+
+
+def _canonical_dtype_name(dtype: Any) -> str:
+    """'bf16', jnp.bfloat16, np.dtype('float32') ... -> 'bfloat16', 'float32' ..."""
+    if isinstance(dtype, str):
+        name = dtype.strip().lower()
+        name = _DTYPE_ALIASES.get(name, name)
+        if name.startswith("f8") or name.startswith("float8"):
+            return name if name.startswith("float8") else "float8_" + name[2:]
+        return name
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(
+            f"Cannot read a dtype from {dtype!r}; pass a numpy/JAX dtype or a name such as "
+            f"'bfloat16'."
+        ) from None
+
+
+def _fallbacks(name: str) -> tuple[str, ...]:
+    """Rates to try, best first, for a canonical dtype name."""
+    if name.startswith("float8"):
+        return (name, "float8", "int8", "bfloat16")
+    if name in ("int8", "uint8", "int4", "uint4", "int2", "uint2"):
+        return (name, "int8", "bfloat16")
+    if name.startswith("float4"):
+        return (name, "float4", "float8", "int8", "bfloat16")
+    if name == "complex64":
+        return ("complex64", "float32")
+    if name == "complex128":
+        return ("complex128", "float64")
+    if name == "float64":
+        return ("float64",)
+    if name.startswith(("int", "uint", "bool")):
+        return (name, "float32")
+    return (name,)
+
+
+# --- Presets -------------------------------------------------------------------------------
+
+
+def _tpu(
+    name: str,
+    *,
+    bf16: float,
+    int8: float | None,
+    fp8: float | None,
+    memory_gib: float,
+    hbm: float,
+    ici_bidirectional_per_chip: float,
+    ici_ports: int,
+    dcn_per_chip: float,
+    slice_chips: int,
+    source: str,
+) -> DeviceSpec:
+    flops = {"bfloat16": bf16, "float16": bf16, "float32": bf16 / TPU_FLOAT32_PASSES}
+    if int8 is not None:
+        flops["int8"] = int8
+    if fp8 is not None:
+        flops["float8"] = fp8
+    per_port_one_way = ici_bidirectional_per_chip / 2 / ici_ports
+    return DeviceSpec(
+        name=name,
+        peak_flops=flops,
+        memory_bytes=int(memory_gib * GiB),
+        memory_bandwidth=hbm,
+        intra_node=Link(bandwidth=2 * per_port_one_way, latency=1e-6),
+        inter_node=Link(bandwidth=dcn_per_chip, latency=10e-6),
+        devices_per_node=slice_chips,
+        source=source
+        + f" float16 runs at the bf16 rate; float32 = bf16 / {TPU_FLOAT32_PASSES} (MXU passes).",
+    )
+
+
+def _nvidia(
+    name: str,
+    *,
+    bf16: float,
+    fp32: float,
+    tf32: float,
+    fp8: float | None,
+    int8: float,
+    fp64: float,
+    memory_gib: float,
+    hbm: float,
+    nvlink_bidirectional: float,
+    nic_bits_per_s: float,
+    source: str,
+) -> DeviceSpec:
+    flops = {
+        "bfloat16": bf16,
+        "float16": bf16,
+        "float32": fp32,
+        "tensorfloat32": tf32,
+        "int8": int8,
+        "float64": fp64,
+    }
+    if fp8 is not None:
+        flops["float8"] = fp8
+    return DeviceSpec(
+        name=name,
+        peak_flops=flops,
+        memory_bytes=int(memory_gib * GiB),
+        memory_bandwidth=hbm,
+        intra_node=Link(bandwidth=nvlink_bidirectional / 2, latency=2e-6),
+        inter_node=Link(bandwidth=nic_bits_per_s / 8, latency=5e-6),
+        devices_per_node=8,
+        source=source
+        + " float32 is the non-tensor-core rate; tensorfloat32 the TF32 tensor-core rate.",
+    )
+
+
+TPU_V4 = _tpu(
+    "tpu-v4",
+    bf16=275e12,
+    int8=275e12,
+    fp8=None,
+    memory_gib=32,
+    hbm=1200e9,
+    ici_bidirectional_per_chip=600e9,
+    ici_ports=6,
+    dcn_per_chip=6.25e9,
+    slice_chips=4096,
+    source="Cloud TPU v4 docs: 275 TFLOP/s bf16/int8, 32 GiB HBM2 at 1200 GB/s, 4096-chip pod, "
+    "3D torus; ICI 6 x 50 GB/s per direction (TPU v4 paper, ISCA 2023).",
+)
+
+TPU_V5E = _tpu(
+    "tpu-v5e",
+    bf16=197e12,
+    int8=394e12,
+    fp8=None,
+    memory_gib=16,
+    hbm=819e9,
+    ici_bidirectional_per_chip=400e9,
+    ici_ports=4,
+    dcn_per_chip=2 * 100e9 / 8 / 8,
+    slice_chips=256,
+    source="Cloud TPU v5e docs: 197 TFLOP/s bf16, 394 TOP/s int8, 16 GiB HBM2 at 819 GB/s, "
+    "400 GB/s bidirectional ICI over 4 ports, 256-chip pod (2D torus), 2 x 100 Gb/s NIC per "
+    "8-chip host.",
+)
+
+TPU_V5P = _tpu(
+    "tpu-v5p",
+    bf16=459e12,
+    int8=918e12,
+    fp8=459e12,
+    memory_gib=95,
+    hbm=2765e9,
+    ici_bidirectional_per_chip=1200e9,
+    ici_ports=6,
+    dcn_per_chip=50e9 / 8,
+    slice_chips=6144,
+    source="Cloud TPU v5p docs: 459 TFLOP/s bf16 and fp8, 918 TOP/s int8, 95 GiB HBM2e at "
+    "2765 GB/s, 1200 GB/s bidirectional ICI over 6 ports (3D torus), 50 Gb/s DCN per chip; "
+    "largest slice 6144 chips (pod 8960).",
+)
+
+TPU_V6E = _tpu(
+    "tpu-v6e",
+    bf16=918e12,
+    int8=1836e12,
+    fp8=None,
+    memory_gib=32,
+    hbm=1638e9,
+    ici_bidirectional_per_chip=800e9,
+    ici_ports=4,
+    dcn_per_chip=4 * 200e9 / 8 / 8,
+    slice_chips=256,
+    source="Cloud TPU v6e (Trillium) docs: 918 TFLOP/s bf16, 1836 TOP/s int8, 32 GiB HBM at "
+    "1638 GB/s, 800 GB/s bidirectional ICI over 4 ports, 256-chip pod (2D torus), "
+    "4 x 200 Gb/s NIC per 8-chip host.",
+)
+
+A100_80GB = _nvidia(
+    "a100-80gb",
+    bf16=312e12,
+    fp32=19.5e12,
+    tf32=156e12,
+    fp8=None,
+    int8=624e12,
+    fp64=19.5e12,
+    memory_gib=80,
+    hbm=2039e9,
+    nvlink_bidirectional=600e9,
+    nic_bits_per_s=200e9,
+    source="NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s bf16/fp16, 156 tf32, 19.5 fp32, "
+    "624 TOP/s int8, 19.5 fp64 tensor core; 2039 GB/s HBM2e; NVLink 600 GB/s; DGX A100 has "
+    "one 200 Gb/s HDR InfiniBand NIC per GPU.",
+)
+
+H100_80GB = _nvidia(
+    "h100-80gb",
+    bf16=989e12,
+    fp32=67e12,
+    tf32=494.5e12,
+    fp8=1979e12,
+    int8=1979e12,
+    fp64=67e12,
+    memory_gib=80,
+    hbm=3.35e12,
+    nvlink_bidirectional=900e9,
+    nic_bits_per_s=400e9,
+    source="NVIDIA H100 datasheet (SXM5): dense 989 TFLOP/s bf16/fp16, 1979 fp8, 494.5 tf32, "
+    "67 fp32, 67 fp64 tensor core; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s; one 400 Gb/s "
+    "ConnectX-7 NIC per GPU (DGX H100).",
+)
+
+H200 = _nvidia(
+    "h200",
+    bf16=989e12,
+    fp32=67e12,
+    tf32=494.5e12,
+    fp8=1979e12,
+    int8=1979e12,
+    fp64=67e12,
+    memory_gib=141,
+    hbm=4.8e12,
+    nvlink_bidirectional=900e9,
+    nic_bits_per_s=400e9,
+    source="NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink "
+    "900 GB/s, one 400 Gb/s NIC per GPU.",
+)
+
+B200 = _nvidia(
+    "b200",
+    bf16=2.25e15,
+    fp32=80e12,
+    tf32=1.1e15,
+    fp8=4.5e15,
+    int8=4.5e15,
+    fp64=40e12,
+    memory_gib=180,
+    hbm=8e12,
+    nvlink_bidirectional=1.8e12,
+    nic_bits_per_s=400e9,
+    source="NVIDIA HGX/DGX B200 datasheet, per GPU, dense: 2.25 PFLOP/s bf16/fp16, 4.5 fp8, "
+    "1.1 tf32, 40 TFLOP/s fp64; 180 GB HBM3e at 8 TB/s; NVLink 5 1.8 TB/s; one 400 Gb/s NIC "
+    "per GPU. The fp32 (non-tensor) rate is approximate.",
+)
+
+CPU = DeviceSpec(
+    name="cpu",
+    peak_flops={"bfloat16": 100e9, "float16": 100e9, "float32": 100e9, "float64": 50e9},
+    memory_bytes=16 * GiB,
+    memory_bandwidth=20e9,
+    intra_node=Link(bandwidth=10e9, latency=5e-6),
+    inter_node=Link(bandwidth=1.25e9, latency=50e-6),
+    devices_per_node=1024,
+    source="A modest host standing in for simulated devices "
+    "(--xla_force_host_platform_device_count): a few cores' worth of SIMD per device, a share "
+    "of DRAM bandwidth, and memcpy-speed links; every simulated device is on one node.",
+)
+
+_PRESETS = (TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, A100_80GB, H100_80GB, H200, B200, CPU)
+_ALIASES = {"h100": H100_80GB, "a100": A100_80GB}
+
+_DEVICES: Mapping[str, DeviceSpec] = MappingProxyType(
+    {**{spec.name: spec for spec in _PRESETS}, **_ALIASES}
+)
+
+
+def devices() -> Mapping[str, DeviceSpec]:
+    """All presets by name (aliases included, resolving to the same object); read-only."""
+    return _DEVICES
+
+
+def get_device(device: str | DeviceSpec) -> DeviceSpec:
+    """A preset by name (case-insensitive), or the DeviceSpec itself."""
+    if isinstance(device, DeviceSpec):
+        return device
+    if isinstance(device, str):
+        spec = _DEVICES.get(device.strip().lower())
+        if spec is not None:
+            return spec
+    raise ValueError(
+        f"Unknown device {device!r}. Use one of {', '.join(sorted(_DEVICES))}, or describe your "
+        f"own with toast_lab.DeviceSpec(...) (or dataclasses.replace(preset, ...))."
+    )
