@@ -1,0 +1,122 @@
+"""trace(): jaxpr -> Program, with calls inlined and control flow kept as regions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import toast_lab as tl
+from toast_lab._program import BODY_INPUT, INPUT, NO_OP
+from toast_lab._trace import clean_scope
+
+
+def _prims(prog):
+    return [op.primitive for op in prog.ops]
+
+
+def test_values_ops_and_input_paths():
+    def step(params, batch):
+        return jnp.tanh(batch["x"] @ params["w"]).sum()
+
+    params = {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32)}
+    batch = {"x": jax.ShapeDtypeStruct((2, 4), jnp.float32)}
+    prog = tl.trace(step, params, batch)
+    assert prog.input_names == ("params/w", "batch/x")
+    assert [prog.values[v].shape for v in prog.inputs] == [(4, 8), (2, 4)]
+    assert all(prog.values[v].origin == INPUT for v in prog.inputs)
+    assert _prims(prog) == ["dot_general", "tanh", "reduce_sum"]
+    dot = prog.ops[0]
+    assert dot.operands == (prog.inputs[1], prog.inputs[0])
+    assert prog.users(prog.inputs[0]) == (0,)
+    assert prog.values[dot.results[0]].producer == 0
+    assert "test_trace.py" in dot.source
+    assert prog.values[prog.outputs[0]].shape == ()
+
+
+def test_nested_jit_remat_and_custom_jvp_are_inlined_with_their_scope():
+    @jax.jit
+    def inner(x):
+        with jax.named_scope("inner_scope"):
+            return jax.nn.relu(x) * 2.0  # relu is a custom_jvp
+
+    @jax.checkpoint
+    def block(x):
+        return jnp.sin(inner(x))
+
+    def f(x):
+        with jax.named_scope("outer"):
+            return jax.grad(lambda x: block(x).sum())(x)
+
+    prog = tl.trace(f, jnp.ones((4, 3)))
+    prims = set(_prims(prog))
+    assert not prims & set(tl.rules.INLINED_PRIMITIVES)
+    assert {"sin", "mul"} <= prims
+    scopes = {op.name_scope for op in prog.ops}
+    assert any(s.startswith("outer/inner/inner_scope") for s in scopes), scopes
+
+
+def test_scan_is_a_region_with_its_body_walked_once():
+    def f(c, xs):
+        def body(c, x):
+            with jax.named_scope("layer"):
+                c = jnp.tanh(c @ x)
+            return c, c.sum()
+        return jax.lax.scan(body, c, xs)
+
+    prog = tl.trace(f, jnp.ones((2, 4)), jnp.ones((5, 4, 4)))
+    scan = prog.ops[0]
+    assert scan.primitive == "scan" and scan.region == NO_OP
+    start, stop = scan.body_ops
+    body = prog.ops[start:stop]
+    assert [op.primitive for op in body] == ["dot_general", "tanh", "reduce_sum"]
+    assert all(op.region == scan.id and op.trip_count == 5 for op in body)
+    assert [op.name_scope for op in body] == ["layer", "layer", ""]
+    # body: inputs [carry, x slice] then outputs [carry out, y]
+    shapes = [prog.values[v].shape for v in scan.body]
+    assert shapes == [(2, 4), (4, 4), (2, 4), ()]
+    assert prog.values[scan.body[0]].origin == BODY_INPUT
+
+
+def test_while_and_cond_regions():
+    def f(x):
+        y = jax.lax.cond(x.sum() > 0, lambda v: v * 2.0, lambda v: v - 1.0, x)
+        return jax.lax.while_loop(lambda v: v.sum() < 100.0, lambda v: v + 1.0, y)
+
+    prog = tl.trace(f, jnp.ones((3,)))
+    cond = next(op for op in prog.ops if op.primitive == "cond")
+    loop = next(op for op in prog.ops if op.primitive == "while")
+    # cond body: per branch, inputs then outputs
+    assert len(cond.body) == 4
+    # while body: cond inputs, body inputs, body outputs
+    assert len(loop.body) == 3
+    assert all(prog.ops[i].region == loop.id for i in range(*loop.body_ops))
+
+
+def test_dim_names_are_validated_and_flattened():
+    def f(p, x):
+        return x @ p["w"]
+
+    p = {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32)}
+    x = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    prog = tl.trace(f, p, x, dim_names=({"w": ("embed", "mlp")}, ("batch", None)))
+    assert prog.dim_names == (("embed", "mlp"), ("batch", None))
+    with pytest.raises(ValueError, match="one name per dim"):
+        tl.trace(f, p, x, dim_names=({"w": ("embed",)}, None))
+    with pytest.raises(ValueError, match="one entry"):
+        tl.trace(f, p, x, dim_names=(None,))
+
+
+def test_clean_scope_strips_transformations():
+    assert clean_scope("transpose(jvp(block0))/attn") == "block0/attn"
+    assert clean_scope("jvp()") == ""
+    assert clean_scope("vmap(jvp(a/b))/c") == "a/b/c"
+
+
+def test_fingerprint_depends_on_structure_only():
+    def f(x):
+        return jnp.sin(x) * 2
+
+    a = tl.trace(f, jax.ShapeDtypeStruct((4,), jnp.float32))
+    b = tl.trace(f, np.zeros((4,), np.float32))
+    c = tl.trace(f, jax.ShapeDtypeStruct((8,), jnp.float32))
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
