@@ -5,7 +5,7 @@ from ._core import (NEED_REPLICATION, PASS_THROUGH, REDUCTION, FactorKind, OpRul
 from ._table import INLINED_PRIMITIVES, REGION_PRIMITIVES, RULES, has_rule, register, rule_for
 
 # Importing a module registers its rules.
-from . import _control  # noqa: F401,E402
+from . import _control, _elementwise, _indexing, _linalg, _misc, _reduce, _shape  # noqa: F401,E402
 
 __all__ = [
     "FactorKind", "OpRule", "RuleBuilder", "PASS_THROUGH", "REDUCTION", "NEED_REPLICATION",

@@ -1,0 +1,130 @@
+"""Elementwise rules, and the small helpers every rule module shares.
+
+An elementwise op is one pass-through factor per result dim, mapped to that dim of every operand
+of the result's shape; scalar operands (a literal `2.0`, `select_n`'s scalar predicate, `clamp`'s
+scalar bounds) map nothing. The primitive lists below were read off jax 0.10.2 (the primitives
+batched by `batching.vectorized_batcher` / `broadcast_batcher`) and are kept explicit, so a new
+JAX release adds primitives to the fallback warning, never silently to the table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ._core import NEED_REPLICATION, RuleBuilder, conservative_rule
+from ._table import register
+
+
+class Unmappable(Exception):
+    """Raised inside a rule for shapes or params it cannot map; `guarded` turns it into the
+    conservative rule."""
+
+
+def expect(condition: bool) -> None:
+    if not condition:
+        raise Unmappable
+
+
+def guarded(rule):
+    """Wraps a rule so that an op it cannot map gets `conservative_rule`, never an exception.
+
+    A jaxpr from a JAX release we have not seen may carry params or shapes a rule does not
+    expect; DESIGN.md §2 says such an op is never a crash. Any exception (not only Unmappable) is
+    caught on purpose: a rule's bug then shows as a fallback in the golden tests, not as a
+    traceback in a user's notebook.
+    """
+
+    @functools.wraps(rule)
+    def safe(ins, outs, params):
+        try:
+            return rule(ins, outs, params)
+        except Exception:  # noqa: BLE001 -- see docstring
+            return conservative_rule(ins, outs)
+
+    return safe
+
+
+def tie_same_shape(b: RuleBuilder, shape, operands=(), results=(), kind=None, skip=()):
+    """One factor per dim of `shape` (except dims in `skip`), on that dim of every listed tensor.
+
+    The listed tensors must all have `shape`; `kind` defaults to pass-through.
+    """
+    for d, n in enumerate(shape):
+        if d in skip:
+            continue
+        if kind is None:
+            b.factor(n, operands={t: d for t in operands}, results={t: d for t in results})
+        else:
+            b.factor(n, kind, operands={t: d for t in operands}, results={t: d for t in results})
+
+
+def resized_dim(b: RuleBuilder, in_size: int, out_size: int, operands=(), results=(), in_dim=0,
+                out_dim=0):
+    """A dim the op needs whole on both sides (sort, cumsum, a sliced or padded dim).
+
+    Same size on both sides: one need-replication factor tying them (the dim is kept).
+    Different sizes: one need-replication factor per side, untied.
+    """
+    if in_size == out_size:
+        b.factor(in_size, NEED_REPLICATION, operands={t: in_dim for t in operands},
+                 results={t: out_dim for t in results})
+    else:
+        b.factor(in_size, NEED_REPLICATION, operands={t: in_dim for t in operands})
+        b.factor(out_size, NEED_REPLICATION, results={t: out_dim for t in results})
+
+
+# --- the elementwise family --------------------------------------------------------------------
+
+UNARY = (
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "bessel_i0e", "bessel_i1e", "cbrt",
+    "ceil", "clz", "conj", "cos", "cosh", "digamma", "erf", "erf_inv", "erfc", "exp", "exp2",
+    "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma", "log", "log1p", "logistic",
+    "neg", "not", "population_count", "real", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",
+    "square", "tan", "tanh",
+    # not math, but elementwise all the same
+    "convert_element_type", "reduce_precision",
+)
+
+NARY = (
+    "add", "add_any", "and", "atan2", "complex", "div", "eq", "ge", "gt", "igamma",
+    "igamma_grad_a", "igammac", "le", "lt", "max", "min", "mul", "mulhi", "ne", "nextafter", "or",
+    "polygamma", "pow", "regularized_incomplete_beta", "rem", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sub", "xor", "zeta",
+    # total-order comparisons that sort's comparators and searchsorted emit
+    "eq_to", "le_to", "lt_to",
+    # operands that may be scalars: select_n's predicate, clamp's bounds
+    "select_n", "clamp",
+)
+
+
+@register(*UNARY, *NARY)
+@guarded
+def elementwise_rule(ins, outs, params):
+    """Every non-scalar operand and every result has the result's shape; one factor per dim."""
+    shape = outs[0]
+    for s in outs:
+        expect(s == shape)
+    full = [i for i, s in enumerate(ins) if s]
+    for i in full:
+        expect(ins[i] == shape)
+    b = RuleBuilder(ins, outs)
+    tie_same_shape(b, shape, operands=full, results=range(len(outs)))
+    return b.build()
+
+
+@register("bitcast_convert_type")
+@guarded
+def bitcast_convert_type_rule(ins, outs, params):
+    """Same width: elementwise. Narrower result: a new minor dim (e.g. f32[8] -> u16[8, 2]);
+    wider result: the operand's minor dim is consumed. That extra dim holds the bytes of one
+    element, so it needs replication (as in Shardy)."""
+    (x,), (y,) = ins, outs
+    common = x if len(x) <= len(y) else y
+    expect(x[:len(common)] == y[:len(common)] and abs(len(x) - len(y)) <= 1)
+    b = RuleBuilder(ins, outs)
+    tie_same_shape(b, common, operands=(0,), results=(0,))
+    if len(y) > len(x):
+        b.factor(y[-1], NEED_REPLICATION, results={0: len(y) - 1})
+    elif len(x) > len(y):
+        b.factor(x[-1], NEED_REPLICATION, operands={0: len(x) - 1})
+    return b.build()
