@@ -421,7 +421,9 @@ def _find_conflicts(program, classes, value_classes, rules, op_nodes, uf, base, 
                                 *item) for item in raw]
     if group_layers:
         conflicts = _group_conflicts(program, conflicts)
-    return tuple(c.with_id(i) for i, c in enumerate(conflicts))
+    taken: set[str] = set()
+    return tuple(c.with_id(i, _unique(f"{c.class_name}@{c.where}", taken))
+                 for i, c in enumerate(conflicts))
 
 
 def _make_conflict(program, classes, value_classes, side_members, base, side_uf, cls,

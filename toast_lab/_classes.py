@@ -74,18 +74,15 @@ class Conflict:
     values: tuple[int, ...]
     sides: tuple[ConflictSide, ...]
     layers: int = 1
+    name: str = ""  # unique in the analysis: "<class>@<where>", the key plan files use
 
     @property
     def resolutions(self) -> tuple[str, ...]:
         """Choices for a plan: keep one side sharded, or replicate the class at the conflict."""
         return tuple(s.resolution for s in self.sides) + (REPLICATE,)
 
-    @property
-    def name(self) -> str:
-        return f"{self.class_name}@{self.where}"
-
-    def with_id(self, i: int) -> "Conflict":
-        return replace(self, id=i)
+    def with_id(self, i: int, name: str) -> "Conflict":
+        return replace(self, id=i, name=name)
 
     def merged(self, other: "Conflict") -> "Conflict":
         """The same conflict in another layer: one decision covers both."""

@@ -62,6 +62,8 @@ class Op:
     trip_count: int = 1
     body: tuple[int, ...] = ()      # region ops: body inputs and outputs, in the rule's order
     body_ops: tuple[int, int] = (0, 0)  # region ops: [start, stop) of their body ops' ids
+    body_ranges: tuple[tuple[int, int], ...] = ()  # region ops: [start, stop) of each body
+    prim: Any = field(default=None, repr=False)  # the jax Primitive, to re-bind the op
 
     @property
     def source(self) -> str:
@@ -90,7 +92,7 @@ class Program:
     """A traced function: values, ops in program order, and the argument/result structure."""
 
     def __init__(self, values, ops, inputs, outputs, in_tree, out_tree, input_names,
-                 dim_names, fn_name: str):
+                 dim_names, fn_name: str, constants=None):
         self.values: tuple[Value, ...] = tuple(values)
         self.ops: tuple[Op, ...] = tuple(ops)
         self.inputs: tuple[int, ...] = tuple(inputs)
@@ -101,6 +103,8 @@ class Program:
         # Per input leaf: logical dim names the user (or the zoo) gave, or None.
         self.dim_names: tuple[tuple[str | None, ...] | None, ...] = tuple(dim_names)
         self.fn_name = fn_name
+        # Literal and captured-constant values: value id -> array or scalar.
+        self.constants: dict[int, Any] = dict(constants or {})
         users: list[list[int]] = [[] for _ in self.values]
         for op in self.ops:
             for v in op.operands:

@@ -12,6 +12,7 @@ import re
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax.extend import core as jex_core
 
 from ._program import (BODY_INPUT, CONST, INPUT, LITERAL, NO_OP, RESULT, Op, Program, Value)
@@ -39,19 +40,22 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     inputs = [builder.new_value(v.aval, INPUT, name=input_names[i])
               for i, v in enumerate(closed.jaxpr.invars)]
     env: dict[Any, int] = dict(zip(closed.jaxpr.invars, inputs))
-    for var in closed.jaxpr.constvars:
+    for var, const in zip(closed.jaxpr.constvars, closed.consts):
         env[var] = builder.new_value(var.aval, CONST)
+        builder.constants[env[var]] = const
     builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1)
     outputs = [builder.read(env, v) for v in closed.jaxpr.outvars]
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
-                   input_names, hints, getattr(fn, "__name__", type(fn).__name__))
+                   input_names, hints, getattr(fn, "__name__", type(fn).__name__),
+                   constants=builder.constants)
 
 
 class _ProgramBuilder:
     def __init__(self):
         self.values: list[Value] = []
         self.ops: list[Op | None] = []
+        self.constants: dict[int, Any] = {}  # literal and captured-constant values
 
     def new_value(self, aval, origin: str, producer: int = NO_OP, name: str = "") -> int:
         vid = len(self.values)
@@ -61,7 +65,10 @@ class _ProgramBuilder:
 
     def read(self, env, var) -> int:
         if isinstance(var, jex_core.Literal):
-            return self.new_value(var.aval, LITERAL)
+            vid = self.new_value(var.aval, LITERAL)
+            # A literal's value may be a Python scalar; its aval says the dtype it has here.
+            self.constants[vid] = np.asarray(var.val, dtype=var.aval.dtype)
+            return vid
         return env[var]
 
     def walk(self, jaxpr, env, scope: str, region: int, trip: int) -> None:
@@ -86,7 +93,7 @@ class _ProgramBuilder:
                 op_id = len(self.ops)
                 results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
                 self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
-                                   eqn_scope, eqn.source_info, region, trip))
+                                   eqn_scope, eqn.source_info, region, trip, prim=eqn.primitive))
                 env.update(zip(eqn.outvars, results))
 
     def _inline(self, eqn, operands, env, scope, region, trip):
@@ -95,8 +102,9 @@ class _ProgramBuilder:
         inner_scope = _join(scope, eqn.params.get("name", "")) if eqn.primitive.name in (
             "jit", "pjit") else scope
         inner = dict(zip(jaxpr.invars, operands))
-        for var in jaxpr.constvars:
+        for var, const in zip(jaxpr.constvars, consts):
             inner[var] = self.new_value(var.aval, CONST)
+            self.constants[inner[var]] = const
         self.walk(jaxpr, inner, inner_scope, region, trip)
         env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
 
@@ -109,13 +117,16 @@ class _ProgramBuilder:
         """
         op_id = len(self.ops)
         self.ops.append(None)  # reserved: the region op precedes its body ops
-        boundary_in, boundary_out = [], []
+        boundary_in, boundary_out, ranges = [], [], []
         for k, closed in enumerate(bodies):
             jaxpr = closed.jaxpr
+            first = len(self.ops)
             inner = {v: self.new_value(v.aval, BODY_INPUT, op_id) for v in jaxpr.invars}
-            for var in jaxpr.constvars:
+            for var, const in zip(jaxpr.constvars, closed.consts):
                 inner[var] = self.new_value(var.aval, CONST)
+                self.constants[inner[var]] = const
             self.walk(jaxpr, inner, scope, op_id, body_trip)
+            ranges.append((first, len(self.ops)))
             ins = [inner[v] for v in jaxpr.invars]
             outs = [self.read(inner, v) for v in jaxpr.outvars]
             if eqn.primitive.name == "cond":  # per branch: inputs then outputs
@@ -128,7 +139,8 @@ class _ProgramBuilder:
         self.ops[op_id] = Op(op_id, eqn.primitive.name, eqn.params, tuple(operands),
                              tuple(results), scope, eqn.source_info, region, trip,
                              body=tuple(boundary_in + boundary_out),
-                             body_ops=(op_id + 1, len(self.ops)))
+                             body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
+                             prim=eqn.primitive)
         env.update(zip(eqn.outvars, results))
 
 

@@ -1,0 +1,138 @@
+"""Run a traced Program again, op by op, optionally transforming chosen values.
+
+Export uses it to put `with_sharding_constraint` exactly where a plan must hold XLA to a
+choice (DESIGN.md §8), including inside scan / while / cond bodies, whose jaxprs are rebuilt
+around the transformed body. The walk is `jax.core.eval_jaxpr`'s: an env dict, read, write.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+
+from ._program import Program
+
+# transform(value_id, array) -> array; called on each value in `transform_values` once defined.
+Transform = Callable[[int, Any], Any]
+
+
+def evaluate(program: Program, flat_args, transform: Transform | None = None,
+             transform_values: frozenset[int] = frozenset()):
+    """The program's flat outputs for flat inputs (in `program.inputs` order)."""
+    env: dict[int, Any] = dict(program.constants)
+    env.update(zip(program.inputs, flat_args))
+    _Runner(program, transform, transform_values).run(env, 0, len(program.ops))
+    return [env[v] for v in program.outputs]
+
+
+def as_function(program: Program, transform: Transform | None = None,
+                transform_values: frozenset[int] = frozenset()) -> Callable:
+    """A function with the traced function's calling convention: f(*args, **kwargs) -> out."""
+
+    def fn(*args, **kwargs):
+        flat, tree = jax.tree_util.tree_flatten((args, kwargs))
+        if tree != program.in_tree:
+            raise TypeError(f"expected arguments shaped like {program.in_tree}, got {tree}")
+        return jax.tree_util.tree_unflatten(program.out_tree,
+                                            evaluate(program, flat, transform, transform_values))
+
+    fn.__name__ = program.fn_name
+    return fn
+
+
+class _Runner:
+    def __init__(self, program, transform, transform_values):
+        self.program = program
+        self.transform = transform
+        self.targets = transform_values
+        # Region ops whose bodies hold a target: those bodies are rebuilt.
+        self.rebuild = set()
+        if transform is not None:
+            for op in program.ops:
+                if op.body and any(self._holds_target(op)):
+                    self.rebuild.add(op.id)
+
+    def _holds_target(self, op):
+        for i in range(*op.body_ops):
+            yield any(r in self.targets for r in self.program.ops[i].results)
+
+    def write(self, env, vid, x):
+        if vid in self.targets:
+            x = self.transform(vid, x)
+        env[vid] = x
+
+    def run(self, env: dict, start: int, stop: int) -> None:
+        ops = self.program.ops
+        i = start
+        while i < stop:
+            op = ops[i]
+            args = [env[v] for v in op.operands]
+            if op.body:
+                outs = self._region(op, args)
+                i = op.body_ops[1]
+            else:
+                outs = op.prim.bind(*args, **op.params)
+                if not op.prim.multiple_results:
+                    outs = [outs]
+                i += 1
+            for vid, x in zip(op.results, outs):
+                self.write(env, vid, x)
+
+    def _region(self, op, args):
+        params: Mapping = op.params
+        if op.id in self.rebuild:
+            params = dict(params, **self._rebuilt_bodies(op))
+        outs = op.prim.bind(*args, **params)
+        return outs if op.prim.multiple_results else [outs]
+
+    def _rebuilt_bodies(self, op) -> dict:
+        """New body jaxprs for a region op, with the transform applied inside."""
+        program = self.program
+        name = op.primitive
+        if name == "scan":
+            old = [op.params["jaxpr"]]
+        elif name == "while":
+            old = [op.params["cond_jaxpr"], op.params["body_jaxpr"]]
+        else:
+            old = list(op.params["branches"])
+        # The body value ids laid out by _trace: split them per body again.
+        bodies, pos = [], 0
+        n_in = [len(c.jaxpr.invars) for c in old]
+        n_out = [len(c.jaxpr.outvars) for c in old]
+        if name == "cond":
+            for ni, no in zip(n_in, n_out):
+                bodies.append((op.body[pos:pos + ni], op.body[pos + ni:pos + ni + no]))
+                pos += ni + no
+        else:
+            ins = []
+            for ni in n_in:
+                ins.append(op.body[pos:pos + ni])
+                pos += ni
+            outs_scan = op.body[pos:]
+            if name == "scan":
+                bodies = [(ins[0], outs_scan)]
+            else:  # while: the cond's output (its predicate) is not in the boundary
+                bodies = [(ins[0], None), (ins[1], outs_scan)]
+        new = []
+        for closed, (body_in, body_out), rng in zip(old, bodies, op.body_ranges):
+            if body_out is None or not any(r in self.targets for k in range(*rng)
+                                           for r in program.ops[k].results):
+                new.append(closed)
+                continue
+
+            def body_fn(*xs, body_in=body_in, body_out=body_out, rng=rng):
+                env = dict(program.constants)
+                env.update(zip(body_in, xs))
+                self.run(env, *rng)
+                return [env[v] for v in body_out]
+
+            rebuilt = jax.make_jaxpr(body_fn)(*[v.aval for v in closed.jaxpr.invars])
+            # Region params expect bodies closed over the same constants; keep the old body
+            # (unconstrained) rather than change the calling convention.
+            new.append(closed if rebuilt.consts else rebuilt)
+        if name == "scan":
+            return {"jaxpr": new[0]}
+        if name == "while":
+            return {"cond_jaxpr": new[0], "body_jaxpr": new[1]}
+        return {"branches": tuple(new)}
