@@ -306,15 +306,16 @@ def _unique(name: str, taken: set[str]) -> str:
 
 # --- layer grouping ---------------------------------------------------------------------------
 
-def _normalized_label(program, v, d) -> str:
+def _location(program, v) -> tuple[str, str]:
+    """(kind, where) of a value: its input path, or its op's scope, primitive and result slot."""
     val = program.values[v]
     if val.origin == INPUT:
-        return f"in:{val.name}[{d}]"
+        return "in", val.name
     if val.producer != NO_OP:
         op = program.ops[val.producer]
         slot = op.results.index(v) if v in op.results else f"body{op.body.index(v)}"
-        return f"op:{op.name_scope}/{op.primitive}#{slot}[{d}]"
-    return f"{val.origin}:{val.shape}[{d}]"
+        return "op", f"{op.name_scope}/{op.primitive}:{slot}"
+    return val.origin, str(val.shape)
 
 
 def _class_signature(program, members, size):
@@ -322,12 +323,13 @@ def _class_signature(program, members, size):
 
     Classes that touch inputs compare by their input paths (robust: the first and last layer
     differ slightly in their ops, never in their parameters); others by their ops' scopes.
+    Only the path or scope is normalized (digits -> '*'), never the dim index.
     """
-    labels = [_normalized_label(program, v, d) for v, d in members]
-    inputs = [lab for lab in labels if lab.startswith("in:")]
-    chosen = inputs or labels
-    normalized = frozenset(_DIGITS.sub("*", lab) for lab in chosen)
-    layered = any(_DIGITS.search(lab) for lab in chosen)
+    located = [(_location(program, v), d) for v, d in members]
+    inputs = [(where, d) for (kind, where), d in located if kind == "in"]
+    chosen = inputs or [(where, d) for (_, where), d in located]
+    normalized = frozenset((_DIGITS.sub("*", where), d) for where, d in chosen)
+    layered = any(_DIGITS.search(where) for where, _ in chosen)
     return (size, normalized), layered
 
 

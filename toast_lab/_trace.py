@@ -31,6 +31,7 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     from these hints first, then from argument paths.
     """
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
+    closed = _dead_code_eliminated(closed)
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     input_names = [_path_name(path, _arg_names(fn, len(args))) for path, _ in leaves_with_path]
     if dim_names is None:
@@ -156,6 +157,27 @@ def clean_scope(name_stack: str) -> str:
     return "/".join(p for p in name_stack.split("/") if p)
 
 
+def _dead_code_eliminated(closed):
+    """The jaxpr without equations whose results nothing uses (XLA drops them too).
+
+    Uses JAX's own `dce_jaxpr` (private: jax/_src/interpreters/partial_eval.py), which also
+    prunes scan and while bodies; if it moves or fails, the jaxpr is used as it is.
+    """
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        jaxpr, used_inputs = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                                          instantiate=True)
+        if not all(used_inputs):  # keep every input: the calling convention must not change
+            jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                                    instantiate=[True] * len(closed.jaxpr.invars))
+        if len(jaxpr.invars) != len(closed.jaxpr.invars):
+            return closed
+        return closed.replace(jaxpr=jaxpr)
+    except Exception:
+        return closed
+
+
 def _join(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
@@ -192,7 +214,8 @@ def _path_name(path, arg_names: list[str]) -> str:
 
 
 def _is_names_leaf(x) -> bool:
-    return x is None or (isinstance(x, tuple) and all(isinstance(e, (str, type(None))) for e in x))
+    # exactly a tuple: NamedTuples (optax states, even empty ones) are structure, not names
+    return x is None or (type(x) is tuple and all(isinstance(e, (str, type(None))) for e in x))
 
 
 def _flatten_dim_names(dim_names, args, kwargs):
