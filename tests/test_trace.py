@@ -50,7 +50,7 @@ def test_nested_jit_remat_and_custom_jvp_are_inlined_with_their_scope():
     prog = tl.trace(f, jnp.ones((4, 3)))
     prims = set(_prims(prog))
     assert not prims & set(tl.rules.INLINED_PRIMITIVES)
-    assert {"sin", "mul"} <= prims
+    assert {"cos", "mul"} <= prims  # grad of sin needs cos only: sin itself is dead code
     scopes = {op.name_scope for op in prog.ops}
     assert any(s.startswith("outer/inner/inner_scope") for s in scopes), scopes
 
