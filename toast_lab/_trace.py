@@ -75,7 +75,7 @@ class _ProgramBuilder:
     def walk(self, jaxpr, env, scope: str, region: int, trip: int) -> None:
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            eqn_scope = _join(scope, clean_scope(str(eqn.source_info.name_stack)))
+            eqn_scope = _nest(scope, clean_scope(str(eqn.source_info.name_stack)))
             operands = [self.read(env, v) for v in eqn.invars]
             if name in INLINED_PRIMITIVES:
                 self._inline(eqn, operands, env, eqn_scope, region, trip)
@@ -176,6 +176,17 @@ def _dead_code_eliminated(closed):
         return closed.replace(jaxpr=jaxpr)
     except Exception:
         return closed
+
+
+def _nest(outer: str, inner: str) -> str:
+    """The scope of an equation inside an inlined call or a region body.
+
+    `jit` bodies record name stacks relative to the call, but `remat` and some custom-rule
+    bodies record the full stack: don't repeat a prefix that is already there.
+    """
+    if outer and (inner == outer or inner.startswith(outer + "/")):
+        return inner
+    return _join(outer, inner)
 
 
 def _join(*parts: str) -> str:
