@@ -154,7 +154,12 @@ def clean_scope(name_stack: str) -> str:
     prev = None
     while prev != name_stack:
         prev, name_stack = name_stack, _TRANSFORM_WRAPPER.sub(r"\1", name_stack)
-    return "/".join(p for p in name_stack.split("/") if p)
+    parts: list[str] = []
+    for p in name_stack.split("/"):
+        # Backward passes repeat the forward scope: "outer/transpose(jvp(outer))" -> "outer".
+        if p and (not parts or parts[-1] != p):
+            parts.append(p)
+    return "/".join(parts)
 
 
 def _dead_code_eliminated(closed):
