@@ -348,10 +348,20 @@ def _group_layers(program, uf, base) -> dict[int, int]:
             groups[sig].append(r)
     merged = {}
     for roots in groups.values():
-        if len(roots) > 1:
-            uf.union_all(roots)
-            merged[uf.find(roots[0])] = len(roots)
-    return merged
+        # Same-looking classes that share a value are not layer copies (an MLP's hidden widths:
+        # dense1/w holds both): merging them would invent a conflict. Merge disjoint ones only.
+        kept: list[tuple[int, set[int]]] = []
+        for r in roots:
+            vals = {v for v, _ in members[r]}
+            for i, (k, kvals) in enumerate(kept):
+                if kvals.isdisjoint(vals):
+                    uf.union(k, r)
+                    kept[i] = (k, kvals | vals)
+                    merged[k] = merged.get(k, 1) + 1
+                    break
+            else:
+                kept.append((r, vals))
+    return {uf.find(k): n for k, n in merged.items()}
 
 
 # --- conflicts --------------------------------------------------------------------------------
@@ -413,7 +423,13 @@ def _find_conflicts(program, classes, value_classes, rules, op_nodes, uf, base, 
         sub = meet.subgraph(component)
         cls = next(iter(sub.nodes(data="cls")))[1]
         vals = sorted({v for r in component for v, _ in side_members[r]})
-        site_value = min(vals, key=lambda v: (program.values[v].producer, v))
+        # The site: where the two occurrences meet — an op whose operands carry the class
+        # without conflict (the logits matmul, not the causal mask) — then the largest value.
+        val_set = set(vals)
+        site_value = min(vals, key=lambda v: (
+            not _meets_here(program, value_classes, val_set, v, cls),
+            _is_region_result(program, v), -program.values[v].nbytes,
+            program.values[v].producer, v))
         colouring = None
         if nx.is_bipartite(sub) and not (component & replicate_only):
             colouring = nx.bipartite.color(sub)
@@ -426,6 +442,22 @@ def _find_conflicts(program, classes, value_classes, rules, op_nodes, uf, base, 
     taken: set[str] = set()
     return tuple(c.with_id(i, _unique(f"{c.class_name}@{c.where}", taken))
                  for i, c in enumerate(conflicts))
+
+
+def _meets_here(program, value_classes, conflicted, v, cls) -> bool:
+    """True when the op making v brings the class in from operands that are not conflicted."""
+    producer = program.values[v].producer
+    if producer == NO_OP:
+        return False
+    operands = program.ops[producer].operands
+    carries = [u for u in operands if cls in value_classes[u]]
+    return bool(carries) and not any(u in conflicted for u in carries)
+
+
+def _is_region_result(program, v) -> bool:
+    """Scan outputs (stacked residuals) repeat a conflict from the body: not a useful site."""
+    producer = program.values[v].producer
+    return producer != NO_OP and bool(program.ops[producer].body)
 
 
 def _make_conflict(program, classes, value_classes, side_members, base, side_uf, cls,
