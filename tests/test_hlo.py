@@ -165,6 +165,21 @@ def test_async_start_without_its_done():
     assert found["collective-permute-start"].result_bytes == 4 * 16 * 2
 
 
+def test_async_wrapper_computations():
+    # A generic async-start runs the collective inside its computation: count that one, at the
+    # loop's multiplier, once (async-update / async-done name the computation again). A sugared
+    # all-to-all-start stands for the op it wraps: count the start, not the wrapped op too.
+    collectives = parse_collectives((DATA / "async_wrapped.txt").read_text(), GRID_4x2, AXES_4x2)
+    assert [(c.name, c.kind, c.multiplier) for c in collectives] == [
+        ("wrapped-reduce-scatter", "reduce-scatter", 4),
+        ("all-to-all-start", "all-to-all", 4),
+    ]
+    scatter, exchange = collectives
+    assert scatter.computation == "async_reduce_scatter" and scatter.axes == ("data",)
+    assert scatter.operand_bytes == 8 * 16 * 4 and scatter.result_bytes == 2 * 16 * 4
+    assert exchange.axes == ("model",) and exchange.result_bytes == 8 * 16 * 4
+
+
 def test_combined_reductions_and_other_kinds():
     found = parse("combined_reductions.txt")
     grads = found["grads"]

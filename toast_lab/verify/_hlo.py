@@ -420,7 +420,7 @@ def _computation_multipliers(module: _Module) -> dict[str, int]:
     names = {c.name for c in module.computations}
     for computation in module.computations:
         for instruction in computation.instructions:
-            if instruction.opcode in ("async-update", "async-done"):
+            if instruction.opcode.endswith(("-update", "-done")):
                 continue  # they name the async computation again; its start already did
             trip_count = _known_trip_count(instruction) if instruction.opcode == "while" else None
             attributes = _QUOTED.sub('""', instruction.attributes)
@@ -448,6 +448,20 @@ def _computation_multipliers(module: _Module) -> dict[str, int]:
         return result
 
     return {c.name: multiplier(c.name) for c in module.computations}
+
+
+def _wrapped_by_collective_starts(module: _Module) -> set[str]:
+    """Computations that a collective's async start wraps (`all-to-all-start(...),
+    calls=%wrapped`): the start already stands for the collective inside them."""
+    wrapped = set()
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            kind_async = _collective_kind(instruction.opcode)
+            if kind_async and kind_async[1]:
+                attributes = _QUOTED.sub('""', instruction.attributes)
+                called = _CALLED_COMPUTATION.finditer(attributes)
+                wrapped |= {m["name"] for m in called if m["role"] == "calls"}
+    return wrapped
 
 
 def _known_trip_count(instruction: _Instruction) -> int | None:
@@ -697,8 +711,11 @@ def parse_collectives(
     module = _parse_module(hlo_text)
     ids = _IdSpace(module.replica_count, module.num_partitions, tuple(sorted(mesh.coords)))
     multipliers = _computation_multipliers(module)
+    wrapped = _wrapped_by_collective_starts(module)
     found = []
     for computation in module.computations:
+        if computation.name in wrapped:
+            continue
         shapes = {i.name: i.shape for i in computation.instructions}
         # An async -done takes its -start as operand and has the collective's result shape.
         done_shapes = {
