@@ -464,3 +464,44 @@ def test_read_compiled_with_a_toast_lab_mesh():
         out_shardings=NamedSharding(jmesh, P()),
     )
     assert {c.axes for c in read_compiled(compiled, mesh).collectives} == {("data",)}
+
+
+class _FakeCompiled:
+    """Stands in for older jax, whose cost_analysis() was a list of per-module dicts."""
+
+    def __init__(self, memory, cost, text):
+        self._memory, self._cost, self._text = memory, cost, text
+
+    def memory_analysis(self):
+        return self._memory
+
+    def cost_analysis(self):
+        return self._cost
+
+    def as_text(self):
+        return self._text
+
+    def runtime_executable(self):
+        raise NotImplementedError
+
+
+def test_read_compiled_handles_list_cost_analysis_and_missing_memory():
+    memory = type(
+        "Memory",
+        (),
+        dict(
+            argument_size_in_bytes=10,
+            output_size_in_bytes=20,
+            temp_size_in_bytes=30,
+            alias_size_in_bytes=5,
+            generated_code_size_in_bytes=0,
+        ),
+    )()
+    text = (DATA / "explicit_groups.txt").read_text()
+    cost = [{"flops": 100.0, "bytes accessed": 8.0}, {"flops": 1.0}]
+    stats = read_compiled(_FakeCompiled(memory, cost, text), Mesh({"data": 4, "model": 2}))
+    assert stats.flops == 101.0 and stats.bytes_accessed == 8.0
+    assert stats.peak_bytes == 55
+    assert stats.collective_summary()[("all-reduce", ("model",))] == CollectiveTotal(1, 512)
+    with pytest.raises(ValueError, match="does not report memory"):
+        read_compiled(_FakeCompiled(None, {}, text), Mesh({"data": 4, "model": 2}))
