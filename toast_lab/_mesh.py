@@ -22,7 +22,7 @@ _TOO_FEW_DEVICES = """\
 {mesh!r} needs {need} devices but JAX sees {have} ({platform}).
 To simulate {need} devices on the CPU, do one of these before JAX initializes its backends \
 (before the first jax.devices() or computation):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={need}"   # before `import jax`
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={need}"  # before import jax
     jax.config.update("jax_num_cpu_devices", {need})
 or pass `devices=` with at least {need} devices."""
 
