@@ -98,17 +98,40 @@ NARY = (
 
 
 @register(*UNARY, *NARY)
-@guarded
 def elementwise_rule(ins, outs, params):
-    """Every non-scalar operand and every result has the result's shape; one factor per dim."""
+    """One pass-through factor per result dim, on that dim of every operand that has it.
+
+    Operands are scalars or have the result's rank; since jax 0.10 an n-ary op also broadcasts
+    size-1 dims (`add(f32[8,1], f32[1,3]) -> f32[8,3]`), and such a dim is left unmapped: tying
+    it to N would merge unrelated classes.
+
+    The rule depends on the shapes alone, and most ops of a training step are elementwise ops on
+    a handful of shapes, so rules are cached by shape (OpRule is immutable).
+    """
+    try:
+        return _elementwise_by_shape(ins, outs, None)
+    except TypeError:  # shapes given as lists: unhashable, build uncached
+        return _elementwise_by_shape.__wrapped__(ins, outs, None)
+
+
+@functools.lru_cache(maxsize=4096)
+@guarded
+def _elementwise_by_shape(ins, outs, params):
     shape = outs[0]
+    rank = len(shape)
     for s in outs:
         expect(s == shape)
-    full = [i for i, s in enumerate(ins) if s]
-    for i in full:
-        expect(ins[i] == shape)
     b = RuleBuilder(ins, outs)
-    tie_same_shape(b, shape, operands=full, results=range(len(outs)))
+    if all(s == shape or not s for s in ins):  # the common case, kept fast
+        tie_same_shape(b, shape, operands=[i for i, s in enumerate(ins) if s],
+                       results=range(len(outs)))
+        return b.build()
+    for s in ins:
+        expect(not s or (len(s) == rank and all(m == n or m == 1 for m, n in zip(s, shape))))
+    results = range(len(outs))
+    for d, n in enumerate(shape):
+        b.factor(n, operands={i: d for i, s in enumerate(ins) if s and s[d] == n},
+                 results={j: d for j in results})
     return b.build()
 
 

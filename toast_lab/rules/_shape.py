@@ -125,10 +125,12 @@ def transpose_rule(ins, outs, params):
     x, y = ins[0], outs[0]
     perm = params["permutation"]
     expect(len(perm) == len(x) == len(y))
+    where = {d: j for j, d in enumerate(perm)}
     b = RuleBuilder(ins, outs)
-    for j, d in enumerate(perm):
-        expect(x[d] == y[j])
-        b.factor(y[j], operands={0: d}, results={0: j})
+    for d, n in enumerate(x):  # in operand order: ([i, j, k])->([k, i, j])
+        j = where[d]
+        expect(y[j] == n)
+        b.factor(n, operands={0: d}, results={0: j})
     return b.build()
 
 
