@@ -92,7 +92,7 @@ class Program:
     """A traced function: values, ops in program order, and the argument/result structure."""
 
     def __init__(self, values, ops, inputs, outputs, in_tree, out_tree, input_names,
-                 dim_names, fn_name: str, constants=None):
+                 dim_names, fn_name: str, constants=None, fn=None):
         self.values: tuple[Value, ...] = tuple(values)
         self.ops: tuple[Op, ...] = tuple(ops)
         self.inputs: tuple[int, ...] = tuple(inputs)
@@ -103,6 +103,7 @@ class Program:
         # Per input leaf: logical dim names the user (or the zoo) gave, or None.
         self.dim_names: tuple[tuple[str | None, ...] | None, ...] = tuple(dim_names)
         self.fn_name = fn_name
+        self.fn = fn  # the traced function itself (plan.jit accepts it without re-tracing)
         # Literal and captured-constant values: value id -> array or scalar.
         self.constants: dict[int, Any] = dict(constants or {})
         users: list[list[int]] = [[] for _ in self.values]

@@ -49,7 +49,7 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
                    input_names, hints, getattr(fn, "__name__", type(fn).__name__),
-                   constants=builder.constants)
+                   constants=builder.constants, fn=fn)
 
 
 class _ProgramBuilder:
