@@ -9,6 +9,7 @@ from ._classes import REPLICATE, Conflict, ConflictSide, DimClass
 from ._hardware import DeviceSpec, Link, devices, get_device
 from ._mesh import Mesh
 from ._plan import Plan, PlanError
+from ._planfile import PlanFileError
 from ._program import Op, Program, Value
 from ._trace import trace
 
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "zoo",
-    "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
+    "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
 ]

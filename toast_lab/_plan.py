@@ -72,7 +72,10 @@ class Plan:
         items = conflicts.items() if isinstance(conflicts, Mapping) else conflicts
         for name, res in items:
             plan = plan.with_resolution(name, res)
-        return replace(plan, pinned=frozenset(pinned))
+        pinned = frozenset(pinned)
+        for name in pinned:
+            plan._decision(name)
+        return replace(plan, pinned=pinned)
 
     def with_axes(self, cls, axes, pin: bool = False) -> "Plan":
         """A new plan with class `cls` (name, id or DimClass) sharded over `axes`.
@@ -179,8 +182,11 @@ class Plan:
     def partition_spec(self, value: int):
         from jax.sharding import PartitionSpec
 
-        return PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a
-                               for a in self.value_axes(value)))
+        entries = [None if not a else a[0] if len(a) == 1 else a
+                   for a in self.value_axes(value)]
+        while entries and entries[-1] is None:  # P("data") rather than P("data", None, None)
+            entries.pop()
+        return PartitionSpec(*entries)
 
     # --- export (DESIGN.md §8) ---------------------------------------------------------------
 
@@ -201,6 +207,24 @@ class Plan:
         from . import _export
 
         return _export.jit(self, fn, jax_mesh, constraints, **jit_kwargs)
+
+    def save(self, path, mesh=None, estimate: dict | None = None):
+        """Writes this plan as versioned JSON (see _planfile.py); returns the path."""
+        from . import _planfile
+
+        return _planfile.save(self, path, mesh, estimate)
+
+    @classmethod
+    def load(cls, path, analysis, check_fingerprint: bool = True) -> "Plan":
+        """Reads a plan file for `analysis`; never executes code from the file."""
+        from . import _planfile
+
+        return _planfile.load(path, analysis, check_fingerprint)
+
+    def to_dict(self, mesh=None, estimate: dict | None = None) -> dict:
+        from . import _planfile
+
+        return _planfile.plan_to_dict(self, mesh, estimate)
 
     def logical_axis_rules(self):
         """(class name, mesh axes or None) pairs, like flax's logical axis rules."""

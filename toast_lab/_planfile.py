@@ -1,0 +1,109 @@
+"""Plan files: versioned JSON, loaded without executing anything (DESIGN.md §8).
+
+A file names its decisions by class and conflict *names*, which are deterministic for a given
+program, and carries the program's fingerprint so a plan for another program fails clearly.
+
+    {"format": "toast-lab-plan", "version": 1,
+     "program": {"name": "gpt_train_step", "fingerprint": "3f2a...", "classes": 8},
+     "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},
+     "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
+     "conflicts": {"seq@block0/attn/...": "keep_dim2"},
+     "pinned": ["batch"],
+     "estimate": {...}}                                             # optional, informative
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = "toast-lab-plan"
+VERSION = 1
+
+
+class PlanFileError(ValueError):
+    """A plan file that cannot be loaded: says which file, what is wrong and what to do."""
+
+
+def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any]:
+    an = plan.analysis
+    prog = an.program
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "program": {"name": prog.fn_name, "fingerprint": prog.fingerprint(),
+                    "classes": len(an.classes), "conflicts": len(an.conflicts)},
+        "mesh": None if mesh is None else {"axes": dict(mesh.shape), "device": mesh.device.name},
+        "classes": {an.classes[k].name: list(axes) for k, axes in plan.assignments},
+        "conflicts": plan.conflict_resolutions,
+        "pinned": sorted(plan.pinned),
+    }
+    if estimate is not None:
+        doc["estimate"] = estimate
+    return doc
+
+
+def save(plan, path, mesh=None, estimate: dict | None = None) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(plan_to_dict(plan, mesh, estimate), indent=2) + "\n")
+    return path
+
+
+def load(path, analysis, check_fingerprint: bool = True):
+    """The Plan stored in `path`, for `analysis`. Raises PlanFileError on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PlanFileError(f"cannot read plan file {str(path)!r}: {err}") from None
+    try:
+        doc = json.loads(text)  # plain JSON: no pickle, no eval, nothing executes
+    except json.JSONDecodeError as err:
+        raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
+                            f"{err.msg}); the file is corrupted or was not written by toast-lab"
+                            ) from None
+    return plan_from_dict(doc, analysis, source=str(path), check_fingerprint=check_fingerprint)
+
+
+def plan_from_dict(doc, analysis, source: str = "<dict>", check_fingerprint: bool = True):
+    from ._plan import Plan, PlanError
+
+    def fail(msg: str):
+        raise PlanFileError(f"{source}: {msg}")
+
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        fail(f"not a toast-lab plan file (expected \"format\": \"{FORMAT}\")")
+    version = doc.get("version")
+    if not isinstance(version, int) or version < 1:
+        fail(f"bad version {version!r}")
+    if version > VERSION:
+        fail(f"written by a newer toast-lab (plan format {version}; this one reads up to "
+             f"{VERSION}): upgrade toast-lab")
+    prog = analysis.program
+    meta = doc.get("program")
+    if not isinstance(meta, dict):
+        fail("missing the \"program\" section")
+    if check_fingerprint and meta.get("fingerprint") != prog.fingerprint():
+        fail(f"made for another program ({meta.get('name')!r}, fingerprint "
+             f"{meta.get('fingerprint')}) than this one ({prog.fn_name!r}, fingerprint "
+             f"{prog.fingerprint()}): re-trace the same function with the same argument shapes, "
+             f"or pass check_fingerprint=False to apply it by class names")
+    classes = doc.get("classes", {})
+    conflicts = doc.get("conflicts", {})
+    pinned = doc.get("pinned", [])
+    if not isinstance(classes, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(a, str) for a in v)
+            for k, v in classes.items()):
+        fail("\"classes\" must map class names to lists of mesh axis names")
+    if not isinstance(conflicts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in conflicts.items()):
+        fail("\"conflicts\" must map conflict names to resolution names")
+    if not isinstance(pinned, list) or not all(isinstance(p, str) for p in pinned):
+        fail("\"pinned\" must be a list of decision names")
+    try:
+        plan = Plan.from_decisions(analysis, [(k, tuple(v)) for k, v in classes.items()],
+                                   conflicts, pinned)
+    except PlanError as err:
+        fail(str(err))
+    return plan
