@@ -3,7 +3,7 @@
 This module is the one place that says what is public.
 """
 
-from . import rules, zoo
+from . import rules, strategies, zoo
 from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
 from ._classes import REPLICATE, Conflict, ConflictSide, DimClass
 from ._hardware import DeviceSpec, Link, devices, get_device
@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
-    "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "zoo",
+    "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies", "zoo",
     "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
 ]
