@@ -121,7 +121,8 @@ def test_presets_are_abstract_and_shardable():
     for size in ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"):
         fn, args = zoo.get("gpt_scan", size=size)
         for arg, names in zip(args, fn.dim_names):
-            for leaf, dims in zip(jax.tree.leaves(arg), jax.tree.leaves(names, is_leaf=is_dim_names)):
+            name_leaves = jax.tree.leaves(names, is_leaf=is_dim_names)
+            for leaf, dims in zip(jax.tree.leaves(arg), name_leaves):
                 # Depth stays as published (12, 36 layers); every other dim shards 8 ways.
                 assert all(d % 8 == 0 for d, n in zip(leaf.shape, dims) if n != "layers"), size
     assert zoo.get("gpt", size="gpt2-small", layers=3)[0].config.layers == 3
@@ -161,3 +162,27 @@ def test_external_models_run_under_jit(build):
     _, _, loss1 = step(params, opt_state, sample[2])
     assert jax.tree.structure(params) == jax.tree.structure(sample[0])
     assert float(loss1) < float(loss0)
+
+
+@pytest.mark.parametrize("capacity_factor", [0.5, 4.0])
+def test_moe_routing_respects_capacity(capacity_factor):
+    from toast_lab.zoo import _moe
+
+    cfg = zoo.config("moe", capacity_factor=capacity_factor)
+    kx, kr = jax.random.split(jax.random.key(1))
+    x = jax.random.normal(kx, (cfg.batch, cfg.seq, cfg.embed))
+    router = jax.random.normal(kr, (cfg.embed, cfg.experts))
+    dispatch, combine, aux = jax.jit(_moe.route, static_argnums=2)(x, router, cfg)
+    assert dispatch.shape == (cfg.batch, cfg.seq, cfg.experts, cfg.capacity)
+    per_slot = np.asarray(dispatch.sum(axis=1))  # tokens in each (sequence, expert, slot)
+    assert set(np.unique(per_slot)) <= {0.0, 1.0}
+    assert (np.diff(per_slot, axis=-1) <= 0).all(), "each expert fills its slots in order"
+    per_token = np.asarray(dispatch.sum(axis=(2, 3)))  # kept assignments of each token
+    assert per_token.max() <= cfg.top_k
+    weights = np.asarray(combine.sum(axis=(2, 3)))
+    if capacity_factor == 4.0:  # room for every assignment: nothing dropped
+        assert (per_token == cfg.top_k).all()
+        np.testing.assert_allclose(weights, 1.0, rtol=1e-5)
+    else:  # half the room: assignments are dropped
+        assert per_token.sum() < cfg.batch * cfg.seq * cfg.top_k
+    assert np.isfinite(float(aux)) and float(aux) >= 1.0 - 1e-5  # 1 when perfectly balanced

@@ -10,8 +10,9 @@ loss)`, with AdamW from optax::
 `fn.dim_names` has one entry per positional argument: a pytree shaped like that argument whose
 leaves are plain tuples of logical dim names (`str | None`, one per dim of the leaf), e.g.
 `("embed", "heads", "head_dim")`. Walk it alongside the argument with the argument first,
-`jax.tree.map(f, args[i], fn.dim_names[i])`, so each name tuple arrives whole. `fn.config` is
-the resolved config.
+`jax.tree.map(f, args[i], fn.dim_names[i])`, so each name tuple arrives whole. All three
+arguments are named: AdamW's moments take their params' names, its step count `()`.
+`fn.config` is the resolved config.
 
 Models: `mlp`, `gpt`, `gpt_scan`, `cnn`, `moe`, `gnn`; see each module's docstring for shapes.
 """

@@ -17,8 +17,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ._common import Model, TrainConfig, cross_entropy, fan_in_normal, layer_norm
-from ._common import layer_norm_params, trailing
+from ._common import (
+    Model, TrainConfig, cross_entropy, fan_in_normal, layer_norm, layer_norm_params, trailing,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,19 +98,21 @@ def loss(params: dict, batch: dict, cfg: CNNConfig) -> jax.Array:
         return cross_entropy(logits, batch["labels"])
 
 
-def _block_names() -> dict:
-    return {
-        "conv": {
-            "w": ("kernel_height", "kernel_width", "in_channels", "channels"),
-            "b": ("channels",),
-        },
-        "norm": {"scale": ("channels",), "bias": ("channels",)},
-    }
-
-
 def param_names(cfg) -> dict:
+    # A conv's input channels are the previous block's "channels"; one name cannot serve both
+    # dims of a weight, so only the first conv names its input dim (the image's channels).
+    def block(i):
+        c_in = "in_channels" if i == 0 else None
+        return {
+            "conv": {
+                "w": ("kernel_height", "kernel_width", c_in, "channels"),
+                "b": ("channels",),
+            },
+            "norm": {"scale": ("channels",), "bias": ("channels",)},
+        }
+
     return {
-        "blocks": [_block_names() for _ in cfg.channels],
+        "blocks": [block(i) for i in range(len(cfg.channels))],
         "head": {"w": ("channels", "classes"), "b": ("classes",)},
     }
 

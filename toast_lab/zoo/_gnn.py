@@ -24,8 +24,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ._common import Model, TrainConfig, cross_entropy, fan_in_normal, layer_norm
-from ._common import layer_norm_params, trailing
+from ._common import (
+    Model, TrainConfig, cross_entropy, fan_in_normal, layer_norm, layer_norm_params, trailing,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,17 +110,18 @@ def loss(params: dict, batch: dict, cfg: GNNConfig) -> jax.Array:
 
 
 def param_names(cfg) -> dict:
+    # "hidden" is the node latent width; "messages" the width of the messages and their sums,
+    # a separate dim (of the same size) until the node update adds it back to `h`.
     def block():
         return {
             "edge_mlp": {
                 "w_send": ("hidden", "mlp"),
                 "w_recv": ("hidden", "mlp"),
                 "b_in": ("mlp",),
-                "w_out": ("mlp", "hidden"),
-                "b_out": ("hidden",),
+                "w_out": ("mlp", "messages"),
+                "b_out": ("messages",),
             },
-            # [d, d]: the input and output widths get distinct names.
-            "node_mlp": {"w": ("hidden_in", "hidden"), "b": ("hidden",)},
+            "node_mlp": {"w": ("messages", "hidden"), "b": ("hidden",)},
             "norm": {"scale": ("hidden",), "bias": ("hidden",)},
         }
 

@@ -18,8 +18,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._common import Model, TrainConfig, cross_entropy, layer_norm, layer_norm_params, normal
-from ._common import trailing
+from ._common import (
+    Model, TrainConfig, cross_entropy, layer_norm, layer_norm_params, normal, trailing,
+)
 
 
 @dataclasses.dataclass(frozen=True)

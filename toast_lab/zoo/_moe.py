@@ -87,7 +87,8 @@ def route(x: jax.Array, router: jax.Array, cfg: MoEConfig):
     slot = slot * keep[..., None]
     dispatch = jnp.einsum("bskE,bskC->bsEC", choice, slot)
     combine = jnp.einsum("bsk,bskE,bskC->bsEC", gates, choice, slot)
-    # Switch Transformer (arXiv 2101.03961, eq. 4): E * sum_e (share of first choices) * (mean prob).
+    # Switch Transformer (arXiv 2101.03961, eq. 4):
+    # E * sum_e (share of first choices going to e) * (mean router prob of e); 1 when balanced.
     first_choice_share = jnp.mean(choice[:, :, 0, :], axis=(0, 1))
     aux = E * jnp.sum(first_choice_share * jnp.mean(probs, axis=(0, 1)))
     return dispatch, combine, aux
