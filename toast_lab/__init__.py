@@ -12,6 +12,7 @@ from ._plan import Plan, PlanError
 from ._planfile import PlanFileError
 from ._program import Op, Program, Value
 from ._trace import trace
+from .cost import CostModel, Estimate, estimate
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,5 @@ __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies", "zoo",
     "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
+    "estimate", "Estimate", "CostModel",
 ]

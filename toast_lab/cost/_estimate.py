@@ -1,0 +1,102 @@
+"""Estimate: what the cost model says a plan costs, per device (frozen, printable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One kind of collective over one set of mesh axes: how often, how many bytes, how long."""
+
+    count: float
+    bytes: float   # per device, by the convention of verify: all-gather counts its output
+    time_s: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Per-device step time (seconds) and memory (bytes) of one plan on one mesh.
+
+    step_time_s = compute_s + communication_s, or their max with overlap=True (`overlap` says
+    which). peak_memory_bytes = argument + output + temporaries − aliased (donated) bytes, the
+    way XLA's memory_analysis() adds them up. feasible: the peak fits the device's memory.
+    collectives: {(kind, mesh axes): CollectiveCost}. memory_breakdown: bytes by category at the
+    peak. by_scope: {top-level name scope: (compute_s, communication_s)}.
+    """
+
+    step_time_s: float
+    compute_s: float
+    communication_s: float
+    flops: float
+    peak_memory_bytes: float
+    argument_bytes: float
+    output_bytes: float
+    temp_bytes: float
+    alias_bytes: float
+    memory_capacity_bytes: float
+    collectives: dict = field(default_factory=dict)
+    memory_breakdown: dict = field(default_factory=dict)
+    by_scope: dict = field(default_factory=dict)
+    overlap: bool = False
+    device: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_capacity_bytes
+
+    @property
+    def collective_bytes(self) -> dict:
+        """{(kind, axes): bytes}, comparable with verify's measured collective summary."""
+        return {k: c.bytes for k, c in self.collectives.items()}
+
+    @property
+    def breakdown(self) -> dict:
+        """Step time by part: compute and each collective kind (seconds)."""
+        out = {"compute": self.compute_s}
+        for (kind, _), c in self.collectives.items():
+            out[kind] = out.get(kind, 0.0) + c.time_s
+        return out
+
+    def summary(self) -> str:
+        mib = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
+        lines = [
+            f"step time      {self.step_time_s * 1e3:10.3f} ms  (compute {self.compute_s * 1e3:.3f}"
+            f" ms, communication {self.communication_s * 1e3:.3f} ms, "
+            f"{'overlapped' if self.overlap else 'not overlapped'})",
+            f"flops/device   {self.flops:10.3e}",
+            f"peak memory    {mib(self.peak_memory_bytes):>14}  of {mib(self.memory_capacity_bytes)}"
+            f" on {self.device}: {'fits' if self.feasible else 'DOES NOT FIT'}",
+            f"  arguments {mib(self.argument_bytes)}, outputs {mib(self.output_bytes)}, "
+            f"temporaries {mib(self.temp_bytes)}, aliased {mib(self.alias_bytes)}",
+        ]
+        if self.collectives:
+            lines.append("collectives (per device per step):")
+            for (kind, axes), c in sorted(self.collectives.items(), key=lambda kv: -kv[1].time_s):
+                lines.append(f"  {kind:<15} {'x'.join(axes) or '-':<14} {c.count:8.0f} x  "
+                             f"{mib(c.bytes):>14}  {c.time_s * 1e3:9.3f} ms")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return (f"Estimate(step={self.step_time_s * 1e3:.3f} ms, "
+                f"peak={self.peak_memory_bytes / 2**30:.2f} GiB, "
+                f"{'feasible' if self.feasible else 'infeasible'})")
+
+    def to_dict(self) -> dict:
+        """JSON-ready numbers (plan files keep them for the JupyterLab viewer)."""
+        return {
+            "step_time_s": self.step_time_s, "compute_s": self.compute_s,
+            "communication_s": self.communication_s, "flops": self.flops,
+            "peak_memory_bytes": self.peak_memory_bytes, "argument_bytes": self.argument_bytes,
+            "output_bytes": self.output_bytes, "temp_bytes": self.temp_bytes,
+            "alias_bytes": self.alias_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
+            "feasible": self.feasible, "overlap": self.overlap, "device": self.device,
+            "collectives": [{"kind": k, "axes": list(a), "count": c.count, "bytes": c.bytes,
+                             "time_s": c.time_s} for (k, a), c in self.collectives.items()],
+            "memory_breakdown": dict(self.memory_breakdown),
+        }

@@ -1,0 +1,246 @@
+"""The program compiled into flat arrays for the cost model (built once per analysis).
+
+Everything the estimate needs that does not depend on the plan lives here as numpy arrays, so
+evaluating a plan is a handful of vectorized passes (DESIGN.md §6):
+
+- slots      [V, D]  class of dim d of value v (-1: size 1, or padding past its rank)
+- rows               one per (op, operand dim) that a factor maps: where the op needs that
+                     dim sharded like a result dim ("result" rows), like the other operands of
+                     a contraction ("group" rows, reduction and operand-only factors), or
+                     whole ("replicate" rows, need-replication factors)
+- op arrays          static flops, trip counts, first result
+- liveness           each value's first and last position in program order
+
+Mesh-independent: mesh axes enter only as bit masks at evaluation time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._program import INPUT, NO_OP
+from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+
+ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
+
+# Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
+_MOVEMENT = frozenset({
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
+    "copy", "rev", "iota", "select_n", "clamp", "concatenate", "pad", "slice",
+    "dynamic_slice", "dynamic_update_slice", "stop_gradient", "reduce_precision",
+    "sharding_constraint", "integer_pow", "square", "pow",
+})
+_NOT_FUSIBLE = frozenset({
+    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter-mul",
+    "scatter-min", "scatter-max", "scatter-sub", "sort", "top_k", "cumsum", "cumprod",
+    "cummax", "cummin", "cumlogsumexp", "argmax", "argmin", "scan", "while", "cond",
+    "custom_linear_solve", "rng_bit_generator", "threefry2x32", "optimization_barrier",
+    "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",
+    "select_and_scatter_add", "select_and_gather_add",
+})
+
+
+@dataclass(frozen=True, eq=False)
+class Static:
+    num_values: int
+    width: int                  # D: the largest rank
+    slot_class: np.ndarray      # [V, D] int32
+    nbytes: np.ndarray          # [V] float64, whole-tensor bytes
+    fused: np.ndarray           # [V] bool: an intermediate XLA would fuse away
+    # rows
+    row_op: np.ndarray          # [R] int32
+    row_value: np.ndarray       # [R] int32
+    row_dim: np.ndarray         # [R] int32
+    row_kind: np.ndarray        # [R] int8: ROW_RESULT / ROW_GROUP / ROW_REPLICATE
+    row_src_value: np.ndarray   # [R] int32: result rows: the result value whose dim it follows
+    row_src_dim: np.ndarray     # [R] int32
+    row_group: np.ndarray       # [R] int32: group rows: their group (-1 otherwise)
+    group_is_reduction: np.ndarray  # [G] bool: partial sums when the group is sharded
+    group_op: np.ndarray        # [G] int32
+    # operands: one per (op, operand tensor); rows of one operand are contiguous
+    row_operand: np.ndarray     # [R] int32 index into operand arrays
+    operand_op: np.ndarray      # [O] int32
+    operand_value: np.ndarray   # [O] int32
+    # ops
+    num_ops: int
+    op_flops: np.ndarray        # [N] float64, whole-op flops
+    op_trip: np.ndarray         # [N] float64
+    op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
+    op_results: tuple           # per op: its result value ids
+    op_is_region: np.ndarray    # [N] bool
+    # liveness, in program order positions 0..N
+    live_start: np.ndarray      # [V] int32
+    live_end: np.ndarray        # [V] int32 (exclusive)
+    is_input: np.ndarray        # [V] bool
+    is_output: np.ndarray       # [V] bool
+    input_values: np.ndarray    # [I] int32
+    output_values: np.ndarray   # [O'] int32
+    value_classes: tuple        # per value: its classes (for incremental updates)
+
+
+def _flops(op, values) -> float:
+    name = op.primitive
+    out = [values[r].shape for r in op.results]
+    size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
+    if op.body or not out:
+        return 0.0
+    if name == "dot_general":
+        (lc, _), _ = op.params["dimension_numbers"]
+        k = size(tuple(values[op.operands[0]].shape[d] for d in lc))
+        return 2.0 * size(out[0]) * k
+    if name == "conv_general_dilated":
+        dn = op.params["dimension_numbers"]
+        rhs = values[op.operands[1]].shape
+        rhs_spec = dn.rhs_spec  # (out feature, in feature, *spatial)
+        window = size(tuple(rhs[d] for d in rhs_spec[2:]))
+        return 2.0 * size(out[0]) * window * rhs[rhs_spec[1]]
+    if name in _MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
+                                     "broadcast_in_dim", "iota", "rng_bit_generator"):
+        return 0.0
+    if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
+        return size(values[op.operands[0]].shape)
+    if name.startswith("scatter"):
+        return size(values[op.operands[2]].shape) if len(op.operands) > 2 else 0.0
+    if name == "sort":
+        n = size(out[0])
+        return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
+            op.params.get("dimension", 0)])))
+    return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def build_static(an) -> Static:
+    prog = an.program
+    values, ops = prog.values, prog.ops
+    V, N = len(values), len(ops)
+    width = max((v.ndim for v in values), default=0) or 1
+    slot_class = np.full((V, width), -1, np.int32)
+    for v, classes in enumerate(an.value_classes):
+        if classes:
+            slot_class[v, :len(classes)] = classes
+    nbytes = np.array([v.nbytes for v in values], np.float64)
+
+    rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
+                            "operand")}
+    group_is_reduction, group_op = [], []
+    operand_op, operand_value = [], []
+    op_flops = np.zeros(N, np.float64)
+    op_trip = np.array([op.trip_count for op in ops], np.float64)
+    op_result = np.full(N, -1, np.int32)
+    op_is_region = np.array([bool(op.body) for op in ops])
+    for op, rule in zip(ops, an.op_rules):
+        op_flops[op.id] = _flops(op, values)
+        with_dims = [r for r in op.results if values[r].ndim]
+        if with_dims:
+            op_result[op.id] = with_dims[0]
+        if op.body:
+            continue  # region boundaries tie the same classes: no reshard is modelled there
+        # Where each factor lands on the results: (result value, dim, is the major part).
+        on_result: dict[int, tuple[int, int, bool]] = {}
+        for j, dims in enumerate(rule.results):
+            for e, factors in enumerate(dims):
+                for k, f in enumerate(factors):
+                    on_result.setdefault(f, (op.results[j], e, k == 0))
+        groups: dict[int, int] = {}
+        for t, dims in enumerate(rule.operands):
+            u = op.operands[t]
+            operand_index = len(operand_op)
+            added = False
+            for d, factors in enumerate(dims):
+                if not factors or slot_class[u, d] < 0:
+                    continue
+                f = factors[0]  # a compound dim is sharded like its major factor
+                kind = rule.kinds[f]
+                src_v = src_d = group = -1
+                if kind is NEED_REPLICATION:
+                    row_kind = ROW_REPLICATE
+                elif kind is PASS_THROUGH and f in on_result:
+                    r, e, major = on_result[f]
+                    if major:
+                        row_kind, src_v, src_d = ROW_RESULT, r, e
+                    else:
+                        row_kind = ROW_REPLICATE
+                else:  # reduction, or a factor only the operands share: they must agree
+                    if f not in groups:
+                        groups[f] = len(group_op)
+                        group_op.append(op.id)
+                        group_is_reduction.append(kind is REDUCTION)
+                    row_kind, group = ROW_GROUP, groups[f]
+                for key, val in (("op", op.id), ("value", u), ("dim", d), ("kind", row_kind),
+                                 ("src_value", src_v), ("src_dim", src_d), ("group", group),
+                                 ("operand", operand_index)):
+                    rows[key].append(val)
+                added = True
+            if added:
+                operand_op.append(op.id)
+                operand_value.append(u)
+
+    live_start, live_end = _liveness(prog)
+    is_input = np.array([v.origin == INPUT for v in values])
+    is_output = np.zeros(V, bool)
+    is_output[list(prog.outputs)] = True
+    fused = _fused(prog, an)
+    arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
+    return Static(
+        num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
+        row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
+        row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
+        row_src_dim=arr("src_dim"), row_group=arr("group"),
+        group_is_reduction=np.array(group_is_reduction, bool),
+        group_op=np.array(group_op, np.int32), row_operand=arr("operand"),
+        operand_op=np.array(operand_op, np.int32),
+        operand_value=np.array(operand_value, np.int32),
+        num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
+        op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
+        live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
+        input_values=np.array(prog.inputs, np.int32),
+        output_values=np.array(prog.outputs, np.int32),
+        value_classes=an.value_classes)
+
+
+def _liveness(prog):
+    """[start, end) positions of each value: positions 0..N-1 are ops, N is the end.
+
+    Inputs and constants are live from 0; a value lives until its last reader; outputs until
+    the end. A region op's results are allocated when the loop starts (its position), and a
+    value read inside a region lives until the region ends.
+    """
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    start = np.array([max(v.producer, 0) if v.producer != NO_OP else 0 for v in values],
+                     np.int32)
+    end = start + 1
+    region_end = {op.id: op.body_ops[1] for op in ops if op.body}
+    for op in ops:
+        pos = op.id + 1
+        r = op.region
+        while r != NO_OP:  # read inside a loop: needed until the loop is done
+            pos = max(pos, region_end[r])
+            r = ops[r].region
+        for u in op.operands:
+            end[u] = max(end[u], pos)
+        for u in op.body:
+            end[u] = max(end[u], region_end[op.id])
+    for v in prog.outputs:
+        end[v] = N + 1
+    return start, end
+
+
+def _fused(prog, an) -> np.ndarray:
+    """Values XLA would not write to memory: made by a fusible op and read only by fusible
+    ops (or reductions, which take elementwise producers as input fusions)."""
+    values, ops = prog.values, prog.ops
+    fused = np.zeros(len(values), bool)
+    outputs = set(prog.outputs)
+    for v in values:
+        if v.producer == NO_OP or v.id in outputs or v.ndim == 0:
+            continue
+        op = ops[v.producer]
+        if op.body or op.primitive in _NOT_FUSIBLE or v.id not in op.results:
+            continue
+        users = prog.users(v.id)
+        if users and all(not ops[u].body and ops[u].primitive not in _NOT_FUSIBLE
+                         and ops[u].region == op.region for u in users):
+            fused[v.id] = True
+    return fused
