@@ -24,10 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..strategies._roles import state_inputs
-from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, build_static
+from ._estimate import CollectiveCost, Estimate
+from ._static import build_static
+from . import _kernel
+from ._types import build_types
 
-AR, AG, RS, A2A = range(4)  # indices into COLLECTIVE_KINDS
 
 
 class CostModel:
@@ -36,6 +37,8 @@ class CostModel:
     donate: the step donates its arguments (XLA may reuse their memory for the outputs).
     overlap: communication overlaps compute perfectly (step = max) instead of adding up.
     """
+
+    NUM_TYPE_ARGS = 36  # the leading kernel arguments that evaluate_types takes
 
     def __init__(self, analysis, mesh, donate: bool = False, overlap: bool = False):
         self.analysis = analysis
@@ -49,8 +52,6 @@ class CostModel:
         self.st = st
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
-        self._conflict_tables(analysis)
-        self._prepare_reductions()
 
     # --- static tables ----------------------------------------------------------------------
 
@@ -84,59 +85,47 @@ class CostModel:
                 except ValueError:
                     cache[dt] = dev.peak_flops_for("float32")
             peak[op.id] = cache[dt]
-        self.peak = peak
         self.mem_bw = float(dev.memory_bandwidth)
         self.capacity = float(dev.memory_bytes)
-        # Every (op, value) it reads or writes, for the bytes-moved side of the roofline.
-        io_op, io_val = [], []
-        for op in prog.ops:
-            if op.body:
-                continue
-            for v in set(op.operands) | set(op.results):
-                if prog.values[v].ndim:
-                    io_op.append(op.id)
-                    io_val.append(v)
-        self.io_op = np.array(io_op, np.int32)
-        self.io_val = np.array(io_val, np.int32)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
         self.is_state[list(state)] = True
         scopes = {}
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
-                                                    len(scopes)) for op in prog.ops], np.int32)
+                                                    len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-
-    def _conflict_tables(self, an):
-        """Per conflict and resolution: the (value, dim) slots it replicates."""
-        self.conflicts = []
-        for c in an.conflicts:
-            per_res = []
-            for res in c.resolutions:
-                slots = set()
-                for side in c.sides:
-                    if res == "replicate" or side.resolution != res:
-                        slots.update(side.members)
-                if not c.sides:
-                    vc = an.value_classes
-                    slots.update((v, d) for v in c.values for d, k in enumerate(vc[v])
-                                 if k == c.class_id)
-                arr = np.array(sorted(slots), np.int32).reshape(-1, 2)
-                per_res.append((arr[:, 0], arr[:, 1]))
-            self.conflicts.append((c.class_id, tuple(c.resolutions), per_res))
-
-    def _prepare_reductions(self):
-        st = self.st
-        # group rows sorted by group, for bitwise_and.reduceat
-        gr = np.nonzero(st.row_kind == ROW_GROUP)[0]
-        order = gr[np.argsort(st.row_group[gr], kind="stable")]
-        self.group_rows = order
-        groups = st.row_group[order]
-        self.group_starts = np.r_[0, np.nonzero(np.diff(groups))[0] + 1].astype(np.int64)
-        self.group_ids = groups[self.group_starts] if len(order) else np.zeros(0, np.int32)
-        # rows are contiguous per operand
-        ro = st.row_operand
-        self.operand_starts = np.r_[0, np.nonzero(np.diff(ro))[0] + 1].astype(np.int64)
-        self.result_rows = np.nonzero(st.row_kind == ROW_RESULT)[0]
+        self.ty = build_types(st, an, peak)
+        ty = self.ty
+        self.conflict_class = np.array([c.class_id for c in an.conflicts], np.int64)
+        self.weight = ty.pt_count * ty.pt_trip  # instances x trips of each op type
+        # Memory: temporaries (not arguments, not outputs) with their live ranges.
+        temp = np.nonzero(~st.is_input & ~st.is_output & ~st.fused & (st.nbytes > 0))[0]
+        self.temp_start = st.live_start[temp].astype(np.int64)
+        self.temp_end = st.live_end[temp].astype(np.int64)
+        self.temp_nbytes = st.nbytes[temp]
+        self.temp_vt = ty.value_type[temp]
+        ins = st.input_values
+        self.in_nbytes, self.in_vt = st.nbytes[ins], ty.value_type[ins]
+        self.in_state = self.is_state[ins]
+        outs = np.unique(st.output_values)
+        self.out_nbytes, self.out_vt = st.nbytes[outs], ty.value_type[outs]
+        self.out_is_input = st.is_input[outs]
+        self._args = (
+            ty.vt_class, ty.vt_tag, ty.tag_conflict, ty.tag_dropped.astype(np.bool_),
+            self.conflict_class, self.ways, self.bw, self.lat,
+            ty.gt_members.indptr, ty.gm_vt[ty.gt_members.indices],
+            ty.gm_d[ty.gt_members.indices], ty.gt_is_reduction,
+            ty.rt_vt, ty.rt_d, ty.rt_kind, ty.rt_src_vt, ty.rt_src_d, ty.rt_group,
+            ty.ot_rows.indptr, ty.ot_rows.indices, ty.ot_vt,
+            self.weight, ty.pt_count, ty.pt_flops, ty.pt_peak, ty.pt_res_vt, ty.pt_res_nbytes,
+            ty.pt_groups.indptr, ty.pt_groups.indices,
+            ty.pt_io.indptr, ty.io_vt[ty.pt_io.indices], ty.io_nbytes[ty.pt_io.indices],
+            ty.pt_opnds.indptr, ty.po_ot[ty.pt_opnds.indices],
+            ty.po_nbytes[ty.pt_opnds.indices],
+            self.mem_bw, ty.op_type, self.temp_start,
+            self.temp_end, self.temp_nbytes, self.temp_vt,
+            self.in_nbytes, self.in_vt, self.in_state, self.out_nbytes, self.out_vt,
+            self.out_is_input, self.donate)
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
@@ -157,168 +146,122 @@ class CostModel:
 
     # --- evaluation -----------------------------------------------------------------------------
 
-    def value_masks(self, mask, rank, res):
-        """eff[V, D]: the mesh-axis bit mask of each value dim; vmask[V]: their union."""
-        st = self.st
-        cls = st.slot_class
-        valid = cls >= 0
-        safe = np.where(valid, cls, 0)
-        m = np.where(valid, mask[safe], 0)
-        for (cid, _, per_res), r in zip(self.conflicts, res):
-            if mask[cid]:
-                vi, di = per_res[r]
-                m[vi, di] = 0
-        if st.width == 1:
-            return m, m[:, 0].copy()
-        r = np.where(valid, rank[safe], 1 << 40)
-        order = np.argsort(r, axis=1, kind="stable")
-        ms = np.take_along_axis(m, order, axis=1)
-        used = np.zeros(len(m), np.int64)
-        out = np.empty_like(ms)
-        for j in range(st.width):  # the class decided first keeps a contested axis
-            mj = ms[:, j]
-            keep = np.where((mj & used) == 0, mj, 0)
-            out[:, j] = keep
-            used |= keep
-        eff = np.empty_like(out)
-        np.put_along_axis(eff, order, out, axis=1)
-        return eff, used
-
     def estimate(self, plan) -> Estimate:
         return self.evaluate(*self.plan_arrays(plan))
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
-        st = self.st
-        ways, bw, lat = self.ways, self.bw, self.lat
-        eff, vmask = self.value_masks(mask, rank, res)
-        pdb = st.nbytes / ways[vmask]
-
-        # Required sharding of each operand row.
-        actual = eff[st.row_value, st.row_dim]
-        required = np.zeros_like(actual)
-        rr = self.result_rows
-        required[rr] = eff[st.row_src_value[rr], st.row_src_dim[rr]]
-        consensus = np.zeros(len(st.group_op), np.int64)
-        if len(self.group_rows):
-            consensus[self.group_ids] = np.bitwise_and.reduceat(actual[self.group_rows],
-                                                                self.group_starts)
-            required[self.group_rows] = consensus[st.row_group[self.group_rows]]
-        removed = actual & ~required
-        added = required & ~actual
-        if len(actual):
-            rem = np.bitwise_or.reduceat(removed, self.operand_starts)
-            add = np.bitwise_or.reduceat(added, self.operand_starts)
-        else:
-            rem = add = np.zeros(0, np.int64)
-        a2a = rem & add
-        ag = rem & ~add
-        opnd_pdb = pdb[st.operand_value]
-        ag_bytes = np.where(ag != 0, opnd_pdb * ways[ag], 0.0)
-        a2a_bytes = np.where(a2a != 0, opnd_pdb, 0.0)
-        ag_time = _ring(ag_bytes, ways[ag], bw[ag], lat[ag], 1.0)
-        a2a_time = _ring(a2a_bytes, ways[a2a], bw[a2a], lat[a2a], 1.0)
-
-        # Partial sums of sharded contractions.
-        N = st.num_ops
-        psum = np.zeros(N, np.int64)
-        red = st.group_is_reduction & (consensus != 0)
-        np.bitwise_or.at(psum, st.group_op[red], consensus[red])
-        res_v = st.op_result
-        has_res = res_v >= 0
-        res_mask = np.where(has_res, vmask[np.maximum(res_v, 0)], 0)
-        res_pdb = np.where(has_res, pdb[np.maximum(res_v, 0)], 0.0)
-        rs = psum & res_mask
-        ar = psum & ~res_mask
-        partial = res_pdb * ways[rs]
-        ar_bytes = np.where(ar != 0, partial, 0.0)
-        rs_bytes = np.where(rs != 0, partial, 0.0)
-        ar_time = _ring(ar_bytes, ways[ar], bw[ar], lat[ar], 2.0)
-        rs_time = _ring(rs_bytes, ways[rs], bw[rs], lat[rs], 1.0)
-
-        # Compute: roofline per op.
-        trip = st.op_trip
-        iter_ways = ways[res_mask | psum]
-        flops = st.op_flops / iter_ways
-        moved = np.where(st.fused, 0.0, pdb)
-        traffic = np.bincount(self.io_op, weights=moved[self.io_val], minlength=N)
-        compute = np.maximum(flops / self.peak, traffic / self.mem_bw) * trip
-
-        opnd_op = st.operand_op
-        comm = (np.bincount(opnd_op, weights=ag_time + a2a_time, minlength=N)
-                + ar_time + rs_time) * trip
-        compute_s = float(compute.sum())
-        comm_s = float(comm.sum())
+        """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
+        totals, coll, pt_compute, pt_comm = _kernel.evaluate(mask, rank, res, *self._args)
+        compute_s, comm_s = float(totals[_kernel.T_COMPUTE]), float(totals[_kernel.T_COMM])
         step = max(compute_s, comm_s) if self.overlap else compute_s + comm_s
-
-        # Memory.
-        gathered = np.bincount(opnd_op, weights=ag_bytes + a2a_bytes, minlength=N)
-        mem = self._memory(pdb, gathered)
-
-        collectives = {}
-        by_scope = {}
+        arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
+        temp, alias = float(totals[_kernel.T_TEMP]), float(totals[_kernel.T_ALIAS])
+        state = float(totals[_kernel.T_STATE])
+        collectives, by_scope = {}, {}
         if details:
-            collectives = self._collectives(
-                (AG, opnd_op, ag, ag_bytes, ag_time), (A2A, opnd_op, a2a, a2a_bytes, a2a_time),
-                (AR, None, ar, ar_bytes, ar_time), (RS, None, rs, rs_bytes, rs_time))
-            sc = np.bincount(self.op_scope, weights=compute, minlength=len(self.scope_names))
-            sm = np.bincount(self.op_scope, weights=comm, minlength=len(self.scope_names))
-            by_scope = {n: (float(a), float(b)) for n, a, b in zip(self.scope_names, sc, sm)}
+            for kind_index, kind in ((_kernel.AR, "all-reduce"), (_kernel.AG, "all-gather"),
+                                     (_kernel.RS, "reduce-scatter"), (_kernel.A2A, "all-to-all")):
+                for m in np.nonzero(coll[kind_index, :, 0])[0]:
+                    c = coll[kind_index, m]
+                    collectives[(kind, self.mask_axes[m])] = CollectiveCost(
+                        float(c[0]), float(c[1]), float(c[2]))
+            per_op = self.ty.op_type  # each instance carries its type's share
+            n = len(self.scope_names)
+            sc = np.bincount(self.op_scope, weights=(pt_compute / self.ty.pt_count)[per_op],
+                             minlength=n)
+            sm = np.bincount(self.op_scope, weights=(pt_comm / self.ty.pt_count)[per_op],
+                             minlength=n)
+            by_scope = {k: (float(a), float(b)) for k, a, b in zip(self.scope_names, sc, sm)}
         return Estimate(
             step_time_s=step, compute_s=compute_s, communication_s=comm_s,
-            flops=float((flops * trip).sum()), collectives=collectives, by_scope=by_scope,
-            overlap=self.overlap, device=self.mesh.device.name,
-            memory_capacity_bytes=self.capacity, **mem)
+            flops=float(totals[_kernel.T_FLOPS]), peak_memory_bytes=arg + out + temp - alias,
+            argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
+            memory_capacity_bytes=self.capacity, collectives=collectives,
+            memory_breakdown={"parameters and optimizer state": state,
+                              "other arguments": arg - state, "outputs": out,
+                              "temporaries (peak)": temp, "aliased": -alias},
+            by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name)
 
-    def _memory(self, pdb, gathered) -> dict:
-        st = self.st
-        N = st.num_ops
-        size = np.where(st.fused, 0.0, pdb)
-        start, end = st.live_start, st.live_end.copy()
-        inputs, outputs = st.is_input, st.is_output
-        if not self.donate:
-            end[inputs] = N + 1
-        temp = ~inputs & ~outputs
-        delta = (np.bincount(start[temp], weights=size[temp], minlength=N + 2)
-                 - np.bincount(end[temp], weights=size[temp], minlength=N + 2))
-        live = np.cumsum(delta)[:N + 1]
-        live[:N] += gathered
-        temp_bytes = float(live.max()) if len(live) else 0.0
-        arg = float(pdb[st.input_values].sum())
-        out_vals = np.unique(st.output_values)
-        out = float(pdb[out_vals].sum())
-        alias = 0.0
-        if self.donate:  # outputs written over donated arguments of the same size
-            alias = min(arg, float(pdb[out_vals][~inputs[out_vals]].sum()))
-        state = float(pdb[st.input_values][self.is_state[st.input_values]].sum())
-        return dict(peak_memory_bytes=arg + out + temp_bytes - alias, argument_bytes=arg,
-                    output_bytes=out, temp_bytes=temp_bytes, alias_bytes=alias,
-                    memory_breakdown={"parameters and optimizer state": state,
-                                      "other arguments": arg - state, "outputs": out,
-                                      "temporaries (peak)": temp_bytes,
-                                      "aliased": -alias})
+    def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
+        """(step time s, peak memory bytes): the search's hot path."""
+        totals = _kernel.evaluate(mask, rank, res, *self._args)[0]
+        compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
+        step = max(compute, comm) if self.overlap else compute + comm
+        peak = (totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + totals[_kernel.T_TEMP]
+                - totals[_kernel.T_ALIAS])
+        return float(step), float(peak)
 
-    def _collectives(self, *parts) -> dict:
-        st = self.st
-        out = {}
-        nmask = len(self.ways)
-        for kind, ops_of, masks, nbytes, times in parts:
-            if not len(masks):
-                continue
-            trip = st.op_trip[ops_of] if ops_of is not None else st.op_trip
-            on = masks != 0
-            if not on.any():
-                continue
-            cnt = np.bincount(masks[on], weights=trip[on], minlength=nmask)
-            byt = np.bincount(masks[on], weights=(nbytes * trip)[on], minlength=nmask)
-            tim = np.bincount(masks[on], weights=(times * trip)[on], minlength=nmask)
-            for m in np.nonzero(cnt)[0]:
-                out[(COLLECTIVE_KINDS[kind], self.mask_axes[m])] = CollectiveCost(
-                    float(cnt[m]), float(byt[m]), float(tim[m]))
-        return out
+    def incremental(self, plan=None) -> "IncrementalEstimator":
+        """An estimator for editing one plan a decision at a time (search, what-if sliders)."""
+        return IncrementalEstimator(self, plan)
+
+    def value_type_masks(self, mask, rank, res):
+        """(eff[T, D], vmask[T]): per value type, the mesh-axis bits of each dim."""
+        ty = self.ty
+        return _kernel.type_masks(mask, rank, res, ty.vt_class, ty.vt_tag, ty.tag_conflict,
+                                  ty.tag_dropped, self.conflict_class)
 
 
-def _ring(nbytes, n, bw, lat, factor):
-    """Alpha-beta ring time: factor·(n-1)/n·S/B + factor·(n-1)·α (0 where nothing moves)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = factor * ((n - 1) / n * nbytes / bw + (n - 1) * lat)
-    return np.where(nbytes > 0, t, 0.0)
+class IncrementalEstimator:
+    """One plan under edit: each change re-costs the per-type tables (a few hundred entries,
+    whatever the depth) and moves only the live ranges of the values whose sharding changed.
+
+        inc = model.incremental(plan)
+        step_s, peak_bytes = inc.set_axes(class_id, ("data",))
+    """
+
+    def __init__(self, model: CostModel, plan=None):
+        self.model = model
+        an = model.analysis
+        if plan is None:
+            from .._plan import Plan
+
+            plan = Plan.replicated(an)
+        self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
+        self._next_rank = len(plan.assignments)
+        ty = model.ty
+        order = np.argsort(model.temp_vt, kind="stable")
+        counts = np.bincount(model.temp_vt, minlength=len(ty.vt_class))
+        self._by_type_ptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        self._by_type = order.astype(np.int64)
+        self._type_args = model._args[:model.NUM_TYPE_ARGS]
+        self._vmask = np.zeros(len(ty.vt_class), np.int64)
+        self._delta = np.zeros(model.st.num_ops + 2)
+        _kernel.add_temps(self._delta, self._vmask, np.ones(len(self._vmask), np.bool_),
+                          model.ways, model.temp_start,
+                          model.temp_end, model.temp_nbytes, model.temp_vt, 1.0)
+        self.result = self._update()
+
+    def set_axes(self, cls: int, axes) -> tuple[float, float]:
+        """Shards class id `cls` over `axes` (names) — decided after every earlier decision."""
+        m = 0
+        for a in axes:
+            m |= self.model.axis_bit[a]
+        if m and not self.mask[cls]:
+            self.rank[cls] = self._next_rank
+            self._next_rank += 1
+        self.mask[cls] = m
+        self.result = self._update()
+        return self.result
+
+    def set_resolution(self, conflict: int, index: int) -> tuple[float, float]:
+        self.res[conflict] = index
+        self.result = self._update()
+        return self.result
+
+    def _update(self) -> tuple[float, float]:
+        model = self.model
+        totals, _, _, _, gathered, vmask = _kernel.evaluate_types(
+            self.mask, self.rank, self.res, *self._type_args)
+        _kernel.move_temps(self._delta, self._vmask, vmask, model.ways, self._by_type_ptr,
+                           self._by_type, model.temp_start,
+                           model.temp_end, model.temp_nbytes, model.temp_vt)
+        self._vmask = vmask
+        temp = _kernel.peak_live(self._delta, gathered, model.ty.op_type)
+        _kernel.arguments_and_outputs(totals, vmask, model.ways, model.in_nbytes, model.in_vt,
+                                      model.in_state, model.out_nbytes, model.out_vt,
+                                      model.out_is_input, model.donate)
+        compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
+        step = max(compute, comm) if model.overlap else compute + comm
+        peak = totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + temp - totals[_kernel.T_ALIAS]
+        return float(step), float(peak)

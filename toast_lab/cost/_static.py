@@ -78,6 +78,8 @@ class Static:
     input_values: np.ndarray    # [I] int32
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
+    io_op: np.ndarray           # every (op, value with dims) an op reads or writes
+    io_val: np.ndarray
 
 
 def _flops(op, values) -> float:
@@ -181,6 +183,13 @@ def build_static(an) -> Static:
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
     fused = _fused(prog, an)
+    io_op, io_val = [], []
+    for op in ops:
+        if not op.body:
+            for v in sorted(set(op.operands) | set(op.results)):
+                if values[v].ndim:
+                    io_op.append(op.id)
+                    io_val.append(v)
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
@@ -196,7 +205,8 @@ def build_static(an) -> Static:
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes)
+        value_classes=an.value_classes, io_op=np.array(io_op, np.int32),
+        io_val=np.array(io_val, np.int32))
 
 
 def _liveness(prog):

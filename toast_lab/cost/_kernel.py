@@ -1,0 +1,278 @@
+"""The cost model's inner loop, compiled with numba: one call costs one plan.
+
+Inputs are the type tables of _types.py (ragged ones as CSR: indptr + indices) and the plan as
+three small arrays; the model itself is documented in _model.py. Masks are integers with one bit
+per mesh axis; `ways`, `bw` and `lat` are indexed by mask.
+
+Returns totals, collectives by (kind, mask) and per-op-type compute and communication time, so
+the Python side builds an Estimate without recomputing anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ROW_RESULT, ROW_GROUP = 0, 1
+AR, AG, RS, A2A = 0, 1, 2, 3
+# totals[...] layout
+T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE = range(8)
+NUM_TOTALS = 8
+
+
+@njit(cache=True, inline="always")
+def _ring(nbytes, n, bw, lat, factor):
+    if nbytes <= 0.0 or n <= 1.0:
+        return 0.0
+    return factor * ((n - 1.0) / n * nbytes / bw + (n - 1.0) * lat)
+
+
+@njit(cache=True)
+def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class):
+    """eff[T, D] bit masks per value type and dim; vmask[T] their union.
+
+    Where a conflict resolution drops a dim, it is replicated; where two classes want one axis,
+    the class decided first (lower rank) keeps it.
+    """
+    T, D = vt_class.shape
+    eff = np.zeros((T, D), np.int64)
+    vmask = np.zeros(T, np.int64)
+    ranks = np.empty(D, np.int64)
+    dims = np.empty(D, np.int64)
+    for t in range(T):
+        n = 0
+        for d in range(D):
+            c = vt_class[t, d]
+            if c < 0 or mask[c] == 0:
+                continue
+            tag = vt_tag[t, d]
+            if tag >= 0:
+                k = tag_conflict[tag]
+                if mask[conflict_class[k]] != 0 and tag_dropped[tag, res[k]]:
+                    continue
+            # insertion by rank
+            r = rank[c]
+            j = n
+            while j > 0 and ranks[j - 1] > r:
+                ranks[j] = ranks[j - 1]
+                dims[j] = dims[j - 1]
+                j -= 1
+            ranks[j] = r
+            dims[j] = d
+            n += 1
+        used = 0
+        for i in range(n):
+            d = dims[i]
+            m = mask[vt_class[t, d]]
+            if m & used == 0:
+                eff[t, d] = m
+                used |= m
+        vmask[t] = used
+    return eff, vmask
+
+
+@njit(cache=True)
+def evaluate(mask, rank, res,
+             vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
+             ways, bw, lat,
+             gt_ptr, gm_vt, gm_d, gt_is_reduction,
+             rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group,
+             ot_ptr, ot_rows, ot_vt,
+             pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
+             pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
+             mem_bw, op_type, temp_start, temp_end, temp_nbytes, temp_vt,
+             in_nbytes, in_vt, in_state, out_nbytes, out_vt, out_is_input, donate):
+    """One plan, from scratch."""
+    totals, coll, pt_compute, pt_comm, gathered, vmask = evaluate_types(
+        mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
+        ways, bw, lat, gt_ptr, gm_vt, gm_d, gt_is_reduction,
+        rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group, ot_ptr, ot_rows, ot_vt,
+        pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
+        pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes, mem_bw)
+    delta = np.zeros(op_type.shape[0] + 2)
+    add_temps(delta, vmask, np.ones(vmask.shape[0], np.bool_), ways, temp_start, temp_end,
+              temp_nbytes, temp_vt, 1.0)
+    totals[T_TEMP] = peak_live(delta, gathered, op_type)
+    arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_nbytes, out_vt,
+                          out_is_input, donate)
+    return totals, coll, pt_compute, pt_comm
+
+
+@njit(cache=True)
+def evaluate_types(mask, rank, res,
+                   vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
+                   ways, bw, lat,
+                   gt_ptr, gm_vt, gm_d, gt_is_reduction,
+                   rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group,
+                   ot_ptr, ot_rows, ot_vt,
+                   pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
+                   pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
+                   mem_bw):
+    """Everything but the liveness sweep: per-type, so cheap whatever the depth."""
+    eff, vmask = type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped,
+                            conflict_class)
+    nmask = ways.shape[0]
+    totals = np.zeros(NUM_TOTALS)
+    coll = np.zeros((4, nmask, 3))  # count, bytes, time
+    # Contractions: the axes all operands of a factor share.
+    G = gt_ptr.shape[0] - 1
+    consensus = np.zeros(G, np.int64)
+    for g in range(G):
+        c = -1
+        for i in range(gt_ptr[g], gt_ptr[g + 1]):
+            c &= eff[gm_vt[i], gm_d[i]]
+        consensus[g] = c
+    # Operand rows: what each has, what the op wants.
+    R = rt_vt.shape[0]
+    removed = np.zeros(R, np.int64)
+    added = np.zeros(R, np.int64)
+    for r in range(R):
+        actual = eff[rt_vt[r], rt_d[r]]
+        kind = rt_kind[r]
+        if kind == ROW_RESULT:
+            want = eff[rt_src_vt[r], rt_src_d[r]]
+        elif kind == ROW_GROUP:
+            want = consensus[rt_group[r]]
+        else:
+            want = 0
+        removed[r] = actual & ~want
+        added[r] = want & ~actual
+    O = ot_ptr.shape[0] - 1
+    ag = np.zeros(O, np.int64)
+    a2a = np.zeros(O, np.int64)
+    for o in range(O):
+        rem = 0
+        add = 0
+        for i in range(ot_ptr[o], ot_ptr[o + 1]):
+            rem |= removed[ot_rows[i]]
+            add |= added[ot_rows[i]]
+        ag[o] = rem & ~add
+        a2a[o] = rem & add
+    # Op types.
+    P = pt_weight.shape[0]
+    pt_compute = np.zeros(P)
+    pt_comm = np.zeros(P)
+    gathered = np.zeros(P)
+    for p in range(P):
+        w = pt_weight[p]
+        gtime = 0.0
+        gbytes = 0.0
+        for i in range(pt_optr[p], pt_optr[p + 1]):
+            ot = po_ot[i]
+            pdb = po_nbytes[i] / ways[vmask[ot_vt[ot]]]
+            m = ag[ot]
+            if m != 0:
+                b = pdb * ways[m]
+                t = _ring(b, ways[m], bw[m], lat[m], 1.0)
+                gtime += t
+                gbytes += b
+                coll[AG, m, 0] += w
+                coll[AG, m, 1] += b * w
+                coll[AG, m, 2] += t * w
+            m = a2a[ot]
+            if m != 0:
+                t = _ring(pdb, ways[m], bw[m], lat[m], 1.0)
+                gtime += t
+                gbytes += pdb
+                coll[A2A, m, 0] += w
+                coll[A2A, m, 1] += pdb * w
+                coll[A2A, m, 2] += t * w
+        gathered[p] = gbytes
+        psum = 0
+        for i in range(pt_gptr[p], pt_gptr[p + 1]):
+            g = pt_groups[i]
+            if gt_is_reduction[g]:
+                psum |= consensus[g]
+        res_mask = 0
+        if pt_res_vt[p] >= 0:
+            res_mask = vmask[pt_res_vt[p]]
+        ptime = 0.0
+        if psum != 0:
+            rs = psum & res_mask
+            ar = psum & ~res_mask
+            partial = pt_res_nbytes[p] / ways[res_mask] * ways[rs]
+            if ar != 0:
+                t = _ring(partial, ways[ar], bw[ar], lat[ar], 2.0)
+                ptime += t
+                coll[AR, ar, 0] += w
+                coll[AR, ar, 1] += partial * w
+                coll[AR, ar, 2] += t * w
+            if rs != 0:
+                t = _ring(partial, ways[rs], bw[rs], lat[rs], 1.0)
+                ptime += t
+                coll[RS, rs, 0] += w
+                coll[RS, rs, 1] += partial * w
+                coll[RS, rs, 2] += t * w
+        flops = pt_flops[p] / ways[res_mask | psum]
+        traffic = 0.0
+        for i in range(pt_ioptr[p], pt_ioptr[p + 1]):
+            traffic += io_nbytes[i] / ways[vmask[io_vt[i]]]
+        compute = max(flops / pt_peak[p], traffic / mem_bw) * w
+        pt_compute[p] = compute
+        pt_comm[p] = (gtime + ptime) * w
+        totals[T_COMPUTE] += compute
+        totals[T_COMM] += pt_comm[p]
+        totals[T_FLOPS] += flops * w
+    return totals, coll, pt_compute, pt_comm, gathered, vmask
+
+
+@njit(cache=True)
+def add_temps(delta, vmask, which_types, ways, temp_start, temp_end, temp_nbytes, temp_vt, sign):
+    """Adds (sign=+1) or removes (-1) the live ranges of the temporaries of `which_types`."""
+    for i in range(temp_start.shape[0]):
+        t = temp_vt[i]
+        if which_types[t]:
+            s = sign * temp_nbytes[i] / ways[vmask[t]]
+            delta[temp_start[i]] += s
+            delta[temp_end[i]] -= s
+
+
+@njit(cache=True)
+def peak_live(delta, gathered, op_type):
+    """The largest live temporary bytes at any op, gathered buffers included."""
+    live = 0.0
+    peak = 0.0
+    for n in range(op_type.shape[0]):
+        live += delta[n]
+        here = live + gathered[op_type[n]]
+        if here > peak:
+            peak = here
+    return peak
+
+
+@njit(cache=True)
+def arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_nbytes, out_vt,
+                          out_is_input, donate):
+    arg = 0.0
+    state = 0.0
+    for i in range(in_nbytes.shape[0]):
+        b = in_nbytes[i] / ways[vmask[in_vt[i]]]
+        arg += b
+        if in_state[i]:
+            state += b
+    out = 0.0
+    fresh = 0.0
+    for i in range(out_nbytes.shape[0]):
+        b = out_nbytes[i] / ways[vmask[out_vt[i]]]
+        out += b
+        if not out_is_input[i]:
+            fresh += b
+    totals[T_ARG] = arg
+    totals[T_OUT] = out
+    totals[T_STATE] = state
+    totals[T_ALIAS] = min(arg, fresh) if donate else 0.0
+
+
+@njit(cache=True)
+def move_temps(delta, old_vmask, new_vmask, ways, by_type_ptr, by_type, temp_start, temp_end,
+               temp_nbytes, temp_vt):
+    """Re-sizes the live ranges of the temporaries whose value type changed sharding."""
+    for t in range(old_vmask.shape[0]):
+        if old_vmask[t] == new_vmask[t]:
+            continue
+        scale = 1.0 / ways[new_vmask[t]] - 1.0 / ways[old_vmask[t]]
+        for j in range(by_type_ptr[t], by_type_ptr[t + 1]):
+            i = by_type[j]
+            s = temp_nbytes[i] * scale
+            delta[temp_start[i]] += s
+            delta[temp_end[i]] -= s
