@@ -76,9 +76,9 @@ def gather_rule(ins, outs, params):
     - other indices batch dims <-> result batch dims: pass-through (each device gathers for
       its own indices, with the operand whole);
     - operand window dims taken whole <-> result offset dims: pass-through;
-    - indexed dims (start_index_map), collapsed dims and partly-sliced window dims need
-      replication on the operand (the project's choice; Shardy makes them reductions, with
-      masked local gathers and an all-reduce). A partly-sliced result offset dim gets its own
+    - indexed dims taken one index at a time (collapsed): reduction — masked local gathers and
+      an all-reduce, as Shardy and XLA do; other collapsed dims and partly-sliced window dims
+      need replication on the operand. A partly-sliced result offset dim gets its own
       need-replication factor;
     - the index vector dim of the indices needs replication (usually size 1: no factor).
     """
@@ -101,6 +101,11 @@ def gather_rule(ins, outs, params):
             k = idx_batch[op_batch.index(d)]
             expect(idx[k] == n == y[result_batch[k]])
             b.factor(n, operands={0: d, 1: k}, results={0: result_batch[k]})
+        elif d in collapsed and d in indexed:
+            # An indexed dim read one row at a time: each device gathers the rows it holds
+            # (masking the rest to zero) and an all-reduce combines them, as XLA's SPMD
+            # partitioner and Shardy do; cheaper than gathering a vocabulary-sized table.
+            b.factor(n, REDUCTION, operands={0: d})
         elif d in collapsed:
             b.factor(n, NEED_REPLICATION, operands={0: d})
         else:
