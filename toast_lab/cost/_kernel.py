@@ -80,19 +80,21 @@ def evaluate(mask, rank, res,
              ot_ptr, ot_rows, ot_vt,
              pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
              pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
-             mem_bw, op_type, temp_start, temp_end, temp_nbytes, temp_vt,
+             mem_bw, sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops,
+             op_type, temp_start, temp_end, temp_nbytes, temp_vt,
              in_nbytes, in_vt, in_state, out_nbytes, out_vt, out_is_input, donate):
     """One plan, from scratch."""
-    totals, coll, pt_compute, pt_comm, gathered, vmask = evaluate_types(
+    totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta = evaluate_types(
         mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
         ways, bw, lat, gt_ptr, gm_vt, gm_d, gt_is_reduction,
         rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group, ot_ptr, ot_rows, ot_vt,
         pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
-        pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes, mem_bw)
+        pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes, mem_bw,
+        sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops)
     delta = np.zeros(op_type.shape[0] + 2)
     add_temps(delta, vmask, np.ones(vmask.shape[0], np.bool_), ways, temp_start, temp_end,
               temp_nbytes, temp_vt, 1.0)
-    totals[T_TEMP] = peak_live(delta, gathered, op_type)
+    totals[T_TEMP] = peak_live(delta, gdelta, gathered, op_type)
     arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_nbytes, out_vt,
                           out_is_input, donate)
     return totals, coll, pt_compute, pt_comm
@@ -107,7 +109,7 @@ def evaluate_types(mask, rank, res,
                    ot_ptr, ot_rows, ot_vt,
                    pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
                    pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
-                   mem_bw):
+                   mem_bw, sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops):
     """Everything but the liveness sweep: per-type, so cheap whatever the depth."""
     eff, vmask = type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped,
                             conflict_class)
@@ -188,21 +190,32 @@ def evaluate_types(mask, rank, res,
             res_mask = vmask[pt_res_vt[p]]
         ptime = 0.0
         if psum != 0:
-            rs = psum & res_mask
-            ar = psum & ~res_mask
-            partial = pt_res_nbytes[p] / ways[res_mask] * ways[rs]
-            if ar != 0:
-                t = _ring(partial, ways[ar], bw[ar], lat[ar], 2.0)
-                ptime += t
-                coll[AR, ar, 0] += w
-                coll[AR, ar, 1] += partial * w
-                coll[AR, ar, 2] += t * w
-            if rs != 0:
-                t = _ring(partial, ways[rs], bw[rs], lat[rs], 1.0)
-                ptime += t
-                coll[RS, rs, 0] += w
-                coll[RS, rs, 1] += partial * w
-                coll[RS, rs, 2] += t * w
+            # One collective per sharded contraction factor, as XLA emits them: a weight
+            # gradient contracted over batch (on `data`) and sequence (on `model`) is reduced
+            # over `data`, then over `model`.
+            partial = pt_res_nbytes[p] / ways[res_mask] * ways[psum & res_mask]
+            done = 0
+            for i in range(pt_gptr[p], pt_gptr[p + 1]):
+                g = pt_groups[i]
+                m = consensus[g]
+                if not gt_is_reduction[g] or m == 0 or m & done == m:
+                    continue
+                m &= ~done
+                done |= m
+                rs = m & res_mask
+                ar = m & ~res_mask
+                if ar != 0:
+                    t = _ring(partial, ways[ar], bw[ar], lat[ar], 2.0)
+                    ptime += t
+                    coll[AR, ar, 0] += w
+                    coll[AR, ar, 1] += partial * w
+                    coll[AR, ar, 2] += t * w
+                if rs != 0:
+                    t = _ring(partial, ways[rs], bw[rs], lat[rs], 1.0)
+                    ptime += t
+                    coll[RS, rs, 0] += w
+                    coll[RS, rs, 1] += partial * w
+                    coll[RS, rs, 2] += t * w
         flops = pt_flops[p] / ways[res_mask | psum]
         traffic = 0.0
         for i in range(pt_ioptr[p], pt_ioptr[p + 1]):
@@ -213,7 +226,62 @@ def evaluate_types(mask, rank, res,
         totals[T_COMPUTE] += compute
         totals[T_COMM] += pt_comm[p]
         totals[T_FLOPS] += flops * w
-    return totals, coll, pt_compute, pt_comm, gathered, vmask
+    # Values read by several ops: gathered once per sharding, the buffer kept until its last
+    # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
+    gdelta = np.zeros(num_ops + 2)
+    kg = np.empty(16, np.int64)
+    ka = np.empty(16, np.int64)
+    kbytes = np.empty(16)
+    kstart = np.empty(16, np.int64)
+    kend = np.empty(16, np.int64)
+    for v in range(sv_ptr.shape[0] - 1):
+        nk = 0
+        for j in range(sv_ptr[v], sv_ptr[v + 1]):
+            ot = si_ot[j]
+            g = ag[ot]
+            a = a2a[ot]
+            if g == 0 and a == 0:
+                continue
+            found = -1
+            for k in range(nk):
+                if kg[k] == g and ka[k] == a:
+                    found = k
+                    break
+            if found >= 0:
+                kend[found] = si_pos[j] + 1
+                continue
+            pdb = si_nbytes[j] / ways[vmask[ot_vt[ot]]]
+            w = si_trip[j]
+            t_all = 0.0
+            b_all = 0.0
+            if g != 0:
+                b = pdb * ways[g]
+                t = _ring(b, ways[g], bw[g], lat[g], 1.0)
+                t_all += t
+                b_all += b
+                coll[AG, g, 0] += w
+                coll[AG, g, 1] += b * w
+                coll[AG, g, 2] += t * w
+            if a != 0:
+                t = _ring(pdb, ways[a], bw[a], lat[a], 1.0)
+                t_all += t
+                b_all += pdb
+                coll[A2A, a, 0] += w
+                coll[A2A, a, 1] += pdb * w
+                coll[A2A, a, 2] += t * w
+            pt_comm[si_pt[j]] += t_all * w
+            totals[T_COMM] += t_all * w
+            if nk < 16:
+                kg[nk] = g
+                ka[nk] = a
+                kbytes[nk] = b_all
+                kstart[nk] = si_pos[j]
+                kend[nk] = si_pos[j] + 1
+                nk += 1
+        for k in range(nk):
+            gdelta[kstart[k]] += kbytes[k]
+            gdelta[kend[k]] -= kbytes[k]
+    return totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta
 
 
 @njit(cache=True)
@@ -228,12 +296,12 @@ def add_temps(delta, vmask, which_types, ways, temp_start, temp_end, temp_nbytes
 
 
 @njit(cache=True)
-def peak_live(delta, gathered, op_type):
+def peak_live(delta, gdelta, gathered, op_type):
     """The largest live temporary bytes at any op, gathered buffers included."""
     live = 0.0
     peak = 0.0
     for n in range(op_type.shape[0]):
-        live += delta[n]
+        live += delta[n] + gdelta[n]
         here = live + gathered[op_type[n]]
         if here > peak:
             peak = here
@@ -258,7 +326,8 @@ def arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_n
         if not out_is_input[i]:
             fresh += b
     totals[T_ARG] = arg
-    totals[T_OUT] = out
+    # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
+    totals[T_OUT] = out + (8.0 * out_nbytes.shape[0] if out_nbytes.shape[0] > 1 else 0.0)
     totals[T_STATE] = state
     totals[T_ALIAS] = min(arg, fresh) if donate else 0.0
 

@@ -38,7 +38,7 @@ class CostModel:
     overlap: communication overlaps compute perfectly (step = max) instead of adding up.
     """
 
-    NUM_TYPE_ARGS = 36  # the leading kernel arguments that evaluate_types takes
+    NUM_TYPE_ARGS = 43  # the leading kernel arguments that evaluate_types takes
 
     def __init__(self, analysis, mesh, donate: bool = False, overlap: bool = False):
         self.analysis = analysis
@@ -107,7 +107,7 @@ class CostModel:
         ins = st.input_values
         self.in_nbytes, self.in_vt = st.nbytes[ins], ty.value_type[ins]
         self.in_state = self.is_state[ins]
-        outs = np.unique(st.output_values)
+        outs = st.output_values  # XLA counts an output returned twice twice
         self.out_nbytes, self.out_vt = st.nbytes[outs], ty.value_type[outs]
         self.out_is_input = st.is_input[outs]
         self._args = (
@@ -122,7 +122,8 @@ class CostModel:
             ty.pt_io.indptr, ty.io_vt[ty.pt_io.indices], ty.io_nbytes[ty.pt_io.indices],
             ty.pt_opnds.indptr, ty.po_ot[ty.pt_opnds.indices],
             ty.po_nbytes[ty.pt_opnds.indices],
-            self.mem_bw, ty.op_type, self.temp_start,
+            self.mem_bw, ty.sv_ptr, ty.si_ot, ty.si_pt, ty.si_pos, ty.si_trip, ty.si_nbytes,
+            st.num_ops, ty.op_type, self.temp_start,
             self.temp_end, self.temp_nbytes, self.temp_vt,
             self.in_nbytes, self.in_vt, self.in_state, self.out_nbytes, self.out_vt,
             self.out_is_input, self.donate)
@@ -251,13 +252,13 @@ class IncrementalEstimator:
 
     def _update(self) -> tuple[float, float]:
         model = self.model
-        totals, _, _, _, gathered, vmask = _kernel.evaluate_types(
+        totals, _, _, _, gathered, vmask, gdelta = _kernel.evaluate_types(
             self.mask, self.rank, self.res, *self._type_args)
         _kernel.move_temps(self._delta, self._vmask, vmask, model.ways, self._by_type_ptr,
                            self._by_type, model.temp_start,
                            model.temp_end, model.temp_nbytes, model.temp_vt)
         self._vmask = vmask
-        temp = _kernel.peak_live(self._delta, gathered, model.ty.op_type)
+        temp = _kernel.peak_live(self._delta, gdelta, gathered, model.ty.op_type)
         _kernel.arguments_and_outputs(totals, vmask, model.ways, model.in_nbytes, model.in_vt,
                                       model.in_state, model.out_nbytes, model.out_vt,
                                       model.out_is_input, model.donate)

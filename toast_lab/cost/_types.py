@@ -81,6 +81,14 @@ class Types:
     pt_opnds: Csr              # operand members: index into po_ot / po_nbytes
     po_ot: np.ndarray
     po_nbytes: np.ndarray
+    # operands of values read by several ops: XLA gathers such a value once per sharding and
+    # reuses the buffer, so these are costed per instance, in program order, deduplicated
+    sv_ptr: np.ndarray              # CSR over shared values -> their instances
+    si_ot: np.ndarray               # operand type of the instance
+    si_pt: np.ndarray               # op type
+    si_pos: np.ndarray              # op position (program order)
+    si_trip: np.ndarray
+    si_nbytes: np.ndarray           # whole-tensor bytes of the value
 
 
 def build_types(st: Static, an, peak: np.ndarray) -> Types:
@@ -179,9 +187,12 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
     for g in range(G):
         if st.group_is_reduction[g]:
             op_groups[st.group_op[g]].append(int(group_type[g]))
+    uses = np.bincount(st.operand_value, minlength=V)
+    shared = uses[st.operand_value] >= 2
     op_operands = [[] for _ in range(N)]
     for o in range(O):
-        op_operands[st.operand_op[o]].append(o)
+        if not shared[o]:
+            op_operands[st.operand_op[o]].append(o)
     op_io = [[] for _ in range(N)]
     for opi, v in zip(st.io_op, st.io_val):
         op_io[opi].append(int(v))
@@ -211,6 +222,11 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
             po_ot.append(ot)
             po_nb.append(nb)
     f = lambda i, dt=np.float64: np.array([k[i] for k in keys], dt)  # noqa: E731
+    inst = np.nonzero(shared)[0]
+    inst = inst[np.lexsort((st.operand_op[inst], st.operand_value[inst]))]
+    sv = st.operand_value[inst]
+    sv_ptr = np.r_[0, np.nonzero(np.diff(sv))[0] + 1, len(sv)].astype(np.int64) if len(sv) \
+        else np.zeros(1, np.int64)
     return Types(
         value_type=value_type, vt_class=vt_class, vt_tag=vt_tag,
         tag_conflict=np.array(tag_conflict, np.int64), tag_dropped=tag_dropped,
@@ -227,4 +243,7 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
         pt_io=Csr.of(io_lists), io_vt=np.array(io_vt, np.int64),
         io_nbytes=np.array(io_nb, np.float64),
         pt_opnds=Csr.of(po_lists), po_ot=np.array(po_ot, np.int64),
-        po_nbytes=np.array(po_nb, np.float64))
+        po_nbytes=np.array(po_nb, np.float64),
+        sv_ptr=sv_ptr, si_ot=operand_type[inst], si_pt=op_type[st.operand_op[inst]],
+        si_pos=st.operand_op[inst].astype(np.int64), si_trip=st.op_trip[st.operand_op[inst]],
+        si_nbytes=st.nbytes[sv])

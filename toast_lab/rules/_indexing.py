@@ -128,9 +128,10 @@ def scatter_rule(ins, outs, params, update_kind):
     """(operand, indices, updates) -> operand's shape.
 
     - every operand dim is kept in the result (one factor each);
-    - scattered-into dims (scatter_dims_to_operand_dims), inserted window dims and partly
-      covered window dims need replication on operand and result; a partly covered update
-      window dim gets its own need-replication factor;
+    - dims scattered into one row at a time (inserted and indexed): pass-through between
+      operand and result (masked local scatters, as XLA partitions them); other inserted and
+      partly covered window dims need replication on operand and result; a partly covered
+      update window dim gets its own need-replication factor;
     - update window dims covering a whole operand dim pass through to operand and result;
     - operand batching dims <-> indices batching dims <-> updates: pass-through;
     - the updates' other scatter dims <-> the indices batch dims: `update_kind`. Those dims
@@ -158,6 +159,11 @@ def scatter_rule(ins, outs, params, update_kind):
             ud = update_scatter[k]
             expect(idx[k] == n == u[ud])
             b.factor(n, operands={0: d, 1: k, 2: ud}, results={0: d})
+        elif d in inserted and d in scattered:
+            # A row-at-a-time scattered dim: each device applies the updates that fall in its
+            # own rows and drops the rest (masked local scatter), so operand and result shard
+            # alike for free — the embedding gradient into a vocabulary-sharded table.
+            b.factor(n, operands={0: d}, results={0: d})
         elif d in inserted:
             b.factor(n, NEED_REPLICATION, operands={0: d}, results={0: d})
         else:
