@@ -4,6 +4,7 @@ This module is the one place that says what is public.
 """
 
 from . import rules, strategies, zoo
+from .search import SearchProgress, SearchResult, exhaustive, random_search, search
 from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
 from ._classes import REPLICATE, Conflict, ConflictSide, DimClass
 from ._hardware import DeviceSpec, Link, devices, get_device
@@ -20,5 +21,6 @@ __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies", "zoo",
     "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
-    "estimate", "Estimate", "CostModel",
+    "estimate", "Estimate", "CostModel", "search", "exhaustive", "random_search",
+    "SearchResult", "SearchProgress",
 ]
