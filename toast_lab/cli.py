@@ -1,4 +1,4 @@
-"""Command line: `toast-lab analyze|demo` on a built-in model or `module:function`."""
+"""Command line: `toast-lab analyze|partition|demo` on a built-in model or `module:function`."""
 
 from __future__ import annotations
 
@@ -80,17 +80,106 @@ def _analyze(args) -> int:
     return 0
 
 
+def _parse_mesh(text: str) -> dict[str, int]:
+    """'data=4,model=2' -> {'data': 4, 'model': 2}."""
+    axes = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise SystemExit(f"toast-lab: --mesh looks like data=4,model=2, got {text!r}")
+        axes[name.strip()] = int(size)
+    return axes
+
+
+def _parse_pins(items: list[str]) -> dict:
+    """['batch=data', 'mlp=data+model', 'seq@...=keep_dim2'] -> pins for search()."""
+    pins = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not sep:
+            raise SystemExit(f"toast-lab: --pin looks like batch=data or mlp=data+model, got "
+                             f"{item!r}")
+        pins[name] = value if value.startswith("keep_") or value == "replicate" else (
+            () if value in ("", "none", "replicated") else tuple(value.split("+")))
+    return pins
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr, fed by search()'s callback."""
+
+    def __init__(self, budget_s: float):
+        self.budget_s = budget_s
+
+    def __call__(self, p) -> None:
+        frac = min(1.0, p.elapsed_s / self.budget_s) if self.budget_s else 1.0
+        bar = "#" * int(30 * frac)
+        best = (f"{p.estimate.step_time_s * 1e3:9.3f} ms, "
+                f"{p.estimate.peak_memory_bytes / 2**30:6.2f} GiB" if p.estimate else "none fits")
+        sys.stderr.write(f"\r  search [{bar:<30}] {p.simulations:7d} plans "
+                         f"{p.sims_per_s:7.0f}/s  best {best}")
+        if p.done:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _estimate_row(name: str, est) -> str:
+    return (f"  {name:<12} {est.step_time_s * 1e3:11.3f} {est.compute_s * 1e3:11.3f} "
+            f"{est.communication_s * 1e3:11.3f} {est.peak_memory_bytes / 2**30:9.2f}  "
+            f"{'yes' if est.feasible else 'NO'}")
+
+
+def _partition(args) -> int:
+    from . import Mesh, analyze, estimate, search, strategies, trace
+    from ._plan import PlanError
+
+    fn, fn_args = load_target(args.target, _parse_config(args.config))
+    mesh = Mesh(_parse_mesh(args.mesh), device=args.device)
+    t0 = time.perf_counter()
+    an = analyze(trace(fn, *fn_args))
+    t1 = time.perf_counter()
+    print(f"{an.program.fn_name}: {len(an.program.ops)} ops, {len(an.classes)} classes, "
+          f"{len(an.conflicts)} conflicts (analysed in {t1 - t0:.2f} s); mesh {mesh}")
+    try:
+        result = search(an, mesh, pins=_parse_pins(args.pin), budget_s=args.budget,
+                        seed=args.seed, memory_cap=args.memory_cap,
+                        callback=_ProgressBar(args.budget))
+    except PlanError as err:
+        raise SystemExit(f"toast-lab: {err}") from None
+    experts = strategies.expert(an, mesh)
+    print(f"\n  {'plan':<12} {'step (ms)':>11} {'compute':>11} {'comm':>11} {'peak GiB':>9}  fits")
+    for name, plan in experts.items():
+        print(_estimate_row(name, estimate(an, plan, mesh)))
+    if result.plan is None:
+        print(f"\n{result.message}")
+        return 1
+    print(_estimate_row("search", result.estimate))
+    print(f"\nsearch: {result.message}\nplan: {result.plan!r}")
+    if args.out:
+        path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict())
+        print(f"wrote {path}")
+    return 0
+
+
 def _demo(args) -> int:
-    print("toast-lab demo: the built-in GPT training step (2 layers), traced and analysed\n")
-    args.target, args.config = "gpt", ["layers=2"] + args.config
-    return _analyze(args)
+    print("toast-lab demo: the built-in GPT training step (2 layers), traced, analysed and "
+          "partitioned for a data=4 x model=2 mesh of H100s\n")
+    args.target, args.config = "gpt", ["layers=2", "size=gpt2-small"] + args.config
+    code = _analyze(args)
+    if code:
+        return code
+    print()
+    args.mesh, args.device, args.pin, args.seed = "data=4,model=2", "h100", [], 0
+    args.budget, args.memory_cap, args.out = 3.0, None, None
+    return _partition(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toast-lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("analyze", "print the sharding-equivalence classes and conflicts"),
-                            ("demo", "analyse the built-in GPT")):
+                            ("partition", "search a plan for a mesh and compare it with the "
+                                          "expert strategies"),
+                            ("demo", "analyse and partition the built-in GPT")):
         p = sub.add_parser(name, help=help_text)
         if name != "demo":
             p.add_argument("target", help="a built-in model (gpt, gpt_scan, mlp, cnn, moe, gnn) "
@@ -101,8 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--strict", action="store_true",
                        help="fail on primitives without a sharding rule")
         p.add_argument("--max-classes", type=int, default=40)
+        if name == "partition":
+            p.add_argument("--mesh", default="data=8", help="mesh axes, e.g. data=4,model=2")
+            p.add_argument("--device", default="h100", help="device preset (toast_lab.devices())")
+            p.add_argument("--budget", type=float, default=10.0, help="search seconds")
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--memory-cap", type=float, default=None,
+                           help="bytes per device (default: the device's memory)")
+            p.add_argument("--pin", action="append", default=[], metavar="NAME=AXES",
+                           help="fix a decision: batch=data, mlp=data+model, <conflict>=keep_dim2")
+            p.add_argument("--out", default=None, help="write the plan as JSON here")
     args = parser.parse_args(argv)
-    return {"analyze": _analyze, "demo": _demo}[args.command](args)
+    return {"analyze": _analyze, "partition": _partition, "demo": _demo}[args.command](args)
 
 
 if __name__ == "__main__":
