@@ -94,3 +94,31 @@ def incumbent_policy(space, incumbent: np.ndarray, keep: float = 0.5) -> Callabl
         return int(rng.integers(space.num_choices[pos]))
 
     return policy
+
+
+def polish(space, choices: np.ndarray, evaluate: Callable, best: float,
+           budget_left: Callable[[], bool], max_passes: int = 3) -> tuple[np.ndarray, float]:
+    """Coordinate descent around a new incumbent: change one decision at a time while that
+    helps. MCTS finds the right region; this finds the corner of it (a few dozen
+    evaluations, counted as simulations by the caller's `evaluate`)."""
+    choices = choices.copy()
+    for _ in range(max_passes):
+        improved = False
+        for pos in range(len(space.decisions)):
+            if _forced_choice(space, choices, pos) >= 0:
+                continue
+            keep = choices[pos]
+            for c in range(space.num_choices[pos]):
+                if c == keep:
+                    continue
+                if not budget_left():
+                    choices[pos] = keep
+                    return choices, best
+                choices[pos] = c
+                r = evaluate(choices)
+                if r > best:
+                    best, keep, improved = r, c, True
+            choices[pos] = keep
+        if not improved:
+            break
+    return choices, best

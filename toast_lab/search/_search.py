@@ -197,16 +197,23 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     stats = {"min": math.inf, "max": -math.inf}
     policy = _mcts.incumbent_policy(space, incumbent)
     choices = np.zeros(n, np.int64)
+    def evaluate(ch) -> float:
+        step, peak = model.step_and_peak(*space.arrays(ch))
+        tracker.record(ch, step, peak)
+        r = reward(step, peak, cap, ref_step)
+        stats["min"], stats["max"] = min(stats["min"], r), max(stats["max"], r)
+        return r
+
     while _budget_left(tracker, budget_s, simulations, stop):
         path, depth = _mcts.select_and_expand(tree, space, choices, rng, stats)
         _mcts.rollout(space, choices, depth, policy, rng)
-        step, peak = model.step_and_peak(*space.arrays(choices))
-        r = reward(step, peak, cap, ref_step)
-        stats["min"], stats["max"] = min(stats["min"], r), max(stats["max"], r)
+        r = evaluate(choices)
         _mcts.backup(tree, path, r)
-        tracker.record(choices, step, peak)
-        if r > best_reward:  # the rollout policy follows the best plan found
-            best_reward = r
-            incumbent[:] = choices
+        if r > best_reward:  # the rollout policy follows the best plan found, polished
+            polished, r2 = _mcts.polish(
+                space, choices, evaluate, r,
+                lambda: _budget_left(tracker, budget_s, simulations, stop))
+            best_reward = r2
+            incumbent[:] = polished
     return tracker.result(space.size, tree.size,
                           {"reward_min": stats["min"], "reward_max": stats["max"]})
