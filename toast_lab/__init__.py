@@ -14,6 +14,7 @@ from ._planfile import PlanFileError
 from ._program import Op, Program, Value
 from ._trace import trace
 from .cost import CostModel, Estimate, estimate
+from .verify import verify, VerifyReport
 
 __version__ = "0.1.0"
 
@@ -22,5 +23,5 @@ __all__ = [
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies", "zoo",
     "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
     "estimate", "Estimate", "CostModel", "search", "exhaustive", "random_search",
-    "SearchResult", "SearchProgress",
+    "SearchResult", "SearchProgress", "verify", "VerifyReport",
 ]

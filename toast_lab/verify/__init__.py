@@ -9,3 +9,13 @@ from toast_lab.verify._hlo import (
     read_compiled as read_compiled,
     summarize_collectives as summarize_collectives,
 )
+from toast_lab.verify._verify import (
+    FAST_COMPILE as FAST_COMPILE,
+    TOLERANCES as TOLERANCES,
+    LeafCheck as LeafCheck,
+    VerifyReport as VerifyReport,
+    compare_outputs as compare_outputs,
+    concrete_args as concrete_args,
+    tolerance_of as tolerance_of,
+    verify as verify,
+)

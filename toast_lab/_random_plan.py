@@ -1,0 +1,46 @@
+"""Random valid plans: the baseline for search (DESIGN.md §7) and the input of property tests."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ._plan import Plan
+
+
+def random_plan(analysis, mesh, rng: np.random.Generator, shard_prob: float = 0.5) -> Plan:
+    """A random plan that `plan.validate(mesh)` accepts.
+
+    Classes are decided in a random order (the order breaks ties where two classes want one
+    mesh axis on a value, see Plan). Each class, with probability `shard_prob`, gets a random
+    non-empty ordered subset of the mesh axes whose sizes multiply to a divisor of the class
+    size, drawn uniformly from all such subsets (it stays replicated when there is none). Every
+    conflict gets one of its resolutions, uniformly. The same rng state gives the same plan.
+    """
+    if not 0.0 <= shard_prob <= 1.0:
+        raise ValueError(f"shard_prob must be within [0, 1], got {shard_prob}")
+    choices = _ordered_axis_subsets(mesh)
+    plan = Plan.replicated(analysis)
+    for i in rng.permutation(len(analysis.classes)):
+        cls = analysis.classes[int(i)]
+        if rng.random() >= shard_prob:
+            continue
+        fitting = [axes for axes, ways in choices if cls.size % ways == 0]
+        if fitting:
+            plan = plan.with_axes(cls.id, fitting[int(rng.integers(len(fitting)))])
+    for conflict in analysis.conflicts:
+        options = conflict.resolutions
+        plan = plan.with_resolution(conflict.id, options[int(rng.integers(len(options)))])
+    return plan.validate(mesh)
+
+
+def _ordered_axis_subsets(mesh) -> list[tuple[tuple[str, ...], int]]:
+    """(axes, devices they span) for every non-empty ordered subset of the mesh axes."""
+    names = mesh.axis_names
+    out = []
+    for k in range(1, len(names) + 1):
+        for axes in itertools.permutations(names, k):
+            out.append((axes, math.prod(mesh.axis_size(a) for a in axes)))
+    return out
