@@ -136,3 +136,24 @@ def test_estimate_agrees_with_xla_on_bytes_flops_and_collectives(gpt, mesh):
         want = {k: want[k] for k in big(want)}
         for kind in want:
             assert got[kind] == pytest.approx(want[kind], rel=0.25), (name, kind)
+
+
+@pytest.mark.slow
+def test_estimate_ranks_expert_strategies_like_xla_communication_volume(gpt, mesh):
+    """Every pair of strategies whose measured volumes differ by more than 10% is ordered the
+    same way by the estimate (near-ties are where XLA's own choices, like folding two partial
+    gradients into one reduction, decide)."""
+    fn, args, an = gpt
+    jm = mesh.jax_mesh()
+    volumes = {}
+    for name, plan in tl.strategies.expert(an, mesh).items():
+        stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+        est = tl.estimate(an, plan, mesh)
+        volumes[name] = (sum(c.bytes for c in est.collectives.values()),
+                         sum(c.total_bytes for c in stats.collectives))
+    names = sorted(volumes)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (ea, ma), (eb, mb) = volumes[a], volumes[b]
+            if abs(ma - mb) > 0.1 * max(ma, mb):
+                assert (ea < eb) == (ma < mb), (a, b, volumes[a], volumes[b])

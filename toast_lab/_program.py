@@ -64,6 +64,7 @@ class Op:
     body_ops: tuple[int, int] = (0, 0)  # region ops: [start, stop) of their body ops' ids
     body_ranges: tuple[tuple[int, int], ...] = ()  # region ops: [start, stop) of each body
     prim: Any = field(default=None, repr=False)  # the jax Primitive, to re-bind the op
+    cse_group: int = 0  # ops of one remat region (prevent_cse) share a group; 0: none
 
     @property
     def source(self) -> str:

@@ -57,6 +57,10 @@ class _ProgramBuilder:
         self.values: list[Value] = []
         self.ops: list[Op | None] = []
         self.constants: dict[int, Any] = {}  # literal and captured-constant values
+        # Ops inlined from a `remat` with prevent_cse get their own group: XLA may not share
+        # work (an all-gather, say) between them and the rest (JAX puts a barrier around them).
+        self.cse_group = 0
+        self._groups = 0
 
     def new_value(self, aval, origin: str, producer: int = NO_OP, name: str = "") -> int:
         vid = len(self.values)
@@ -94,7 +98,8 @@ class _ProgramBuilder:
                 op_id = len(self.ops)
                 results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
                 self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
-                                   eqn_scope, eqn.source_info, region, trip, prim=eqn.primitive))
+                                   eqn_scope, eqn.source_info, region, trip, prim=eqn.primitive,
+                                   cse_group=self.cse_group))
                 env.update(zip(eqn.outvars, results))
 
     def _inline(self, eqn, operands, env, scope, region, trip):
@@ -106,7 +111,13 @@ class _ProgramBuilder:
         for var, const in zip(jaxpr.constvars, consts):
             inner[var] = self.new_value(var.aval, CONST)
             self.constants[inner[var]] = const
+        outer_group = self.cse_group
+        if eqn.primitive.name in ("remat", "remat2", "checkpoint") and eqn.params.get(
+                "prevent_cse", True):
+            self._groups += 1
+            self.cse_group = self._groups
         self.walk(jaxpr, inner, inner_scope, region, trip)
+        self.cse_group = outer_group
         env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
 
     def _region(self, eqn, operands, env, scope, region, trip, bodies, body_trip,

@@ -187,8 +187,12 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
     for g in range(G):
         if st.group_is_reduction[g]:
             op_groups[st.group_op[g]].append(int(group_type[g]))
-    uses = np.bincount(st.operand_value, minlength=V)
-    shared = uses[st.operand_value] >= 2
+    # A value read by several ops of one CSE group (remat regions are their own groups).
+    group_of_op = np.array([op.cse_group for op in an.program.ops], np.int64)
+    unit = st.operand_value.astype(np.int64) * (group_of_op.max() + 1) + \
+        group_of_op[st.operand_op]
+    _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
+    shared = uses[unit_id] >= 2
     op_operands = [[] for _ in range(N)]
     for o in range(O):
         if not shared[o]:
@@ -223,10 +227,11 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
             po_nb.append(nb)
     f = lambda i, dt=np.float64: np.array([k[i] for k in keys], dt)  # noqa: E731
     inst = np.nonzero(shared)[0]
-    inst = inst[np.lexsort((st.operand_op[inst], st.operand_value[inst]))]
+    inst = inst[np.lexsort((st.operand_op[inst], unit_id[inst]))]
+    units = unit_id[inst]
     sv = st.operand_value[inst]
-    sv_ptr = np.r_[0, np.nonzero(np.diff(sv))[0] + 1, len(sv)].astype(np.int64) if len(sv) \
-        else np.zeros(1, np.int64)
+    sv_ptr = np.r_[0, np.nonzero(np.diff(units))[0] + 1, len(units)].astype(np.int64) \
+        if len(units) else np.zeros(1, np.int64)
     return Types(
         value_type=value_type, vt_class=vt_class, vt_tag=vt_tag,
         tag_conflict=np.array(tag_conflict, np.int64), tag_dropped=tag_dropped,

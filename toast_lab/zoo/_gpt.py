@@ -33,6 +33,7 @@ class GPTConfig(TrainConfig):
     heads: int = 4
     layers: int = 2
     mlp: int | None = None  # None: 4 * embed
+    remat: bool = False  # jax.checkpoint each block: keep its input, recompute the rest
 
     def __post_init__(self):
         super().__post_init__()
@@ -164,11 +165,16 @@ def batch(key, cfg) -> dict:
     return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:]}
 
 
+def _maybe_remat(cfg: GPTConfig):
+    return jax.checkpoint(_block) if cfg.remat else _block
+
+
 def loss(params: dict, batch: dict, cfg: GPTConfig) -> jax.Array:
     x = embed(params, batch["tokens"])
+    block = _maybe_remat(cfg)
     for i, p in enumerate(params["blocks"]):
         with jax.named_scope(f"block{i}"):
-            x = _block(p, x)
+            x = block(p, x)
     return unembed_loss(params, x, batch["labels"])
 
 
@@ -214,9 +220,11 @@ def init_scan(key, cfg: GPTConfig) -> dict:
 
 
 def loss_scan(params: dict, batch: dict, cfg: GPTConfig) -> jax.Array:
+    block = _maybe_remat(cfg)
+
     def body(x, p):
         with jax.named_scope("block"):
-            return _block(p, x), None
+            return block(p, x), None
 
     x = embed(params, batch["tokens"])
     x, _ = jax.lax.scan(body, x, params["blocks"])
