@@ -15,47 +15,56 @@ from ._program import Program
 
 # transform(value_id, array) -> array; called on each value in `transform_values` once defined.
 Transform = Callable[[int, Any], Any]
+# use_transform(op_id, operand_index, array) -> array; called on the operands in `use_targets`
+# just before their op reads them (the value itself is unchanged for other readers).
+UseTransform = Callable[[int, int, Any], Any]
 
 
 def evaluate(program: Program, flat_args, transform: Transform | None = None,
-             transform_values: frozenset[int] = frozenset()):
+             transform_values: frozenset[int] = frozenset(),
+             use_transform: UseTransform | None = None,
+             use_targets: frozenset[tuple[int, int]] = frozenset()):
     """The program's flat outputs for flat inputs (in `program.inputs` order)."""
     env: dict[int, Any] = dict(program.constants)
     env.update(zip(program.inputs, flat_args))
-    _Runner(program, transform, transform_values).run(env, 0, len(program.ops))
+    _Runner(program, transform, transform_values, use_transform, use_targets).run(
+        env, 0, len(program.ops))
     return [env[v] for v in program.outputs]
 
 
 def as_function(program: Program, transform: Transform | None = None,
-                transform_values: frozenset[int] = frozenset()) -> Callable:
+                transform_values: frozenset[int] = frozenset(),
+                use_transform: UseTransform | None = None,
+                use_targets: frozenset[tuple[int, int]] = frozenset()) -> Callable:
     """A function with the traced function's calling convention: f(*args, **kwargs) -> out."""
 
     def fn(*args, **kwargs):
         flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         if tree != program.in_tree:
             raise TypeError(f"expected arguments shaped like {program.in_tree}, got {tree}")
-        return jax.tree_util.tree_unflatten(program.out_tree,
-                                            evaluate(program, flat, transform, transform_values))
+        return jax.tree_util.tree_unflatten(program.out_tree, evaluate(
+            program, flat, transform, transform_values, use_transform, use_targets))
 
     fn.__name__ = program.fn_name
     return fn
 
 
 class _Runner:
-    def __init__(self, program, transform, transform_values):
+    def __init__(self, program, transform, transform_values, use_transform=None,
+                 use_targets=frozenset()):
         self.program = program
         self.transform = transform
-        self.targets = transform_values
+        self.targets = transform_values if transform is not None else frozenset()
+        self.use_transform = use_transform
+        self.use_targets = use_targets if use_transform is not None else frozenset()
+        self.use_ops = {o for o, _ in self.use_targets}
         # Region ops whose bodies hold a target: those bodies are rebuilt.
-        self.rebuild = set()
-        if transform is not None:
-            for op in program.ops:
-                if op.body and any(self._holds_target(op)):
-                    self.rebuild.add(op.id)
+        self.rebuild = {op.id for op in program.ops
+                        if op.body and any(self._touches(i) for i in range(*op.body_ops))}
 
-    def _holds_target(self, op):
-        for i in range(*op.body_ops):
-            yield any(r in self.targets for r in self.program.ops[i].results)
+    def _touches(self, i: int) -> bool:
+        op = self.program.ops[i]
+        return i in self.use_ops or any(r in self.targets for r in op.results)
 
     def write(self, env, vid, x):
         if vid in self.targets:
@@ -68,6 +77,9 @@ class _Runner:
         while i < stop:
             op = ops[i]
             args = [env[v] for v in op.operands]
+            if i in self.use_ops:
+                args = [self.use_transform(i, t, x) if (i, t) in self.use_targets else x
+                        for t, x in enumerate(args)]
             if op.body:
                 outs = self._region(op, args)
                 i = op.body_ops[1]
@@ -116,8 +128,7 @@ class _Runner:
                 bodies = [(ins[0], None), (ins[1], outs_scan)]
         new = []
         for closed, (body_in, body_out), rng in zip(old, bodies, op.body_ranges):
-            if body_out is None or not any(r in self.targets for k in range(*rng)
-                                           for r in program.ops[k].results):
+            if body_out is None or not any(self._touches(k) for k in range(*rng)):
                 new.append(closed)
                 continue
 

@@ -8,7 +8,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from ._evaluate import as_function
-from .rules import REDUCTION
+from .rules import NEED_REPLICATION, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
 #   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those);
@@ -64,8 +64,40 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
                      and not prog.ops[prog.values[v].producer].body)
 
 
+def gathered_operands(plan) -> dict[tuple[int, int], object]:
+    """{(op, operand index): PartitionSpec} where the op needs a sharded dim whole.
+
+    A need-replication factor (the window of a convolution or a pooling, a sorted or scanned
+    dim) makes the op read that operand dim whole: the plan gathers it just before the op, as
+    the cost model charges. Saying so explicitly also keeps XLA off partitioning paths it gets
+    wrong (jax 0.10.2 all-reduces a spatially sharded convolution's weight gradient over every
+    device on a multi-axis mesh; see tests/test_property.py).
+    """
+    from jax.sharding import PartitionSpec
+
+    an = plan.analysis
+    prog = an.program
+    out = {}
+    for op, rule in zip(prog.ops, an.op_rules):
+        if op.body or NEED_REPLICATION not in rule.kinds or rule.fallback:
+            continue
+        for t, dims in enumerate(rule.operands):
+            u = op.operands[t]
+            axes = plan.value_axes(u)
+            whole = [d for d, fs in enumerate(dims)
+                     if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
+            if whole:
+                entries = [None if d in whole or not a else a[0] if len(a) == 1 else a
+                           for d, a in enumerate(axes)]
+                while entries and entries[-1] is None:
+                    entries.pop()
+                out[(op.id, t)] = PartitionSpec(*entries)
+    return out
+
+
 def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
-    """The traced function, re-run op by op with sharding constraints at the chosen values."""
+    """The traced function, re-run op by op with sharding constraints at the chosen values
+    (and, unless the policy is "none", on operands the plan gathers before their op)."""
     targets = constraint_values(plan, policy)
     cache: dict[int, NamedSharding] = {}
 
@@ -75,7 +107,12 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
             sharding = cache[vid] = NamedSharding(jax_mesh, plan.partition_spec(vid))
         return jax.lax.with_sharding_constraint(x, sharding)
 
-    return as_function(plan.analysis.program, constrain, targets)
+    uses = gathered_operands(plan) if policy != "none" else {}
+
+    def gather(op_id, t, x):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(jax_mesh, uses[(op_id, t)]))
+
+    return as_function(plan.analysis.program, constrain, targets, gather, frozenset(uses))
 
 
 def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit_kwargs):
