@@ -194,6 +194,9 @@ def evaluate_types(mask, rank, res,
             # gradient contracted over batch (on `data`) and sequence (on `model`) is reduced
             # over `data`, then over `model`.
             partial = pt_res_nbytes[p] / ways[res_mask] * ways[psum & res_mask]
+            # before a reduce-scatter the partial sums are whole on the scattered dims: a
+            # temporary larger than the result, at this op
+            gathered[p] += partial - pt_res_nbytes[p] / ways[res_mask]
             done = 0
             for i in range(pt_gptr[p], pt_gptr[p + 1]):
                 g = pt_groups[i]
