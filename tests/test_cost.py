@@ -76,6 +76,10 @@ def test_estimate_details_are_consistent(gpt, mesh):
     assert {"block0", "block1", "loss"} <= set(scopes)
     assert sum(a for a, _ in scopes.values()) == pytest.approx(est.compute_s)
     assert sum(b for _, b in scopes.values()) == pytest.approx(est.communication_s)
+    compute, comm = CostModel(an, mesh).op_costs(plan)
+    assert len(compute) == len(an.program.ops)
+    assert compute.sum() == pytest.approx(est.compute_s) and comm.sum() == pytest.approx(
+        est.communication_s)
     d = est.to_dict()
     assert d["feasible"] and d["collectives"]
     assert "all-gather" in est.summary()

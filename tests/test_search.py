@@ -50,6 +50,14 @@ def test_search_beats_or_matches_every_expert_strategy(gpt_big):
     assert res.history and res.history[-1][2] == pytest.approx(res.estimate.step_time_s)
 
 
+def test_search_fits_where_data_parallel_does_not(gpt_big):
+    _, _, an = gpt_big
+    dp = tl.estimate(an, tl.strategies.expert(an, MESH)["dp"], MESH)
+    cap = 0.8 * dp.peak_memory_bytes
+    res = search(an, MESH, memory_cap=cap, budget_s=2, seed=0)
+    assert res.feasible and res.estimate.peak_memory_bytes <= cap < dp.peak_memory_bytes
+
+
 def test_pins_are_kept(gpt_big):
     _, _, an = gpt_big
     (conflict,) = an.conflicts

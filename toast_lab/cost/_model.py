@@ -192,6 +192,13 @@ class CostModel:
                 - totals[_kernel.T_ALIAS])
         return float(step), float(peak)
 
+    def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
+        """(compute s, communication s) per op of the program, for views that colour the
+        graph by cost. Ops of one type share their type's total evenly."""
+        _, _, pt_compute, pt_comm = _kernel.evaluate(*self.plan_arrays(plan), *self._args)
+        share = self.ty.op_type
+        return (pt_compute / self.ty.pt_count)[share], (pt_comm / self.ty.pt_count)[share]
+
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""
         return IncrementalEstimator(self, plan)
