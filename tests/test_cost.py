@@ -6,7 +6,7 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.cost import CostModel
-from toast_lab.verify._hlo import read_compiled, summarize_collectives
+from toast_lab.verify import read_compiled, summarize_collectives
 
 
 @pytest.fixture(scope="module")

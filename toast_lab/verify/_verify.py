@@ -35,7 +35,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from toast_lab.verify._hlo import CompiledStats, read_compiled
+from toast_lab.verify._compiled import CompiledStats, read_compiled
 
 # Relative 2-norm error allowed per floating dtype (see the module docstring).
 TOLERANCES: Mapping[str, float] = {
