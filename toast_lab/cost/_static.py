@@ -238,8 +238,8 @@ def _liveness(prog):
 
 
 def _fused(prog, an) -> np.ndarray:
-    """Values XLA would not write to memory: made by a fusible op and read only by fusible
-    ops (or reductions, which take elementwise producers as input fusions)."""
+    """Values XLA would not write to memory: made by a fusible op and read by exactly one
+    fusible op (or a reduction, which takes elementwise producers as an input fusion)."""
     values, ops = prog.values, prog.ops
     fused = np.zeros(len(values), bool)
     outputs = set(prog.outputs)
@@ -250,7 +250,9 @@ def _fused(prog, an) -> np.ndarray:
         if op.body or op.primitive in _NOT_FUSIBLE or v.id not in op.results:
             continue
         users = prog.users(v.id)
-        if users and all(not ops[u].body and ops[u].primitive not in _NOT_FUSIBLE
-                         and ops[u].region == op.region for u in users):
+        # One reader: XLA fuses the producer into it. With several readers it usually keeps
+        # the value (it duplicates only the cheapest producers), so we count it.
+        if len(users) == 1 and not ops[users[0]].body and \
+                ops[users[0]].primitive not in _NOT_FUSIBLE and ops[users[0]].region == op.region:
             fused[v.id] = True
     return fused
