@@ -27,6 +27,14 @@ def _ring(nbytes, n, bw, lat, factor):
     return factor * ((n - 1.0) / n * nbytes / bw + (n - 1.0) * lat)
 
 
+@njit(cache=True, inline="always")
+def _charge(coll, kind, mask, weight, nbytes, seconds):
+    """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds."""
+    coll[kind, mask, 0] += weight
+    coll[kind, mask, 1] += nbytes * weight
+    coll[kind, mask, 2] += seconds * weight
+
+
 @njit(cache=True)
 def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class):
     """eff[T, D] bit masks per value type and dim; vmask[T] their union.
@@ -168,17 +176,13 @@ def evaluate_types(mask, rank, res,
                 t = _ring(b, ways[m], bw[m], lat[m], 1.0)
                 gtime += t
                 gbytes += b
-                coll[AG, m, 0] += w
-                coll[AG, m, 1] += b * w
-                coll[AG, m, 2] += t * w
+                _charge(coll, AG, m, w, b, t)
             m = a2a[ot]
             if m != 0:
                 t = _ring(pdb, ways[m], bw[m], lat[m], 1.0)
                 gtime += t
                 gbytes += pdb
-                coll[A2A, m, 0] += w
-                coll[A2A, m, 1] += pdb * w
-                coll[A2A, m, 2] += t * w
+                _charge(coll, A2A, m, w, pdb, t)
         gathered[p] = gbytes
         psum = 0
         for i in range(pt_gptr[p], pt_gptr[p + 1]):
@@ -210,15 +214,11 @@ def evaluate_types(mask, rank, res,
                 if ar != 0:
                     t = _ring(partial, ways[ar], bw[ar], lat[ar], 2.0)
                     ptime += t
-                    coll[AR, ar, 0] += w
-                    coll[AR, ar, 1] += partial * w
-                    coll[AR, ar, 2] += t * w
+                    _charge(coll, AR, ar, w, partial, t)
                 if rs != 0:
                     t = _ring(partial, ways[rs], bw[rs], lat[rs], 1.0)
                     ptime += t
-                    coll[RS, rs, 0] += w
-                    coll[RS, rs, 1] += partial * w
-                    coll[RS, rs, 2] += t * w
+                    _charge(coll, RS, rs, w, partial, t)
         flops = pt_flops[p] / ways[res_mask | psum]
         traffic = 0.0
         for i in range(pt_ioptr[p], pt_ioptr[p + 1]):
@@ -262,16 +262,12 @@ def evaluate_types(mask, rank, res,
                 t = _ring(b, ways[g], bw[g], lat[g], 1.0)
                 t_all += t
                 b_all += b
-                coll[AG, g, 0] += w
-                coll[AG, g, 1] += b * w
-                coll[AG, g, 2] += t * w
+                _charge(coll, AG, g, w, b, t)
             if a != 0:
                 t = _ring(pdb, ways[a], bw[a], lat[a], 1.0)
                 t_all += t
                 b_all += pdb
-                coll[A2A, a, 0] += w
-                coll[A2A, a, 1] += pdb * w
-                coll[A2A, a, 2] += t * w
+                _charge(coll, A2A, a, w, pdb, t)
             pt_comm[si_pt[j]] += t_all * w
             totals[T_COMM] += t_all * w
             if nk < 16:
