@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 REPLICATE = "replicate"  # the conflict resolution that shards neither side
+NO_CLASS = -1  # sentinel in Analysis.value_classes: a dim of size 1, never sharded
+
+
+def unique_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name_1`, `name_2`, ... — the first not in `taken` (which it joins)."""
+    out, k = name, 1
+    while out in taken:
+        out = f"{name}_{k}"
+        k += 1
+    taken.add(out)
+    return out
 
 
 @dataclass(frozen=True)

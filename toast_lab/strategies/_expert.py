@@ -113,13 +113,11 @@ def expert(an, mesh) -> Strategies:
              [has_batch, has_tp, has_fsdp, two_d])
         make("dp+sp", [("one", roles.batch, data_axes), ("one", roles.sequence, (model_axis,))],
              [has_batch, has_seq, two_d])
-        if len(data_axes) >= 2:
-            outer, inner = data_axes[:-1], data_axes[-1:]
+        if len(data_axes) >= 2:  # batch over every data axis, parameters over the innermost
             make("dp+fsdp+tp", [("one", roles.batch, data_axes),
                                 ("many", roles.tensor_parallel, (model_axis,)),
-                                ("many", roles.fsdp, inner)],
+                                ("many", roles.fsdp, data_axes[-1:])],
                  [has_batch, has_tp, has_fsdp])
-            del outer
     else:
         for name in ("dp+tp", "fsdp+tp", "dp+sp"):
             skipped[name] = "needs a mesh with two or more axes"
