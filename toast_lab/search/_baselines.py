@@ -59,9 +59,10 @@ def random_search(analysis, mesh, pins: Mapping | None = None, budget_s: float |
     """Uniformly random plans from the space, with the same budget rules as search()."""
     model, space, cap = _setup(analysis, mesh, pins, memory_cap, None)
     rng = np.random.default_rng(seed)
-    tracker = _Tracker(space, model, cap, callback, 0.1, "random")
     n = len(space.decisions)
     choices = np.zeros(n, np.int64)
+    model.step_and_peak(*space.arrays(np.where(space.pinned >= 0, space.pinned, 0)))  # compile
+    tracker = _Tracker(space, model, cap, callback, 0.1, "random")
     while _budget_left(tracker, budget_s, simulations, stop):
         for pos, d in enumerate(space.decisions):
             if d.pinned >= 0:
