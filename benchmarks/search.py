@@ -24,7 +24,7 @@ import toast_lab as tl  # noqa: E402
 from toast_lab.search import EXHAUSTIVE_LIMIT, Space, exhaustive, random_search, search  # noqa
 
 CASES = [
-    # (model, config, mesh, device)
+    # (model, config, mesh, device[, memory cap in GiB: default the device's memory])
     ("mlp", dict(batch=4096, features=1024, hidden=(4096, 4096), classes=1024),
      {"data": 4, "model": 2}, "h100"),
     ("mlp", dict(batch=4096, features=1024, hidden=(4096, 4096), classes=1024),
@@ -36,42 +36,45 @@ CASES = [
     ("gpt", dict(size="gpt2-small"), {"data": 8}, "h100"),
     ("gpt", dict(size="gpt2-small"), {"data": 4, "model": 2}, "h100"),
     ("gpt", dict(size="gpt2-small"), {"data": 2, "fsdp": 2, "model": 2}, "h100"),
-    ("gpt", dict(size="gpt2-small", batch=256), {"data": 4, "model": 2}, "a100-80gb"),
+    ("gpt", dict(size="gpt2-large"), {"data": 4, "model": 2}, "a100-80gb", 48),
     ("gpt", dict(size="gpt3-175b", remat=True, dtype="bfloat16"),
      {"data": 8, "fsdp": 8, "model": 4}, "tpu-v5p"),
 ]
 QUICK = {0, 4, 5}
 
 
-def _fmt(est) -> str:
+def _fmt(est, limit) -> str:
     if est is None:
         return "— | — | —"
     return (f"{est.step_time_s * 1e3:,.1f} | {est.peak_memory_bytes / 2**30:,.2f} | "
-            f"{'yes' if est.feasible else 'no'}")
+            f"{'yes' if est.peak_memory_bytes <= limit else 'no'}")
 
 
 def _reach(res) -> str:
     return f"{res.history[-1][0]:.2f}" if res.history else "—"
 
 
-def run_case(name, config, shape, device, budget, compile_plan) -> str:
+def run_case(name, config, shape, device, budget, compile_plan, cap_gib=None) -> str:
     fn, args = tl.zoo.get(name, **config)
     t0 = time.perf_counter()
     an = tl.analyze(tl.trace(fn, *args))
     analysis_s = time.perf_counter() - t0
     mesh = tl.Mesh(shape, device=device)
+    cap = None if cap_gib is None else cap_gib * 2**30
     space = Space(an, mesh)
     experts = {k: tl.estimate(an, p, mesh) for k, p in tl.strategies.expert(an, mesh).items()}
-    feasible = {k: e for k, e in experts.items() if e.feasible}
+    limit = mesh.device.memory_bytes if cap is None else cap
+    fits = lambda e: e is not None and e.peak_memory_bytes <= limit  # noqa: E731
+    feasible = {k: e for k, e in experts.items() if fits(e)}
     pool = feasible or experts
     best_name = min(pool, key=lambda k: pool[k].step_time_s)
     dp = experts.get("dp")
-    mcts = search(an, mesh, budget_s=budget, seed=0)
-    rnd = random_search(an, mesh, budget_s=budget, seed=0)
+    mcts = search(an, mesh, budget_s=budget, seed=0, memory_cap=cap)
+    rnd = random_search(an, mesh, budget_s=budget, seed=0, memory_cap=cap)
     exh = exh_s = None
     if space.size <= EXHAUSTIVE_LIMIT:
         t0 = time.perf_counter()
-        exh = exhaustive(an, mesh)
+        exh = exhaustive(an, mesh, memory_cap=cap)
         exh_s = time.perf_counter() - t0
     compile_s = None
     if compile_plan and mesh.size <= 8 and mcts.plan is not None and len(an.program.ops) < 8000:
@@ -80,11 +83,14 @@ def run_case(name, config, shape, device, budget, compile_plan) -> str:
         compile_s = time.perf_counter() - t0
     reach = mcts.history[-1][0] if mcts.history else budget
     mesh_name = "x".join(str(s) for s in shape.values()) + f" {device}"
+    if cap_gib is not None:
+        mesh_name += f", cap {cap_gib} GiB"
     label = f"{name}{'-' + config['size'] if 'size' in config else ''}"
     return (f"| {label} | {mesh_name} | {space.size:.3g} | {best_name} | "
-            f"{_fmt(experts[best_name])} | {_fmt(dp)} | {_fmt(mcts.estimate or mcts.closest_estimate)} "
+            f"{_fmt(experts[best_name], limit)} | {_fmt(dp, limit)} | "
+            f"{_fmt(mcts.estimate or mcts.closest_estimate, limit)} "
             f"| {_reach(mcts)} | {mcts.simulations / mcts.elapsed_s:,.0f} | "
-            f"{_fmt(rnd.estimate or rnd.closest_estimate)} | "
+            f"{_fmt(rnd.estimate or rnd.closest_estimate, limit)} | "
             f"{'—' if exh is None else f'{exh.estimate.step_time_s * 1e3:,.1f} in {exh_s:.1f} s'}"
             f" | {analysis_s:.1f} + {reach:.1f} | "
             f"{'—' if compile_s is None else f'{compile_s:.1f}'} |")
@@ -104,7 +110,9 @@ def main() -> None:
     for i, case in enumerate(CASES):
         if args.quick and i not in QUICK:
             continue
-        print(run_case(*case, args.budget, not args.no_compile), flush=True)
+        name, config, shape, device, *cap = case
+        print(run_case(name, config, shape, device, args.budget, not args.no_compile, *cap),
+              flush=True)
 
 
 if __name__ == "__main__":
