@@ -10,16 +10,14 @@ from __future__ import annotations
 import warnings
 from collections import defaultdict
 
-from ._classes import NO_CLASS, Conflict, DimClass, unique_name  # noqa: F401
-from ._nodes import factor_places, whole_nodes
+from ._classes import NO_CLASS, Conflict, DimClass, unique_name
 from ._conflicts import find_conflicts
 from ._layers import group_layers as _group_layers
+from ._nodes import factor_places, whole_nodes
 from ._program import NO_OP, Program
 from ._summary import summary_text
 from ._unionfind import UnionFind
 from .rules import OpRule, conservative_rule, has_rule, rule_for
-
-
 
 
 class ToastWarning(UserWarning):
