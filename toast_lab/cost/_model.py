@@ -82,7 +82,7 @@ class CostModel:
             if dt not in cache:
                 try:
                     cache[dt] = dev.peak_flops_for(dt)
-                except ValueError:
+                except (ValueError, TypeError):  # PRNG keys and other extended dtypes
                     cache[dt] = dev.peak_flops_for("float32")
             peak[op.id] = cache[dt]
         self.mem_bw = float(dev.memory_bandwidth)
