@@ -254,6 +254,8 @@ def _name_class(program, members, input_index, first_part):
     if first_input is not None:
         v, d = first_input
         path = program.values[v].name.split("/")
+        if len(path) > 2 and path[-1] == "value":  # flax.nnx Variables: params/dense/kernel/value
+            path = path[:-1]
         short = "/".join(path[1:]) if len(path) > 1 else path[0]
         return f"{short}[{d}]", (), origin
     return origin, (), origin
