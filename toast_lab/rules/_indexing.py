@@ -8,7 +8,7 @@ vector in the last dim of the indices.
 from __future__ import annotations
 
 from ._core import NEED_REPLICATION, REDUCTION, RuleBuilder
-from ._elementwise import expect, guarded
+from ._elementwise import expect, guarded, resized_dim
 from ._table import register
 
 
@@ -26,8 +26,7 @@ def slice_rule(ins, outs, params):
         if starts[d] == 0 and limits[d] == n and strides[d] == 1:
             b.factor(n, operands={0: d}, results={0: d})
         else:
-            b.factor(n, NEED_REPLICATION, operands={0: d})
-            b.factor(y[d], NEED_REPLICATION, results={0: d})
+            resized_dim(b, n, y[d], operands=(0,), results=(0,), in_dim=d, out_dim=d)
     return b.build()
 
 
@@ -44,8 +43,7 @@ def dynamic_slice_rule(ins, outs, params):
         if sizes[d] == n:
             b.factor(n, operands={0: d}, results={0: d})
         else:
-            b.factor(n, NEED_REPLICATION, operands={0: d})
-            b.factor(y[d], NEED_REPLICATION, results={0: d})
+            resized_dim(b, n, y[d], operands=(0,), results=(0,), in_dim=d, out_dim=d)
     return b.build()
 
 

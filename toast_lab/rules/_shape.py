@@ -192,8 +192,7 @@ def pad_rule(ins, outs, params):
         if lo == 0 and hi == 0 and interior == 0:
             b.factor(x[d], operands={0: d}, results={0: d})
         else:
-            b.factor(x[d], NEED_REPLICATION, operands={0: d})
-            b.factor(y[d], NEED_REPLICATION, results={0: d})
+            resized_dim(b, x[d], y[d], operands=(0,), results=(0,), in_dim=d, out_dim=d)
     return b.build()
 
 
