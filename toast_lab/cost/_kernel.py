@@ -1,11 +1,10 @@
-"""The cost model's inner loop, compiled with numba: one call costs one plan.
+"""The cost model's inner loops, compiled with numba.
 
-Inputs are the type tables of _types.py (ragged ones as CSR: indptr + indices) and the plan as
-three small arrays; the model itself is documented in _model.py. Masks are integers with one bit
-per mesh axis; `ways`, `bw` and `lat` are indexed by mask.
-
-Returns totals, collectives by (kind, mask) and per-op-type compute and communication time, so
-the Python side builds an Estimate without recomputing anything.
+`evaluate_types` costs a plan over the type tables of _types.py (ragged ones as CSR: indptr +
+indices), given as three small arrays; `add_temps` / `move_temps` and `peak_live` do the
+liveness sweep, and `arguments_and_outputs` the argument and output bytes. CostModel._run
+strings them together. The model itself is documented in _model.py. Masks are integers with
+one bit per mesh axis; `ways`, `bw` and `lat` are indexed by mask.
 """
 
 from __future__ import annotations
@@ -77,35 +76,6 @@ def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, con
                 used |= m
         vmask[t] = used
     return eff, vmask
-
-
-@njit(cache=True)
-def evaluate(mask, rank, res,
-             vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
-             ways, bw, lat,
-             gt_ptr, gm_vt, gm_d, gt_is_reduction,
-             rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group,
-             ot_ptr, ot_rows, ot_vt,
-             pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
-             pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
-             mem_bw, sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops,
-             op_type, temp_start, temp_end, temp_nbytes, temp_vt,
-             in_nbytes, in_vt, in_state, out_nbytes, out_vt, out_is_input, donate):
-    """One plan, from scratch."""
-    totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta = evaluate_types(
-        mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
-        ways, bw, lat, gt_ptr, gm_vt, gm_d, gt_is_reduction,
-        rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group, ot_ptr, ot_rows, ot_vt,
-        pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
-        pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes, mem_bw,
-        sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops)
-    delta = np.zeros(op_type.shape[0] + 2)
-    add_temps(delta, vmask, np.ones(vmask.shape[0], np.bool_), ways, temp_start, temp_end,
-              temp_nbytes, temp_vt, 1.0)
-    totals[T_TEMP] = peak_live(delta, gdelta, gathered, op_type)
-    arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_nbytes, out_vt,
-                          out_is_input, donate)
-    return totals, coll, pt_compute, pt_comm
 
 
 @njit(cache=True)
@@ -284,14 +254,12 @@ def evaluate_types(mask, rank, res,
 
 
 @njit(cache=True)
-def add_temps(delta, vmask, which_types, ways, temp_start, temp_end, temp_nbytes, temp_vt, sign):
-    """Adds (sign=+1) or removes (-1) the live ranges of the temporaries of `which_types`."""
+def add_temps(delta, vmask, ways, temp_start, temp_end, temp_nbytes, temp_vt):
+    """Adds the live range of every temporary, at its size under `vmask`, to `delta`."""
     for i in range(temp_start.shape[0]):
-        t = temp_vt[i]
-        if which_types[t]:
-            s = sign * temp_nbytes[i] / ways[vmask[t]]
-            delta[temp_start[i]] += s
-            delta[temp_end[i]] -= s
+        s = temp_nbytes[i] / ways[vmask[temp_vt[i]]]
+        delta[temp_start[i]] += s
+        delta[temp_end[i]] -= s
 
 
 @njit(cache=True)

@@ -38,8 +38,6 @@ class CostModel:
     overlap: communication overlaps compute perfectly (step = max) instead of adding up.
     """
 
-    NUM_TYPE_ARGS = 43  # the leading kernel arguments that evaluate_types takes
-
     def __init__(self, analysis, mesh, donate: bool = False, overlap: bool = False):
         self.analysis = analysis
         self.mesh = mesh
@@ -110,7 +108,8 @@ class CostModel:
         outs = st.output_values  # XLA counts an output returned twice twice
         self.out_nbytes, self.out_vt = st.nbytes[outs], ty.value_type[outs]
         self.out_is_input = st.is_input[outs]
-        self._args = (
+        # evaluate_types's arguments after the plan's three arrays
+        self._type_args = (
             ty.vt_class, ty.vt_tag, ty.tag_conflict, ty.tag_dropped.astype(np.bool_),
             self.conflict_class, self.ways, self.bw, self.lat,
             ty.gt_members.indptr, ty.gm_vt[ty.gt_members.indices],
@@ -123,10 +122,11 @@ class CostModel:
             ty.pt_opnds.indptr, ty.po_ot[ty.pt_opnds.indices],
             ty.po_nbytes[ty.pt_opnds.indices],
             self.mem_bw, ty.sv_ptr, ty.si_ot, ty.si_pt, ty.si_pos, ty.si_trip, ty.si_nbytes,
-            st.num_ops, ty.op_type, self.temp_start,
-            self.temp_end, self.temp_nbytes, self.temp_vt,
-            self.in_nbytes, self.in_vt, self.in_state, self.out_nbytes, self.out_vt,
-            self.out_is_input, self.donate)
+            st.num_ops)
+        # the temporaries of each value type (CSR), so a change moves only its own
+        counts = np.bincount(self.temp_vt, minlength=len(ty.vt_class))
+        self._temps_ptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        self._temps_of_type = np.argsort(self.temp_vt, kind="stable").astype(np.int64)
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
@@ -152,9 +152,9 @@ class CostModel:
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
-        totals, coll, pt_compute, pt_comm = _kernel.evaluate(mask, rank, res, *self._args)
+        totals, coll, pt_compute, pt_comm, _ = self._run(mask, rank, res)
         compute_s, comm_s = float(totals[_kernel.T_COMPUTE]), float(totals[_kernel.T_COMM])
-        step = max(compute_s, comm_s) if self.overlap else compute_s + comm_s
+        step = self._step_and_peak(totals)[0]
         arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
         temp, alias = float(totals[_kernel.T_TEMP]), float(totals[_kernel.T_ALIAS])
         state = float(totals[_kernel.T_STATE])
@@ -185,7 +185,32 @@ class CostModel:
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
-        totals = _kernel.evaluate(mask, rank, res, *self._args)[0]
+        return self._step_and_peak(self._run(mask, rank, res)[0])
+
+    def _run(self, mask, rank, res, delta=None, old_vmask=None):
+        """One plan through the kernel: (totals, collectives, per-op-type compute and
+        communication, value-type masks).
+
+        delta: the live-range deltas of the temporaries under `old_vmask`, updated in place
+        for the value types whose sharding changed (incremental); None builds them afresh.
+        """
+        totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta = _kernel.evaluate_types(
+            mask, rank, res, *self._type_args)
+        if delta is None:
+            delta = np.zeros(self.st.num_ops + 2)
+            _kernel.add_temps(delta, vmask, self.ways, self.temp_start, self.temp_end,
+                              self.temp_nbytes, self.temp_vt)
+        else:
+            _kernel.move_temps(delta, old_vmask, vmask, self.ways, self._temps_ptr,
+                               self._temps_of_type, self.temp_start, self.temp_end,
+                               self.temp_nbytes, self.temp_vt)
+        totals[_kernel.T_TEMP] = _kernel.peak_live(delta, gdelta, gathered, self.ty.op_type)
+        _kernel.arguments_and_outputs(totals, vmask, self.ways, self.in_nbytes, self.in_vt,
+                                      self.in_state, self.out_nbytes, self.out_vt,
+                                      self.out_is_input, self.donate)
+        return totals, coll, pt_compute, pt_comm, vmask
+
+    def _step_and_peak(self, totals) -> tuple[float, float]:
         compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
         step = max(compute, comm) if self.overlap else compute + comm
         peak = (totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + totals[_kernel.T_TEMP]
@@ -195,7 +220,7 @@ class CostModel:
     def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(compute s, communication s) per op of the program, for views that colour the
         graph by cost. Ops of one type share their type's total evenly."""
-        _, _, pt_compute, pt_comm = _kernel.evaluate(*self.plan_arrays(plan), *self._args)
+        _, _, pt_compute, pt_comm, _ = self._run(*self.plan_arrays(plan))
         share = self.ty.op_type
         return (pt_compute / self.ty.pt_count)[share], (pt_comm / self.ty.pt_count)[share]
 
@@ -227,17 +252,10 @@ class IncrementalEstimator:
             plan = Plan.replicated(an)
         self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
         self._next_rank = len(plan.assignments)
-        ty = model.ty
-        order = np.argsort(model.temp_vt, kind="stable")
-        counts = np.bincount(model.temp_vt, minlength=len(ty.vt_class))
-        self._by_type_ptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
-        self._by_type = order.astype(np.int64)
-        self._type_args = model._args[:model.NUM_TYPE_ARGS]
-        self._vmask = np.zeros(len(ty.vt_class), np.int64)
-        self._delta = np.zeros(model.st.num_ops + 2)
-        _kernel.add_temps(self._delta, self._vmask, np.ones(len(self._vmask), np.bool_),
-                          model.ways, model.temp_start,
-                          model.temp_end, model.temp_nbytes, model.temp_vt, 1.0)
+        self._vmask = np.zeros(len(model.ty.vt_class), np.int64)
+        self._delta = np.zeros(model.st.num_ops + 2)  # the temporaries, all replicated
+        _kernel.add_temps(self._delta, self._vmask, model.ways, model.temp_start,
+                          model.temp_end, model.temp_nbytes, model.temp_vt)
         self.result = self._update()
 
     def set_axes(self, cls: int, axes) -> tuple[float, float]:
@@ -258,18 +276,6 @@ class IncrementalEstimator:
         return self.result
 
     def _update(self) -> tuple[float, float]:
-        model = self.model
-        totals, _, _, _, gathered, vmask, gdelta = _kernel.evaluate_types(
-            self.mask, self.rank, self.res, *self._type_args)
-        _kernel.move_temps(self._delta, self._vmask, vmask, model.ways, self._by_type_ptr,
-                           self._by_type, model.temp_start,
-                           model.temp_end, model.temp_nbytes, model.temp_vt)
-        self._vmask = vmask
-        temp = _kernel.peak_live(self._delta, gdelta, gathered, model.ty.op_type)
-        _kernel.arguments_and_outputs(totals, vmask, model.ways, model.in_nbytes, model.in_vt,
-                                      model.in_state, model.out_nbytes, model.out_vt,
-                                      model.out_is_input, model.donate)
-        compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
-        step = max(compute, comm) if model.overlap else compute + comm
-        peak = totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + temp - totals[_kernel.T_ALIAS]
-        return float(step), float(peak)
+        totals, _, _, _, self._vmask = self.model._run(self.mask, self.rank, self.res,
+                                                       self._delta, self._vmask)
+        return self.model._step_and_peak(totals)
