@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..cost import CostModel, Estimate
+from ..cost import CostModel, Estimate, model_for
 from . import _mcts
 from ._space import Space
 from ._tree import Tree
@@ -79,14 +79,6 @@ class SearchResult:
         return f"SearchResult({self.plan!r}; {self.message})"
 
 
-def _model_for(analysis, mesh) -> CostModel:
-    cache = analysis.__dict__.setdefault("_cost_models", {})
-    key = (mesh, False, False)
-    if key not in cache:
-        cache[key] = CostModel(analysis, mesh)
-    return cache[key]
-
-
 class _Tracker:
     """Best feasible plan, smallest peak, history, progress callbacks."""
 
@@ -139,7 +131,7 @@ class _Tracker:
 
 
 def _setup(analysis, mesh, pins, memory_cap, cost_model):
-    model = cost_model or _model_for(analysis, mesh)
+    model = cost_model or model_for(analysis, mesh)
     space = Space(analysis, mesh, pins)
     cap = float(mesh.device.memory_bytes if memory_cap is None else memory_cap)
     if not cap > 0:
