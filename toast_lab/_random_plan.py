@@ -1,4 +1,9 @@
-"""Random valid plans: the baseline for search (DESIGN.md §7) and the input of property tests."""
+"""Random valid plans for property tests and the fidelity benchmark.
+
+Wider than the search space (search/_space.py): classes are decided in a random order and get
+*ordered* axis tuples, so export is exercised on plans the search would never produce. Random
+search, the search's baseline, draws from the search space instead (search/_baselines.py).
+"""
 
 from __future__ import annotations
 
