@@ -18,7 +18,7 @@ import numpy as np
 
 import toast_lab as tl
 from toast_lab.cost import CostModel
-from toast_lab.search import Space
+from toast_lab.plan_search import Space
 
 
 def rate(fn, seconds: float) -> float:

@@ -34,8 +34,8 @@ import statistics  # noqa: E402
 import numpy as np  # noqa: E402
 
 import toast_lab as tl  # noqa: E402
-from toast_lab._random_plan import random_plan  # noqa: E402
-from toast_lab.verify import summarize_collectives, verify  # noqa: E402
+from toast_lab import random_plan  # noqa: E402
+from toast_lab.verification import summarize_collectives, verify  # noqa: E402
 
 FIGURES = ("argument", "output", "temp", "peak", "flops", "all-reduce", "all-gather",
            "all-to-all")

@@ -21,7 +21,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import toast_lab as tl  # noqa: E402
-from toast_lab.search import EXHAUSTIVE_LIMIT, Space, exhaustive, random_search, search  # noqa
+from toast_lab.plan_search import EXHAUSTIVE_LIMIT, Space, exhaustive, random_search, search  # noqa
 
 CASES = [
     # (model, config, mesh, device[, memory cap in GiB: default the device's memory])

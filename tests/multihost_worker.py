@@ -26,7 +26,7 @@ def main(process_id: int, num_processes: int, coordinator: str) -> int:
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id)
     import toast_lab as tl
-    from toast_lab.verify import FAST_COMPILE, compare_outputs
+    from toast_lab.verification import FAST_COMPILE, compare_outputs
 
     assert jax.process_count() == num_processes, jax.process_count()
     assert len(jax.devices()) == 4 * num_processes, jax.devices()

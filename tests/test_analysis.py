@@ -8,7 +8,8 @@ import pytest
 from jax.extend import core as jex_core
 
 import toast_lab as tl
-from toast_lab.rules import INLINED_PRIMITIVES, RULES
+from toast_lab.program import INLINED_PRIMITIVES
+from toast_lab.rules import RULES
 
 from . import ext_models
 

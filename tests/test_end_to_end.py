@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab._random_plan import random_plan
+from toast_lab import random_plan
 
 
 def step(params, x, key):

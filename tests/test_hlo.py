@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from toast_lab._mesh import Mesh
-from toast_lab.verify import (
+from toast_lab import Mesh
+from toast_lab.verification import (
     Collective,
     CollectiveTotal,
     CompiledStats,

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from toast_lab._hardware import DeviceSpec, Link, devices, get_device
-from toast_lab._mesh import Mesh
+from toast_lab import DeviceSpec, Link, devices, get_device
+from toast_lab import Mesh
 
 PRESETS = [
     "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-80gb", "h100-80gb", "h200", "b200", "cpu"

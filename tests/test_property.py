@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab._random_plan import random_plan
-from toast_lab.verify import verify
+from toast_lab import random_plan
+from toast_lab.verification import verify
 
 MESHES = {
     "8": {"data": 8},

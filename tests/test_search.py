@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab.search import Space, exhaustive, random_search, search
+from toast_lab.plan_search import Space, exhaustive, random_search, search
 
 # Sizes where sharding pays on an H100 mesh (the default tiny sizes are so small that the
 # replicated plan wins, which would make "finds the optimum" trivial).
@@ -98,6 +98,7 @@ def test_no_plan_fits_says_the_smallest_peak(gpt_big):
     assert "no plan fits" in res.message and "smallest peak" in res.message
 
 
+@pytest.mark.slow  # asserts wall-clock latency: the Lab's Stop button promises 0.2 s
 def test_stop_request_from_another_thread_is_honoured_quickly(gpt_big):
     _, _, an = gpt_big
     stop = threading.Event()
@@ -124,7 +125,9 @@ def test_callback_reports_progress(gpt_big):
     search(an, MESH, budget_s=1.0, callback=seen.append, callback_every_s=0.05)
     assert len(seen) >= 3 and seen[-1].done and not any(p.done for p in seen[:-1])
     last = seen[-1]
-    assert last.plan is not None and last.estimate is not None and last.sims_per_s > 100
+    assert last.plan is not None and last.estimate is not None
+    assert last.simulations > 1 and last.sims_per_s == pytest.approx(
+        last.simulations / last.elapsed_s)
     steps = [p.estimate.step_time_s for p in seen]
     assert steps == sorted(steps, reverse=True)  # the best so far only improves
 

@@ -6,7 +6,7 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.strategies import find_roles
-from toast_lab.verify import verify
+from toast_lab.verification import verify
 
 MESH = tl.Mesh({"data": 4, "model": 2}, device="h100")
 

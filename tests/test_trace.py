@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab._program import BODY_INPUT, INPUT, NO_OP
-from toast_lab._trace import clean_scope
+from toast_lab.program import BODY_INPUT, INPUT, NO_OP
+from toast_lab.program import clean_scope
 
 
 def _prims(prog):
@@ -49,7 +49,7 @@ def test_nested_jit_remat_and_custom_jvp_are_inlined_with_their_scope():
 
     prog = tl.trace(f, jnp.ones((4, 3)))
     prims = set(_prims(prog))
-    assert not prims & set(tl.rules.INLINED_PRIMITIVES)
+    assert not prims & set(tl.program.INLINED_PRIMITIVES)
     assert {"cos", "mul"} <= prims  # grad of sin needs cos only: sin itself is dead code
     scopes = {op.name_scope for op in prog.ops}
     assert any(s.startswith("outer/inner/inner_scope") for s in scopes), scopes

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab.verify import (
+from toast_lab.verification import (
     TOLERANCES, VerifyReport, compare_outputs, concrete_args, tolerance_of, verify,
 )
 

@@ -1,27 +1,37 @@
 """toast-lab: automatic, inspectable sharding plans for JAX programs.
 
-This module is the one place that says what is public.
+This module is the one place that says what is public. The subpackages follow the pipeline of
+DESIGN.md, each stage importing only earlier ones:
+
+    program/      trace a function into a Program                       (stage 1)
+    rules/        one sharding rule per primitive                       (stage 2)
+    analysis/     sharding-equivalence classes and conflicts            (stage 3)
+    plan/         meshes and devices, plans, export, plan files         (stages 4, 5, 8)
+    cost/         the cost model: step time and memory of a plan        (stage 6)
+    strategies/   expert plans (data, FSDP, Megatron, sequence ...)     (stage 7)
+    plan_search/  MCTS, exhaustive and random search                    (stage 7)
+    verification/ compile on simulated devices and read what XLA did    (stage 9)
+    lab/          the notebook widget                                   (stage 10)
+    zoo/          built-in training steps
 """
 
 from . import rules, strategies, zoo
-from .search import SearchProgress, SearchResult, exhaustive, random_search, search
-from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
-from ._classes import REPLICATE, Conflict, ConflictSide, DimClass
-from ._hardware import DeviceSpec, Link, devices, get_device
-from ._mesh import Mesh
-from ._plan import Plan, PlanError
-from ._planfile import PlanFileError
-from ._program import Op, Program, Value
-from ._trace import trace
-from .cost import CostModel, Estimate, estimate
-from .verify import verify, VerifyReport
+from .analysis import (REPLICATE, Analysis, Conflict, ConflictSide, DimClass, ToastWarning,
+                       UnknownPrimitiveError, analyze)
+from .cost import CostModel, Estimate, IncrementalEstimator, cost_model, estimate
+from .plan import (DeviceSpec, Link, Mesh, Plan, PlanError, PlanFileError, devices, get_device,
+                   random_plan)
+from .plan_search import SearchProgress, SearchResult, exhaustive, random_search, search
+from .program import Op, Program, Value, trace
+from .verification import VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
-    "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies", "zoo",
-    "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError", "PlanFileError",
-    "estimate", "Estimate", "CostModel", "search", "exhaustive", "random_search",
-    "SearchResult", "SearchProgress", "verify", "VerifyReport",
+    "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies",
+    "zoo", "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
+    "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
+    "IncrementalEstimator", "search", "exhaustive", "random_search", "SearchResult",
+    "SearchProgress", "verify", "VerifyReport",
 ]

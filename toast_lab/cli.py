@@ -130,7 +130,7 @@ def _estimate_row(name: str, est) -> str:
 
 def _partition(args) -> int:
     from . import Mesh, analyze, estimate, search, strategies, trace
-    from ._plan import PlanError
+    from .plan import PlanError
 
     fn, fn_args = load_target(args.target, _parse_config(args.config))
     mesh = Mesh(_parse_mesh(args.mesh), device=args.device)

@@ -1,24 +1,22 @@
-"""The cost model: per-device step time and memory of a plan (DESIGN.md §6)."""
+"""Stage 6, the cost model (DESIGN.md §6): per-device step time and memory of a plan.
+
+Takes an Analysis, a Mesh and a Plan; gives an `Estimate` (compute by roofline, collectives by
+an alpha-beta model per mesh axis, peak memory by liveness). The program is compiled once into
+flat tables (_static.py), compressed into types (_types.py) and evaluated by a numba kernel
+(_kernel.py), fast enough for thousands of plans a second; `CostModel.incremental` edits one
+plan a decision at a time.
+"""
 
 from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._model import CostModel
-
-
-def model_for(analysis, mesh, donate: bool = False, overlap: bool = False) -> CostModel:
-    """The CostModel of `analysis` on `mesh`, built once and cached on the analysis."""
-    cache = analysis.__dict__.setdefault("_cost_models", {})
-    key = (mesh, donate, overlap)
-    model = cache.get(key)
-    if model is None:
-        model = cache[key] = CostModel(analysis, mesh, donate=donate, overlap=overlap)
-    return model
+from ._model import CostModel, IncrementalEstimator, cost_model
 
 
 def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) -> Estimate:
     """Step time and peak memory per device of `plan` on `mesh` (see CostModel)."""
-    return model_for(analysis, mesh, donate, overlap).estimate(plan)
+    return cost_model(analysis, mesh, donate, overlap).estimate(plan)
 
 
-__all__ = ["estimate", "model_for", "Estimate", "CostModel", "CollectiveCost", "COLLECTIVE_KINDS"]
+__all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
+           "CollectiveCost", "COLLECTIVE_KINDS"]

@@ -23,12 +23,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..strategies._roles import state_inputs
+from ..plan import Plan
+from ..program import state_inputs
 from ._estimate import CollectiveCost, Estimate
-from ._static import build_static
+from ._static import static_tables
 from . import _kernel
 from ._types import build_types
 
+
+
+def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "CostModel":
+    """The CostModel of `analysis` on `mesh`, built once and kept with the analysis (the Lab's
+    UI and search threads share it; building is thread-safe)."""
+    return analysis.derived(("cost.model", mesh, donate, overlap),
+                            lambda: CostModel(analysis, mesh, donate=donate, overlap=overlap))
 
 
 class CostModel:
@@ -43,11 +51,7 @@ class CostModel:
         self.mesh = mesh
         self.donate = donate
         self.overlap = overlap
-        st = getattr(analysis, "_cost_static", None)
-        if st is None:
-            st = build_static(analysis)
-            analysis._cost_static = st  # mesh-independent: shared by every CostModel
-        self.st = st
+        self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
 
@@ -247,8 +251,6 @@ class IncrementalEstimator:
         self.model = model
         an = model.analysis
         if plan is None:
-            from .._plan import Plan
-
             plan = Plan.replicated(an)
         self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
         self._next_rank = len(plan.assignments)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._program import INPUT, NO_OP
+from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
@@ -110,6 +110,11 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def static_tables(an) -> Static:
+    """The tables of `an`, built once and kept with it: every CostModel of it shares them."""
+    return an.derived("cost.static", lambda: build_static(an))
 
 
 def build_static(an) -> Static:

@@ -1,14 +1,19 @@
-"""Per-primitive sharding rules (DESIGN.md §2): one table, filled by the modules below."""
+"""Stage 2, the rules (DESIGN.md §2): one table keyed by primitive name, filled by the modules
+below. Takes an op's operand and result shapes and params; gives its OpRule — the factors, each
+mapped to at most one dim of every operand and result, with a kind (pass-through, reduction,
+need-replication) that says what sharding it costs. Unknown primitives get `conservative_rule`.
+"""
 
 from ._core import (NEED_REPLICATION, PASS_THROUGH, REDUCTION, FactorKind, OpRule, RuleBuilder,
                     conservative_rule, factor_letter)
-from ._table import INLINED_PRIMITIVES, REGION_PRIMITIVES, RULES, has_rule, register, rule_for
+from ._table import RULES, has_rule, register, rule_for
 
 # Importing a module registers its rules.
-from . import _control, _elementwise, _indexing, _linalg, _misc, _reduce, _shape  # noqa: F401,E402
+from . import (_control, _elementwise, _identity, _indexing, _linalg, _random,  # noqa: F401,E402
+               _reduce, _shape)
 
 __all__ = [
     "FactorKind", "OpRule", "RuleBuilder", "PASS_THROUGH", "REDUCTION", "NEED_REPLICATION",
-    "RULES", "INLINED_PRIMITIVES", "REGION_PRIMITIVES", "register", "rule_for", "has_rule",
+    "RULES", "register", "rule_for", "has_rule",
     "conservative_rule", "factor_letter",
 ]

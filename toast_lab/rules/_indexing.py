@@ -8,7 +8,7 @@ vector in the last dim of the indices.
 from __future__ import annotations
 
 from ._core import NEED_REPLICATION, REDUCTION, RuleBuilder
-from ._elementwise import expect, guarded, resized_dim
+from ._helpers import expect, guarded, resized_dim
 from ._table import register
 
 

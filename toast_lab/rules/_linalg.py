@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._core import NEED_REPLICATION, REDUCTION, RuleBuilder
-from ._elementwise import expect, guarded, resized_dim, tie_same_shape
+from ._helpers import expect, guarded, resized_dim, tie_same_shape
 from ._table import register
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._core import NEED_REPLICATION, PASS_THROUGH, REDUCTION, RuleBuilder
-from ._elementwise import expect, guarded, resized_dim
+from ._helpers import expect, guarded, resized_dim
 from ._table import register
 
 

@@ -7,7 +7,7 @@ unstack. (`expand_dims` is no primitive in jax 0.10.2: it traces to broadcast_in
 from __future__ import annotations
 
 from ._core import NEED_REPLICATION, RuleBuilder
-from ._elementwise import expect, guarded, resized_dim, tie_same_shape
+from ._helpers import expect, guarded, resized_dim, tie_same_shape
 from ._table import register
 
 

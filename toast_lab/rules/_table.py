@@ -9,22 +9,15 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
+from ..program import REGION_PRIMITIVES
 from ._core import OpRule, Shape
 
 # rule(in_shapes, out_shapes, params) -> OpRule. Region primitives (scan, while, cond) also get
-# `body`: the shapes of their bodies' inputs and outputs, in the order _trace.py lays them out.
+# `body`: the shapes of their bodies' inputs and outputs, in the order the tracer lays them out
+# (program/_trace.py).
 Rule = Callable[..., OpRule]
 
 RULES: dict[str, Rule] = {}
-
-# Primitives the tracer inlines into their callers, so they never reach the table.
-INLINED_PRIMITIVES = frozenset({
-    "jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
-})
-
-# Primitives whose bodies stay as regions, analysed once (DESIGN.md §1).
-REGION_PRIMITIVES = frozenset({"scan", "while", "cond"})
 
 
 def register(*names: str) -> Callable[[Rule], Rule]:

@@ -3,7 +3,7 @@ and their 2-D combinations, each a Plan built from the class roles."""
 
 from __future__ import annotations
 
-from .._plan import Plan
+from ..plan import Plan
 from ._roles import Roles, find_roles
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")

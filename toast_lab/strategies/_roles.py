@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..program import state_inputs
 from ..rules import NEED_REPLICATION
 
 
@@ -37,21 +38,6 @@ class Roles:
                 "width": name(self.width),
                 "tensor_parallel": [name(c) for c in self.tensor_parallel],
                 "fsdp": [name(c) for c in self.fsdp]}
-
-
-def state_inputs(prog) -> frozenset[int]:
-    outs = Counter((prog.values[v].shape, prog.values[v].dtype) for v in prog.outputs)
-    state = []
-    for v in prog.inputs:
-        key = (prog.values[v].shape, prog.values[v].dtype)
-        if outs[key] > 0 and prog.values[v].ndim > 0:
-            outs[key] -= 1
-            state.append(v)
-    if not state:  # a forward pass: take its first argument as the parameters
-        args, _ = prog.in_tree.children()[0], None
-        n_first = args.children()[0].num_leaves if args.num_children else 0
-        state = [v for v in prog.inputs[:n_first] if prog.values[v].ndim > 0]
-    return frozenset(state)
 
 
 def find_roles(an) -> Roles:

@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from ._search import _budget_left, _setup, _Tracker
+from ._tracker import Tracker, budget_left, setup
 
 EXHAUSTIVE_LIMIT = 100_000
 
@@ -39,11 +39,11 @@ def exhaustive(analysis, mesh, pins: Mapping | None = None, memory_cap: float | 
                limit: int = EXHAUSTIVE_LIMIT, callback: Callable | None = None,
                stop: threading.Event | None = None):
     """Evaluates every plan in the space (refuses spaces over `limit` plans)."""
-    model, space, cap = _setup(analysis, mesh, pins, memory_cap, None)
+    model, space, cap = setup(analysis, mesh, pins, memory_cap, None)
     if space.size > limit:
         raise ValueError(f"the space holds {space.size:.3g} plans, over the exhaustive limit of "
                          f"{limit}: use search() or pin more decisions")
-    tracker = _Tracker(space, model, cap, callback, 0.1, "exhaustive")
+    tracker = Tracker(space, model, cap, callback, 0.1, "exhaustive")
     for choices in enumerate_choices(space):
         if stop is not None and stop.is_set():
             break
@@ -57,13 +57,13 @@ def random_search(analysis, mesh, pins: Mapping | None = None, budget_s: float |
                   memory_cap: float | None = None, callback: Callable | None = None,
                   stop: threading.Event | None = None):
     """Uniformly random plans from the space, with the same budget rules as search()."""
-    model, space, cap = _setup(analysis, mesh, pins, memory_cap, None)
+    model, space, cap = setup(analysis, mesh, pins, memory_cap, None)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
     choices = np.zeros(n, np.int64)
     model.step_and_peak(*space.arrays(np.where(space.pinned >= 0, space.pinned, 0)))  # compile
-    tracker = _Tracker(space, model, cap, callback, 0.1, "random")
-    while _budget_left(tracker, budget_s, simulations, stop):
+    tracker = Tracker(space, model, cap, callback, 0.1, "random")
+    while budget_left(tracker, budget_s, simulations, stop):
         for pos, d in enumerate(space.decisions):
             if d.pinned >= 0:
                 choices[pos] = d.pinned

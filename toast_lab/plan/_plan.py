@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping
 
-from ._classes import REPLICATE, Conflict, DimClass
+from ..analysis import REPLICATE, Conflict, DimClass
+from . import _export, _planfile
 
 Axes = tuple[str, ...]
 
@@ -180,57 +181,52 @@ class Plan:
         return tuple(out)
 
     def partition_spec(self, value: int):
-        from jax.sharding import PartitionSpec
-
-        entries = [None if not a else a[0] if len(a) == 1 else a
-                   for a in self.value_axes(value)]
-        while entries and entries[-1] is None:  # P("data") rather than P("data", None, None)
-            entries.pop()
-        return PartitionSpec(*entries)
+        """The jax PartitionSpec of `value` under this plan."""
+        return _export.spec_of(self.value_axes(value))
 
     # --- export (DESIGN.md §8) ---------------------------------------------------------------
 
     def shardings(self, jax_mesh):
         """(in_shardings, out_shardings): NamedSharding pytrees for jax.jit."""
-        from . import _export
-
         return _export.shardings(self, jax_mesh)
 
     def partition_specs(self):
         """(in_specs, out_specs): PartitionSpec pytrees of the arguments and the result."""
-        from . import _export
-
         return _export.partition_specs(self)
 
     def jit(self, fn, jax_mesh, constraints: str = "compute", **jit_kwargs):
         """jax.jit(fn) with this plan's shardings and constraints (see _export.jit)."""
-        from . import _export
-
         return _export.jit(self, fn, jax_mesh, constraints, **jit_kwargs)
 
-    def save(self, path, mesh=None, estimate: dict | None = None):
-        """Writes this plan as versioned JSON (see _planfile.py); returns the path."""
-        from . import _planfile
+    def logical_axis_rules(self):
+        """(class name, mesh axes or None) pairs, like flax's logical axis rules."""
+        return _export.logical_axis_rules(self)
 
-        return _planfile.save(self, path, mesh, estimate)
+    # --- plan files (see _planfile.py) ------------------------------------------------------
+
+    def save(self, path, mesh=None, estimate: dict | None = None):
+        """Writes this plan as versioned JSON; returns the path."""
+        return _planfile.write(self.to_dict(mesh, estimate), path)
+
+    def to_dict(self, mesh=None, estimate: dict | None = None) -> dict:
+        return _planfile.plan_to_dict(self, mesh, estimate)
 
     @classmethod
     def load(cls, path, analysis, check_fingerprint: bool = True) -> "Plan":
         """Reads a plan file for `analysis`; never executes code from the file."""
-        from . import _planfile
+        return cls.from_dict(_planfile.read(path), analysis, source=str(path),
+                             check_fingerprint=check_fingerprint)
 
-        return _planfile.load(path, analysis, check_fingerprint)
-
-    def to_dict(self, mesh=None, estimate: dict | None = None) -> dict:
-        from . import _planfile
-
-        return _planfile.plan_to_dict(self, mesh, estimate)
-
-    def logical_axis_rules(self):
-        """(class name, mesh axes or None) pairs, like flax's logical axis rules."""
-        from . import _export
-
-        return _export.logical_axis_rules(self)
+    @classmethod
+    def from_dict(cls, doc, analysis, source: str = "<dict>",
+                  check_fingerprint: bool = True) -> "Plan":
+        """The Plan of a plan-file document; raises PlanFileError naming `source`."""
+        classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
+                                                         check_fingerprint)
+        try:
+            return cls.from_decisions(analysis, classes, conflicts, pinned)
+        except PlanError as err:
+            raise _planfile.PlanFileError(f"{source}: {err}") from None
 
     # --- validation -----------------------------------------------------------------------
 

@@ -1,4 +1,7 @@
-"""Plan files: versioned JSON, loaded without executing anything (DESIGN.md §8).
+"""Plan files: versioned JSON, read without executing anything (DESIGN.md §8).
+
+This module knows the file format only (JSON <-> plain decisions); `Plan.save` / `Plan.load`
+turn decisions into a Plan.
 
 A file names its decisions by class and conflict *names*, which are deterministic for a given
 program, and carries the program's fingerprint so a plan for another program fails clearly.
@@ -27,6 +30,7 @@ class PlanFileError(ValueError):
 
 
 def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any]:
+    """The file's document for `plan` (a Plan; read through its public attributes)."""
     an = plan.analysis
     prog = an.program
     doc: dict[str, Any] = {
@@ -44,30 +48,30 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any
     return doc
 
 
-def save(plan, path, mesh=None, estimate: dict | None = None) -> Path:
+def write(doc: dict, path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(plan_to_dict(plan, mesh, estimate), indent=2) + "\n")
+    path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 
 
-def load(path, analysis, check_fingerprint: bool = True):
-    """The Plan stored in `path`, for `analysis`. Raises PlanFileError on any problem."""
+def read(path) -> dict:
+    """The document stored in `path`. Raises PlanFileError when it is not JSON."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise PlanFileError(f"cannot read plan file {str(path)!r}: {err}") from None
     try:
-        doc = json.loads(text)  # plain JSON: no pickle, no eval, nothing executes
+        return json.loads(text)  # plain JSON: no pickle, no eval, nothing executes
     except json.JSONDecodeError as err:
         raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
                             f"{err.msg}); the file is corrupted or was not written by toast-lab"
                             ) from None
-    return plan_from_dict(doc, analysis, source=str(path), check_fingerprint=check_fingerprint)
 
 
-def plan_from_dict(doc, analysis, source: str = "<dict>", check_fingerprint: bool = True):
-    from ._plan import Plan, PlanError
+def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True):
+    """(classes, conflicts, pinned) of a plan document checked against `program`:
+    [(class name, axes)] in decision order, {conflict name: resolution}, [decision names]."""
 
     def fail(msg: str):
         raise PlanFileError(f"{source}: {msg}")
@@ -80,15 +84,14 @@ def plan_from_dict(doc, analysis, source: str = "<dict>", check_fingerprint: boo
     if version > VERSION:
         fail(f"written by a newer toast-lab (plan format {version}; this one reads up to "
              f"{VERSION}): upgrade toast-lab")
-    prog = analysis.program
     meta = doc.get("program")
     if not isinstance(meta, dict):
         fail("missing the \"program\" section")
-    if check_fingerprint and meta.get("fingerprint") != prog.fingerprint():
+    if check_fingerprint and meta.get("fingerprint") != program.fingerprint():
         fail(f"made for another program ({meta.get('name')!r}, fingerprint "
-             f"{meta.get('fingerprint')}) than this one ({prog.fn_name!r}, fingerprint "
-             f"{prog.fingerprint()}): re-trace the same function with the same argument shapes, "
-             f"or pass check_fingerprint=False to apply it by class names")
+             f"{meta.get('fingerprint')}) than this one ({program.fn_name!r}, fingerprint "
+             f"{program.fingerprint()}): re-trace the same function with the same argument "
+             f"shapes, or pass check_fingerprint=False to apply it by class names")
     classes = doc.get("classes", {})
     conflicts = doc.get("conflicts", {})
     pinned = doc.get("pinned", [])
@@ -101,9 +104,4 @@ def plan_from_dict(doc, analysis, source: str = "<dict>", check_fingerprint: boo
         fail("\"conflicts\" must map conflict names to resolution names")
     if not isinstance(pinned, list) or not all(isinstance(p, str) for p in pinned):
         fail("\"pinned\" must be a list of decision names")
-    try:
-        plan = Plan.from_decisions(analysis, [(k, tuple(v)) for k, v in classes.items()],
-                                   conflicts, pinned)
-    except PlanError as err:
-        fail(str(err))
-    return plan
+    return [(k, tuple(v)) for k, v in classes.items()], dict(conflicts), list(pinned)

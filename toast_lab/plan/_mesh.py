@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from toast_lab._hardware import DeviceSpec, Link, get_device
+from ._hardware import DeviceSpec, Link, get_device
 
 _TOO_FEW_DEVICES = """\
 {mesh!r} needs {need} devices but JAX sees {have} ({platform}).

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
-from ._evaluate import as_function
-from .rules import NEED_REPLICATION, REDUCTION
+from ..program import as_function, trace
+from ..rules import NEED_REPLICATION, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
 #   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those);
@@ -17,6 +17,14 @@ from .rules import NEED_REPLICATION, REDUCTION
 #   "all":       every value (slow to compile; for debugging the cost model);
 #   "none":      only the in/out shardings.
 CONSTRAINT_POLICIES = ("none", "conflicts", "compute", "all")
+
+
+def spec_of(dim_axes) -> PartitionSpec:
+    """The PartitionSpec of per-dim mesh axes: P("data") rather than P("data", None, None)."""
+    entries = [None if not a else a[0] if len(a) == 1 else tuple(a) for a in dim_axes]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
 
 
 def shardings(plan, jax_mesh):
@@ -73,8 +81,6 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
     wrong (jax 0.10.2 all-reduces a spatially sharded convolution's weight gradient over every
     device on a multi-axis mesh; see tests/test_property.py).
     """
-    from jax.sharding import PartitionSpec
-
     an = plan.analysis
     prog = an.program
     out = {}
@@ -87,11 +93,7 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
             whole = [d for d, fs in enumerate(dims)
                      if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
             if whole:
-                entries = [None if d in whole or not a else a[0] if len(a) == 1 else a
-                           for d, a in enumerate(axes)]
-                while entries and entries[-1] is None:
-                    entries.pop()
-                out[(op.id, t)] = PartitionSpec(*entries)
+                out[(op.id, t)] = spec_of(() if d in whole else a for d, a in enumerate(axes))
     return out
 
 
@@ -130,8 +132,6 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit
 
 
 def _check_same_program(fn, prog) -> None:
-    from ._trace import trace
-
     args, kwargs = jax.tree_util.tree_unflatten(
         prog.in_tree, [jax.ShapeDtypeStruct(prog.values[v].shape, prog.values[v].dtype)
                        for v in prog.inputs])

@@ -1,4 +1,5 @@
-"""Run a traced Program again, op by op, optionally transforming chosen values.
+"""Replay a traced Program, op by op (re-binding each primitive), optionally transforming
+chosen values.
 
 Export uses it to put `with_sharding_constraint` exactly where a plan must hold XLA to a
 choice (DESIGN.md §8), including inside scan / while / cond bodies, whose jaxprs are rebuilt
@@ -20,7 +21,7 @@ Transform = Callable[[int, Any], Any]
 UseTransform = Callable[[int, int, Any], Any]
 
 
-def evaluate(program: Program, flat_args, transform: Transform | None = None,
+def replay(program: Program, flat_args, transform: Transform | None = None,
              transform_values: frozenset[int] = frozenset(),
              use_transform: UseTransform | None = None,
              use_targets: frozenset[tuple[int, int]] = frozenset()):
@@ -42,7 +43,7 @@ def as_function(program: Program, transform: Transform | None = None,
         flat, tree = jax.tree_util.tree_flatten((args, kwargs))
         if tree != program.in_tree:
             raise TypeError(f"expected arguments shaped like {program.in_tree}, got {tree}")
-        return jax.tree_util.tree_unflatten(program.out_tree, evaluate(
+        return jax.tree_util.tree_unflatten(program.out_tree, replay(
             program, flat, transform, transform_values, use_transform, use_targets))
 
     fn.__name__ = program.fn_name
@@ -84,8 +85,8 @@ class _Runner:
                 outs = self._region(op, args)
                 i = op.body_ops[1]
             else:
-                outs = op.prim.bind(*args, **op.params)
-                if not op.prim.multiple_results:
+                outs = op.jax_primitive.bind(*args, **op.params)
+                if not op.jax_primitive.multiple_results:
                     outs = [outs]
                 i += 1
             for vid, x in zip(op.results, outs):
@@ -95,8 +96,8 @@ class _Runner:
         params: Mapping = op.params
         if op.id in self.rebuild:
             params = dict(params, **self._rebuilt_bodies(op))
-        outs = op.prim.bind(*args, **params)
-        return outs if op.prim.multiple_results else [outs]
+        outs = op.jax_primitive.bind(*args, **params)
+        return outs if op.jax_primitive.multiple_results else [outs]
 
     def _rebuilt_bodies(self, op) -> dict:
         """New body jaxprs for a region op, with the transform applied inside."""

@@ -13,8 +13,8 @@ import dataclasses
 import re
 from typing import Any, Mapping, Sequence
 
-from toast_lab.verify._collectives import Collective, _collective_kind
-from toast_lab.verify._hlo_text import (
+from ._collectives import Collective, _collective_kind
+from ._hlo_text import (
     _QUOTED,
     _Instruction,
     _Module,
@@ -24,9 +24,9 @@ from toast_lab.verify._hlo_text import (
     _shape_dtypes,
     _split_top_level,
 )
-from toast_lab.verify._mesh_grid import _MeshGrid
-from toast_lab.verify._replica_groups import _CHANNEL_ID, _IdSpace, _group_mode, _written_groups
-from toast_lab.verify._trip_counts import _CALLED_COMPUTATION, _computation_multipliers
+from ._mesh_grid import _MeshGrid
+from ._replica_groups import _CHANNEL_ID, _IdSpace, _group_mode, _written_groups
+from ._trip_counts import _CALLED_COMPUTATION, _computation_multipliers
 
 # --- regexes, each with an example of what it reads ------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .rules import OpRule
+from ..rules import OpRule
 
 
 def whole_nodes(program, base) -> Iterable[tuple[int, int, int]]:

@@ -1,7 +1,7 @@
 """Monte Carlo Tree Search over the decision space: select, expand, roll out, back up.
 
 Each function is small and separate (mctx's layout); the reward is a function of the
-estimate (see _reward.py) and the rollout policy a pluggable callable.
+estimate (`reward` in _search.py) and the rollout policy a pluggable callable.
 
 Selection is UCT on min-max normalized values:
     score(child) = q(child) + C_UCT * sqrt(ln N(parent) / N(child)),

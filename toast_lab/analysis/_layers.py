@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 
 from ._nodes import whole_nodes
-from ._program import INPUT, NO_OP
+from ..program import INPUT, NO_OP
 
 DIGITS = re.compile(r"\d+")
 

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .._plan import Plan, PlanError
+from ..plan import Plan, PlanError
 
 CLASS, CONFLICT = "class", "conflict"
 
@@ -39,7 +39,7 @@ class Decision:
 class Space:
     """Decisions in search order, with conversions from a choice vector to plans and arrays."""
 
-    def __init__(self, analysis, mesh, pins: Mapping | None = None, cost_model=None):
+    def __init__(self, analysis, mesh, pins: Mapping | None = None):
         self.analysis = analysis
         self.mesh = mesh
         names = tuple(mesh.axis_names)

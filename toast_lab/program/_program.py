@@ -21,6 +21,15 @@ BODY_INPUT = "body"    # an input of a region body (defined by the region op)
 
 NO_OP = -1  # sentinel: a value with no producing op, or an op outside any region
 
+# Call-like primitives the tracer inlines into their callers (their name scope kept).
+INLINED_PRIMITIVES = frozenset({
+    "jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
+})
+
+# Primitives whose bodies stay as regions, analysed once (DESIGN.md §1).
+REGION_PRIMITIVES = frozenset({"scan", "while", "cond"})
+
 
 @dataclass(frozen=True, slots=True)
 class Value:
@@ -63,7 +72,7 @@ class Op:
     body: tuple[int, ...] = ()      # region ops: body inputs and outputs, in the rule's order
     body_ops: tuple[int, int] = (0, 0)  # region ops: [start, stop) of their body ops' ids
     body_ranges: tuple[tuple[int, int], ...] = ()  # region ops: [start, stop) of each body
-    prim: Any = field(default=None, repr=False)  # the jax Primitive, to re-bind the op
+    jax_primitive: Any = field(default=None, repr=False)  # the jax Primitive, to re-bind the op
     cse_group: int = 0  # ops of one remat region (prevent_cse) share a group; 0: none
 
     @property

@@ -35,7 +35,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from toast_lab.verify._compiled import CompiledStats, read_compiled
+from ._compiled import CompiledStats, read_compiled
 
 # Relative 2-norm error allowed per floating dtype (see the module docstring).
 TOLERANCES: Mapping[str, float] = {
@@ -53,14 +53,6 @@ ARG_SCALE = 0.02
 # assignment behind memory_analysis() and the collectives are the same (checked on jax 0.10.2),
 # and compiling is 2-3x faster. Pass compiler_options={} for a fully optimized build.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-_TOO_FEW_DEVICES = """\
-tl.verify: {mesh!r} needs {need} devices, but JAX sees {have} {platform} device(s).
-verify runs the plan on simulated CPU devices. Ask for them before JAX initializes its backends \
-(before the first jax.devices() or computation):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={need}"  # before import jax
-    jax.config.update("jax_num_cpu_devices", {need})  # or this, after import jax"""
-
 
 def tolerance_of(dtype) -> float:
     """The relative 2-norm error allowed for a leaf of `dtype` (0 for integers and bools)."""
@@ -191,7 +183,7 @@ class VerifyReport:
 
     numerics_ok: every output leaf within its tolerance of the unsharded function.
     worst_error / worst_leaf / tolerance: the leaf with the largest error relative to its
-        tolerance, its error and the tolerance it had (see `toast_lab.verify._verify`).
+        tolerance, its error and the tolerance it had (see `toast_lab.verification._verify`).
     checks: every leaf's LeafCheck, in output order.
     stats: XLA's memory (bytes per device), flops and collectives of the compiled step.
     compile_s / run_s: seconds to lower and compile the sharded step / to run it once.
@@ -386,11 +378,7 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     args = tuple(concrete_args(tuple(args), seed))
     plan.validate(mesh)
     devices = _cpu_devices()
-    if len(devices) < mesh.size:
-        raise ValueError(_TOO_FEW_DEVICES.format(
-            mesh=mesh, need=mesh.size, have=len(devices),
-            platform=devices[0].platform if devices else "CPU"))
-    jax_mesh = mesh.jax_mesh(devices)
+    jax_mesh = mesh.jax_mesh(devices)  # says how to simulate more devices when too few
     prog = plan.analysis.program
     fn = prog.fn if fn is None else fn
     options = dict(FAST_COMPILE if compiler_options is None else compiler_options)

@@ -6,14 +6,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-COLLECTIVE_KINDS = (
-    "all-reduce",
-    "all-gather",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-    "collective-broadcast",
-)
+from ..cost import COLLECTIVE_KINDS as MODELED_KINDS
+
+# What XLA emits: the kinds the cost model prices, and the point-to-point ones it does not.
+XLA_COLLECTIVE_KINDS = MODELED_KINDS + ("collective-permute", "collective-broadcast")
 
 # Which size `Collective.bytes` reports: the whole buffer the collective works on, per device.
 # all-gather's input is one shard of it, so it is priced by its result; the others by their input.
@@ -24,7 +20,7 @@ _PRICED_BY_RESULT = frozenset({"all-gather"})
 class Collective:
     """One collective instruction of a compiled module, per device.
 
-    kind: one of COLLECTIVE_KINDS (an async -start/-done pair is one collective, named by its
+    kind: one of XLA_COLLECTIVE_KINDS (an async -start/-done pair is one collective, named by its
         start).
     name / computation: the HLO instruction and the computation it sits in.
     operand_bytes / result_bytes: per device, summed over tuple elements.
@@ -112,8 +108,8 @@ def summarize_collectives(
 
 def _collective_kind(opcode: str) -> tuple[str, bool] | None:
     """(kind, is an async start) for a collective opcode; None for anything else (and -done)."""
-    if opcode in COLLECTIVE_KINDS:
+    if opcode in XLA_COLLECTIVE_KINDS:
         return opcode, False
-    if opcode.endswith("-start") and opcode[: -len("-start")] in COLLECTIVE_KINDS:
+    if opcode.endswith("-start") and opcode[: -len("-start")] in XLA_COLLECTIVE_KINDS:
         return opcode[: -len("-start")], True
     return None

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from ._program import (BODY_INPUT, CONST, INPUT, LITERAL, NO_OP, RESULT, Op, Program, Value)
-from .rules import INLINED_PRIMITIVES
+from ._program import (BODY_INPUT, CONST, INLINED_PRIMITIVES, INPUT, LITERAL, NO_OP, RESULT, Op,
+                       Program, Value)
 
 _SUBJAXPR_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -98,7 +98,8 @@ class _ProgramBuilder:
                 op_id = len(self.ops)
                 results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
                 self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
-                                   eqn_scope, eqn.source_info, region, trip, prim=eqn.primitive,
+                                   eqn_scope, eqn.source_info, region, trip,
+                                   jax_primitive=eqn.primitive,
                                    cse_group=self.cse_group))
                 env.update(zip(eqn.outvars, results))
 
@@ -152,7 +153,7 @@ class _ProgramBuilder:
                              tuple(results), scope, eqn.source_info, region, trip,
                              body=tuple(boundary_in + boundary_out),
                              body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
-                             prim=eqn.primitive)
+                             jax_primitive=eqn.primitive)
         env.update(zip(eqn.outvars, results))
 
 

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from toast_lab.verify._hlo_text import _ints
+from ._hlo_text import _ints
 
 # --- regexes, each with an example of what it reads ------------------------------------------
 

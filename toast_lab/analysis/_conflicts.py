@@ -9,7 +9,7 @@ import networkx as nx
 from ._classes import NO_CLASS, Conflict, ConflictSide, unique_name
 from ._layers import DIGITS
 from ._nodes import factor_places
-from ._program import NO_OP
+from ..program import NO_OP
 from ._unionfind import UnionFind
 
 

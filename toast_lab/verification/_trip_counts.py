@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from toast_lab.verify._hlo_text import _QUOTED, _Instruction, _Module
+from ._hlo_text import _QUOTED, _Instruction, _Module
 
 # --- regexes, each with an example of what it reads ------------------------------------------
 

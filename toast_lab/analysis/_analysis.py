@@ -7,6 +7,7 @@ The connected components are the classes; a class on two dims of one value is a 
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import defaultdict
 
@@ -14,10 +15,10 @@ from ._classes import NO_CLASS, Conflict, DimClass, unique_name
 from ._conflicts import find_conflicts
 from ._layers import group_layers as _group_layers
 from ._nodes import factor_places, whole_nodes
-from ._program import NO_OP, Program
+from ..program import NO_OP, Program
 from ._summary import summary_text
 from ._unionfind import UnionFind
-from .rules import OpRule, conservative_rule, has_rule, rule_for
+from ..rules import OpRule, conservative_rule, has_rule, rule_for
 
 
 class ToastWarning(UserWarning):
@@ -52,6 +53,17 @@ class Analysis:
         self.fallback_ops: tuple[int, ...] = tuple(fallback_ops)
         self.grouped = grouped
         self._by_name = {c.name: c for c in self.classes}
+        self._derived: dict = {}
+        self._derived_lock = threading.RLock()
+
+    def derived(self, key, build):
+        """`build()`, once per `key`, kept with this analysis: what later stages derive from it
+        (the cost model's tables) lives as long as it does. Thread-safe: the Lab's UI thread and
+        its search thread share one; reentrant, so a build may ask for another key."""
+        with self._derived_lock:
+            if key not in self._derived:
+                self._derived[key] = build()
+            return self._derived[key]
 
     def class_named(self, name: str) -> DimClass:
         try:

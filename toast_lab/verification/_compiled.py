@@ -9,8 +9,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from toast_lab.verify._collectives import Collective, CollectiveTotal, summarize_collectives
-from toast_lab.verify._parse_collectives import parse_collectives
+from ._collectives import Collective, CollectiveTotal, summarize_collectives
+from ._parse_collectives import parse_collectives
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""The package's shape: one subpackage per pipeline stage, imports only running downward.
+
+Reads every module's imports (function-level ones too) with `ast`, so the picture is what the
+code says, not what a docstring claims. On failure the message prints the offending edges.
+"""
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+import toast_lab as tl
+
+PACKAGE = Path(tl.__file__).parent
+
+# DESIGN.md's pipeline: a stage may import itself and earlier stages only. `zoo` is input data
+# (imports nothing of ours); `cli` and the package root sit on top.
+STAGES = {
+    "zoo": 0, "program": 1, "rules": 2, "analysis": 3, "plan": 4, "cost": 6,
+    "strategies": 7, "plan_search": 7, "verification": 9, "lab": 10, "cli": 11, "": 11,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    tree = ast.parse(path.read_text())
+    is_package = path.name == "__init__.py"
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("toast_lab"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("toast_lab"):
+                continue
+            for alias in node.names:  # `from . import _export` imports a module
+                sub = f"{target}.{alias.name}"
+                out.add(sub if _exists(sub) else target)
+    return out
+
+
+def _exists(module: str) -> bool:
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _graph() -> nx.DiGraph:
+    g = nx.DiGraph()
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        g.add_node(module)
+        for target in _imports(path, module):
+            if target != module:
+                g.add_edge(module, target)
+    return g
+
+
+def _stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_subpackage_is_a_known_stage():
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert subpackages <= set(STAGES), f"unknown stages: {subpackages - set(STAGES)}"
+    for sub in subpackages:
+        doc = ast.get_docstring(ast.parse((PACKAGE / sub / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"toast_lab/{sub}/__init__.py must say what it takes and gives"
+
+
+def test_imports_only_run_downward():
+    g = _graph()
+    upward = []
+    for a, b in g.edges:
+        sa, sb = _stage(a), _stage(b)
+        if b == "toast_lab" and STAGES[sa] < STAGES["cli"]:  # the root reaches every stage
+            upward.append((a, b))
+        elif sb and STAGES[sb] > STAGES[sa]:
+            upward.append((a, b))
+    assert not upward, "imports from a later stage into an earlier one:\n" + "\n".join(
+        f"  {a} -> {b}" for a, b in sorted(upward))
+
+
+def test_no_import_cycles_between_modules():
+    g = _graph()
+    # A package's __init__ re-exports its modules: those edges are not dependencies.
+    deps = nx.DiGraph((a, b) for a, b in g.edges if not b.startswith(a + "."))
+    cycles = list(nx.simple_cycles(deps))
+    assert not cycles, "import cycles:\n" + "\n".join("  " + " -> ".join(c + c[:1])
+                                                      for c in cycles[:10])

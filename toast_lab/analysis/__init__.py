@@ -1,0 +1,12 @@
+"""Stage 3, the analysis (DESIGN.md §3): `analyze(program)` unions (value, dim) nodes through
+every factor of every op's rule and gives an `Analysis` — the sharding-equivalence classes
+(`DimClass`: dims that must be sharded alike), the conflicts (`Conflict`: a class on two dims of
+one value, with its resolutions), each op's rule and the class of each of its factors. Repeated
+layers can be grouped so one decision covers them all.
+"""
+
+from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
+from ._classes import NO_CLASS, REPLICATE, Conflict, ConflictSide, DimClass
+
+__all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLICATE",
+           "NO_CLASS", "ToastWarning", "UnknownPrimitiveError"]

@@ -1,0 +1,17 @@
+"""Stage 1, the program (DESIGN.md §1): `trace(fn, *args)` turns a JAX function and example
+arguments into a flat `Program` — values (shape, dtype, producer, users) and ops (primitive,
+params, operands, results, name scope, source line) in program order, with call-like
+primitives inlined and `scan` / `while` / `cond` kept as regions. `replay` runs a Program again
+op by op (export uses it to insert sharding constraints); `state_inputs` says which arguments
+are training state (what the step returns updated).
+"""
+
+from ._program import (BODY_INPUT, CONST, INLINED_PRIMITIVES, INPUT, LITERAL, NO_OP,
+                       REGION_PRIMITIVES, RESULT, Op, Program, Value, source_line)
+from ._replay import as_function, replay
+from ._state import state_inputs
+from ._trace import clean_scope, trace
+
+__all__ = ["trace", "Program", "Value", "Op", "replay", "as_function", "state_inputs",
+           "clean_scope", "source_line", "INLINED_PRIMITIVES", "REGION_PRIMITIVES", "INPUT",
+           "CONST", "LITERAL", "RESULT", "BODY_INPUT", "NO_OP"]
