@@ -14,8 +14,13 @@ export interface GraphCallbacks {
   click(node: NodeView): void;
 }
 
-/** Below this scale a fitted graph is too small to read: fit the width and start at the top. */
-const MIN_FIT_SCALE = 0.55;
+/**
+ * Graphviz draws in points; at scale 1 a 10 pt label is 10 px. Below MIN_FIT_SCALE a fitted
+ * graph is too small to read, so a tall graph opens at a readable scale, at its top, and the
+ * wheel scrolls it.
+ */
+const MIN_FIT_SCALE = 0.9;
+const MAX_FIT_SCALE = 1.35;
 
 export class GraphPane {
   readonly node: HTMLDivElement;
@@ -55,6 +60,7 @@ export class GraphPane {
       button('⤢', 'Fit the graph', () => this.fit(true)),
       button('1:1', 'Actual size', () => this.setZoom(1, 8, 8))
     );
+    controls.title = 'Wheel: scroll · Ctrl+wheel: zoom · drag: pan';
     this.node = h(
       'div',
       { className: 'tl-graph' },
@@ -265,11 +271,10 @@ export class GraphPane {
     const W = this.viewport.clientWidth || 600;
     const H = this.viewport.clientHeight || 400;
     const pad = 16;
-    let k = Math.min((W - 2 * pad) / this.graphW, (H - 2 * pad) / this.graphH, 1.4);
+    let k = Math.min((W - 2 * pad) / this.graphW, (H - 2 * pad) / this.graphH, MAX_FIT_SCALE);
     let top = (H - this.graphH * k) / 2;
     if (k < MIN_FIT_SCALE && !always) {
-      k = Math.min((W - 2 * pad) / this.graphW, 1);
-      k = Math.max(k, MIN_FIT_SCALE);
+      k = Math.max(Math.min((W - 2 * pad) / this.graphW, MAX_FIT_SCALE), MIN_FIT_SCALE);
       top = pad;
     }
     this.setZoom(k, (W - this.graphW * k) / 2, top);
@@ -300,9 +305,17 @@ export class GraphPane {
     vp.addEventListener(
       'wheel',
       ev => {
+        // The wheel scrolls the graph; with Ctrl or ⌘ (and a trackpad pinch, which sets
+        // ctrlKey) it zooms around the pointer.
         ev.preventDefault();
-        const r = vp.getBoundingClientRect();
-        this.zoomBy(Math.exp(-ev.deltaY * 0.0015), ev.clientX - r.left, ev.clientY - r.top);
+        if (ev.ctrlKey || ev.metaKey) {
+          const r = vp.getBoundingClientRect();
+          this.zoomBy(Math.exp(-ev.deltaY * 0.004), ev.clientX - r.left, ev.clientY - r.top);
+        } else {
+          this.tx -= ev.shiftKey ? ev.deltaY : ev.deltaX;
+          this.ty -= ev.shiftKey ? 0 : ev.deltaY;
+          this.applyZoom();
+        }
       },
       { passive: false }
     );

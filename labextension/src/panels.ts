@@ -131,7 +131,7 @@ function lockControl(pinned: boolean, name: string, host: PanelHost): HTMLElemen
   return h(
     'span',
     { className: 'tl-lock' },
-    h('span', { title: 'Pinned: the search keeps this decision' }, '🔒 pinned'),
+    h('span', { title: 'Pinned: the search keeps this decision' }, lockIcon(), 'pinned'),
     host.interactive
       ? h(
           'button',
@@ -146,6 +146,18 @@ function lockControl(pinned: boolean, name: string, host: PanelHost): HTMLElemen
   );
 }
 
+/** A padlock drawn in SVG (emoji fonts are not everywhere). */
+export function lockIcon(): SVGSVGElement {
+  const NS = 'http://www.w3.org/2000/svg';
+  const icon = document.createElementNS(NS, 'svg');
+  icon.setAttribute('viewBox', '0 0 12 14');
+  icon.setAttribute('class', 'tl-lock-icon');
+  icon.innerHTML =
+    '<rect x="1" y="6" width="10" height="7.5" rx="1.5" fill="currentColor"/>' +
+    '<path d="M3.2 6V4.2a2.8 2.8 0 0 1 5.6 0V6" fill="none" stroke="currentColor" stroke-width="1.6"/>';
+  return icon;
+}
+
 function choiceList(
   name: string,
   choices: ChoiceView[],
@@ -154,51 +166,63 @@ function choiceList(
   host: PanelHost
 ): HTMLElement {
   const est = view.estimate;
+  const valid = choices.filter(ch => ch.valid);
+  const refused = choices.filter(ch => !ch.valid);
   return h(
     'div',
-    { className: 'tl-choices' },
-    choices.map(ch => {
-      const dt = est && ch.step_time_s !== null ? ch.step_time_s - est.step_time_s : null;
-      const dm = est && ch.peak_memory_bytes !== null ? ch.peak_memory_bytes - est.peak_memory_bytes : null;
-      const overCapacity =
-        !!est && ch.peak_memory_bytes !== null && ch.peak_memory_bytes > est.memory_capacity_bytes;
-      const clickable = host.interactive && ch.valid && !ch.current;
-      const title = !ch.valid
-        ? `Refused: ${ch.reason ?? 'not a valid choice'}`
-        : ch.current
+    null,
+    h(
+      'div',
+      { className: 'tl-choices' },
+      valid.map(ch => {
+        const dt = est && ch.step_time_s !== null ? ch.step_time_s - est.step_time_s : null;
+        const dm = est && ch.peak_memory_bytes !== null ? ch.peak_memory_bytes - est.peak_memory_bytes : null;
+        const overCapacity =
+          !!est && ch.peak_memory_bytes !== null && ch.peak_memory_bytes > est.memory_capacity_bytes;
+        const clickable = host.interactive && !ch.current;
+        const title = ch.current
           ? pinned
             ? 'The pinned choice'
             : 'The current plan'
           : host.interactive
             ? `Pin ${name} to ${ch.label}`
             : 'Read-only: open this plan in a Lab to change it';
-      return h(
-        'button',
-        {
-          className:
-            'tl-choice' +
-            (ch.current ? ' tl-current' : '') +
-            (ch.valid ? '' : ' tl-refused') +
-            (overCapacity ? ' tl-over' : ''),
-          disabled: !clickable,
-          title,
-          'data-label': ch.label,
-          onclick: (() => host.send({ event: 'pin', name, value: ch.value })) as EventListener
-        },
-        h('span', { className: 'tl-choice-label' }, ch.current ? `● ${ch.label}` : ch.label),
-        ch.valid
-          ? h(
-              'span',
-              { className: 'tl-choice-cost' },
-              h('span', { className: deltaClass(dt) }, ch.step_time_s === null ? '–' : fmt.seconds(ch.step_time_s)),
-              !ch.current && dt !== null ? h('span', { className: `tl-delta ${deltaClass(dt)}` }, fmt.delta(dt, fmt.seconds)) : null,
-              ' · ',
-              h('span', { className: overCapacity ? 'tl-worse' : '' }, fmt.bytes(ch.peak_memory_bytes)),
-              !ch.current && dm !== null ? h('span', { className: `tl-delta ${deltaClass(dm)}` }, fmt.delta(dm, fmt.bytes)) : null
+        return h(
+          'button',
+          {
+            className: 'tl-choice' + (ch.current ? ' tl-current' : '') + (overCapacity ? ' tl-over' : ''),
+            disabled: !clickable,
+            title: overCapacity ? `${title} (does not fit in device memory)` : title,
+            'data-label': ch.label,
+            onclick: (() => host.send({ event: 'pin', name, value: ch.value })) as EventListener
+          },
+          h('span', { className: 'tl-choice-label' }, ch.current ? `● ${ch.label}` : ch.label),
+          h(
+            'span',
+            { className: 'tl-choice-cost' },
+            h('span', null, ch.step_time_s === null ? '–' : fmt.seconds(ch.step_time_s)),
+            !ch.current && dt !== null ? h('span', { className: `tl-delta ${deltaClass(dt)}` }, fmt.delta(dt, fmt.seconds)) : null,
+            ' · ',
+            h('span', { className: overCapacity ? 'tl-worse' : '' }, fmt.bytes(ch.peak_memory_bytes)),
+            !ch.current && dm !== null ? h('span', { className: `tl-delta ${deltaClass(dm)}` }, fmt.delta(dm, fmt.bytes)) : null
+          )
+        );
+      })
+    ),
+    refused.length
+      ? h(
+          'ul',
+          { className: 'tl-refused-list' },
+          refused.map(ch =>
+            h(
+              'li',
+              { className: 'tl-refused', 'data-label': ch.label, title: `Refused: ${ch.reason ?? 'not a valid choice'}` },
+              h('span', { className: 'tl-refused-label' }, ch.label),
+              ` — ${ch.reason ?? 'not a valid choice'}`
             )
-          : h('span', { className: 'tl-reason' }, ch.reason ?? 'refused')
-      );
-    })
+          )
+        )
+      : null
   );
 }
 

@@ -115,13 +115,13 @@ function planSummary(plan: PlanFile): HTMLElement {
     h(
       'table',
       { className: 'tl-table' },
-      h('tbody', null, Object.entries(plan.classes ?? {}).map(([c, a]) => h('tr', null, h('td', null, c), h('td', null, fmt.axes(a)), h('td', null, pinned.has(c) ? '🔒 pinned' : ''))))
+      h('tbody', null, Object.entries(plan.classes ?? {}).map(([c, a]) => h('tr', null, h('td', null, c), h('td', null, fmt.axes(a)), h('td', null, pinned.has(c) ? 'pinned' : ''))))
     ),
     h('h4', null, 'Conflicts'),
     h(
       'table',
       { className: 'tl-table' },
-      h('tbody', null, Object.entries(plan.conflicts ?? {}).map(([c, r]) => h('tr', null, h('td', { className: 'tl-mono' }, c), h('td', null, r), h('td', null, pinned.has(c) ? '🔒 pinned' : ''))))
+      h('tbody', null, Object.entries(plan.conflicts ?? {}).map(([c, r]) => h('tr', null, h('td', { className: 'tl-mono' }, c), h('td', null, r), h('td', null, pinned.has(c) ? 'pinned' : ''))))
     )
   );
 }
