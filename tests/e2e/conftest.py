@@ -56,8 +56,9 @@ class LabServer:
         self.url, self.token, self.root, self.process, self.log = url, token, root, process, log
 
     def page_url(self, path: str = "lab") -> str:
+        """`path` on this server, logged in, with a fresh workspace (no tabs of earlier tests)."""
         sep = "&" if "?" in path else "?"
-        return f"{self.url}{path}{sep}token={self.token}"
+        return f"{self.url}{path}{sep}reset&token={self.token}"
 
 
 @pytest.fixture(scope="session")

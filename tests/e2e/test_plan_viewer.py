@@ -36,6 +36,7 @@ def test_plan_file_opens_in_the_graph_view_without_a_kernel(lab_server, page):
     expect(lab.locator(".tl-readonly-note")).to_contain_text("read-only")
     shoot(page, "plan_viewer")
     # A click on a group expands what the file carries: the scope tree.
+    lab.locator('.tl-icon-button[title="Fit the graph"]').click()  # the whole graph in view
     lab.locator('g.node[id="grp_block*/mlp"]').click()
     expect(lab.locator('.tl-tab-on')).to_have_text("Scopes")
     expect(lab.locator('.tl-scope[data-group="block*/mlp"]')).to_be_visible()

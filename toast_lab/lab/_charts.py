@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from bokeh.io import output_notebook
 from bokeh.layouts import row
-from bokeh.models import ColumnDataSource, Range1d, Span
+from bokeh.models import ColumnDataSource, Legend, Range1d, Span
 from bokeh.plotting import figure
 from bokeh.resources import INLINE
 from jupyter_bokeh import BokehModel
@@ -57,11 +57,11 @@ class SearchProgressChart:
                  references: Mapping[str, float] | None = None, width: int = 640,
                  height: int = 220) -> None:
         self.source = ColumnDataSource(data=self._columns(history), name="toast-lab-progress")
-        common = dict(height=height, width=width // 2, toolbar_location=None,
+        self.y_range = Range1d(0, 1)
+        common = dict(height=height, width=width // 2, toolbar_location=None, y_range=self.y_range,
                       y_axis_label="best step time (ms)", background_fill_color="#fbfbfb")
         self.by_time = figure(x_axis_label="search time (s)", title="Best plan so far", **common)
-        self.by_sims = figure(x_axis_label="simulations", y_range=self.by_time.y_range,
-                              title=" ", **common)
+        self.by_sims = figure(x_axis_label="simulations", title=" ", **common)
         for fig, x in ((self.by_time, "t_s"), (self.by_sims, "sims")):
             fig.step(x, "best_ms", source=self.source, mode="after", line_width=2,
                      color=CATEGORY_COLORS[0])
@@ -74,12 +74,15 @@ class SearchProgressChart:
                 span = Span(location=_ms(step_s), dimension="width", line_dash="dashed",
                             line_color=color, line_width=1.5, name=f"ref-{name}")
                 fig.add_layout(span)
-            fig.line([], [], legend_label=name, line_dash="dashed", color=color)  # legend entry
+            # A legend entry for the line (Spans have none of their own).
+            self.by_sims.line([0], [_ms(step_s)], legend_label=name, line_dash="dashed",
+                              color=color, line_width=1.5)
             self.references[name] = span
         if references:
             self.by_sims.legend.location = "top_right"
             self.by_sims.legend.label_text_font_size = "9pt"
         self.layout = row(self.by_time, self.by_sims)
+        self.update(history)
         self.widget = BokehModel(self.layout)
 
     @staticmethod
@@ -91,7 +94,13 @@ class SearchProgressChart:
 
     def update(self, history: Sequence[Sequence[float]]) -> None:
         """Redraws with the search's whole history so far (rows as in SearchView.history)."""
-        self.source.data = self._columns(history)
+        columns = self._columns(history)
+        self.source.data = columns
+        ys = columns["best_ms"] + [span.location for span in self.references.values()]
+        if ys:
+            lo, hi = min(ys), max(ys)
+            pad = max(0.06 * (hi - lo), 0.02 * hi, 1e-6)
+            self.y_range.start, self.y_range.end = lo - pad, hi + pad
 
 
 class MemoryChart:
@@ -99,7 +108,7 @@ class MemoryChart:
     plan does not fit. `breakdown` maps a category to bytes; `capacity` is bytes."""
 
     def __init__(self, breakdown: Mapping[str, float], capacity: float, width: int = 640,
-                 height: int = 150) -> None:
+                 height: int = 190) -> None:
         self.fig = figure(height=height, width=width, toolbar_location=None, y_range=["memory"],
                           x_range=Range1d(0, 1),
                           x_axis_label="GiB per device", title="Memory per device",
@@ -110,6 +119,9 @@ class MemoryChart:
                              name="capacity")
         self.fig.add_layout(self.capacity)
         self.fig.ygrid.visible = False
+        # Below the bar, so the categories never hide it.
+        self.fig.add_layout(Legend(orientation="horizontal", label_text_font_size="9pt",
+                                   border_line_alpha=0), "below")
         self._categories: tuple[str, ...] = ()
         self._renderers: list = []
         self.update(breakdown, capacity)
@@ -133,9 +145,6 @@ class MemoryChart:
                 list(categories), y="y", height=0.6, source=self.source,
                 color=[CATEGORY_COLORS[i % len(CATEGORY_COLORS)] for i in range(len(categories))],
                 legend_label=list(categories), line_color="white", line_width=1)
-            self.fig.legend.orientation = "horizontal"
-            self.fig.legend.location = "top_left"
-            self.fig.legend.label_text_font_size = "9pt"
             self._categories = categories
         else:
             self.source.data = {"y": ["memory"], **{k: [v] for k, v in gib.items()}}
