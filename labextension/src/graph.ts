@@ -40,6 +40,8 @@ export class GraphPane {
   private edges = new Map<string, EdgeView>();
   private view: ViewModel | null = null;
   private highlighted: number | null = null;
+  /** Per-op [compute_s, comm_s] pairs from the widget's op_costs buffer, when it has one. */
+  opCosts: Float64Array | null = null;
   /** ms from update() to the graph in the page, for the last layout (also data-render-ms). */
   lastRenderMs = 0;
 
@@ -369,13 +371,25 @@ export class GraphPane {
   }
 
   private nodeAt(target: EventTarget | null): NodeView | undefined {
-    const g = (target as Element | null)?.closest?.('g.node') as SVGGElement | null;
-    return g?.dataset.node ? this.nodes.get(g.dataset.node) : undefined;
+    const el = target as Element | null;
+    const g = el?.closest?.('g.node') as SVGGElement | null;
+    if (g?.dataset.node) {
+      return this.nodes.get(g.dataset.node);
+    }
+    // An expanded group drawn as a cluster whose DOT id is "cluster:<group id>": a click on
+    // its frame or label collapses it, like a click on a collapsed group's node expands it.
+    const cluster = el?.closest?.('g.cluster') as SVGGElement | null;
+    const group = cluster?.id.startsWith('cluster:') ? cluster.id.slice('cluster:'.length) : null;
+    if (group !== null && this.view?.groups.some(x => x.id === group)) {
+      return { id: cluster!.id, kind: 'group', group, label: group, op: null, classes: [], conflicts: [],
+               compute_s: 0, comm_s: 0, collectives: [] };
+    }
+    return undefined;
   }
 
   private hover(ev: PointerEvent): void {
     const target = ev.target as Element;
-    const node = this.nodeAt(target);
+    const node = target.closest?.('g.node') ? this.nodeAt(target) : undefined;
     const edgeG = target.closest?.('g.edge') as SVGGElement | null;
     const edge = edgeG?.dataset.edge ? this.edges.get(edgeG.dataset.edge) : undefined;
     if (!node && !edge) {
@@ -402,7 +416,7 @@ export class GraphPane {
       h('div', { className: 'tl-tt-title' }, n.label.split('\n')[0]),
       h('div', null, n.kind === 'group' ? `scope ${group?.id ?? n.group}` : n.kind),
       group ? h('div', null, `${group.ops} ops${group.repeat > 1 ? ` ×${group.repeat} layers` : ''}`) : null,
-      h('div', null, `compute ${fmt.seconds(n.compute_s)} · comm ${fmt.seconds(n.comm_s)}`),
+      h('div', null, `compute ${fmt.seconds(this.cost(n, 0))} · comm ${fmt.seconds(this.cost(n, 1))}`),
       n.classes.length ? h('div', null, `classes: ${n.classes.map(c => this.className(c)).join(', ')}`) : null,
       ...conflicts.map(c =>
         h('div', { className: 'tl-tt-conflict' }, `conflict ${c.class_name}: ${c.active ? c.resolution : 'inactive'}`)
@@ -410,6 +424,15 @@ export class GraphPane {
       ...n.collectives.map(c => h('div', { className: 'tl-tt-coll' }, c)),
       h('div', { className: 'tl-tt-hint' }, n.kind === 'group' ? 'click to expand or collapse' : n.kind === 'op' ? 'click for details' : '')
     ].filter((x): x is HTMLDivElement => !!x);
+  }
+
+  /** An op's cost from the op_costs buffer when present (k: 0 compute, 1 comm), else the node's. */
+  private cost(n: NodeView, k: 0 | 1): number {
+    const c = this.opCosts;
+    if (n.kind === 'op' && n.op !== null && c && c.length >= 2 * n.op + 2) {
+      return c[2 * n.op + k];
+    }
+    return k === 0 ? n.compute_s : n.comm_s;
   }
 
   private describeEdge(e: EdgeView): (Node | string)[] {

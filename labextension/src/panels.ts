@@ -426,10 +426,10 @@ export function scopesPanel(view: ViewModel, host: PanelHost): HTMLElement {
 
 // Op details ----------------------------------------------------------------------------------
 
-export function detailsPanel(view: ViewModel, localNode: NodeView | null, opCosts: Float64Array | null): HTMLElement {
+export function detailsPanel(view: ViewModel, localNode: NodeView | null): HTMLElement {
   const d = view.details;
   if (d) {
-    return opDetails(d, view, opCosts);
+    return opDetails(d, view);
   }
   if (localNode) {
     // Read-only: the file carries no details for this op, only what its node says.
@@ -448,7 +448,7 @@ export function detailsPanel(view: ViewModel, localNode: NodeView | null, opCost
   return h('div', { className: 'tl-empty' }, 'Click an op in the graph to see its shapes, classes and costs.');
 }
 
-function opDetails(d: DetailsView, view: ViewModel, opCosts: Float64Array | null): HTMLElement {
+function opDetails(d: DetailsView, view: ViewModel): HTMLElement {
   const colorOf = new Map(view.classes.map(c => [c.name, c.color]));
   const tensorRows = (label: string, ts: TensorView[]) =>
     ts.map((t, i) =>
@@ -470,7 +470,6 @@ function opDetails(d: DetailsView, view: ViewModel, opCosts: Float64Array | null
         h('td', { className: 'tl-mono' }, t.spec)
       )
     );
-  const fromBuffer = opCosts && opCosts.length >= 2 * (d.op + 1) ? [opCosts[2 * d.op], opCosts[2 * d.op + 1]] : null;
   return h(
     'div',
     { className: 'tl-details', 'data-op': d.op },
@@ -478,13 +477,17 @@ function opDetails(d: DetailsView, view: ViewModel, opCosts: Float64Array | null
     kv('scope', d.scope || '(top level)'),
     kv('source', h('span', { className: 'tl-mono' }, d.source || 'unknown')),
     h(
+      'div',
+      { className: 'tl-scroll-x' },
+      h(
       'table',
-      { className: 'tl-table' },
+      { className: 'tl-table tl-tensors' },
       h('thead', null, h('tr', null, h('th', null, ''), h('th', null, 'value'), h('th', null, 'type'), h('th', null, 'class of each dim'), h('th', null, 'PartitionSpec'))),
       h('tbody', null, tensorRows('in', d.operands), tensorRows('out', d.results))
+      )
     ),
-    kv('compute', fmt.seconds(fromBuffer ? fromBuffer[0] : d.compute_s)),
-    kv('communication', fmt.seconds(fromBuffer ? fromBuffer[1] : d.comm_s)),
+    kv('compute', fmt.seconds(d.compute_s)),
+    kv('communication', fmt.seconds(d.comm_s)),
     kv('collectives', d.collectives.length ? d.collectives.join(', ') : 'none')
   );
 }

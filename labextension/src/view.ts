@@ -61,7 +61,7 @@ export class LabGraphView implements PanelHost {
   update(view: ViewModel, opCosts: Float64Array | null = this.opCosts): Promise<void> {
     const previous = this.view;
     this.view = view;
-    this.opCosts = opCosts;
+    this.setOpCosts(opCosts);
     if (!this.interactive && (!previous || previous.graph.dot !== view.graph.dot)) {
       this.localOpen = new Set(view.groups.filter(g => g.expanded).map(g => g.id));
     }
@@ -80,11 +80,10 @@ export class LabGraphView implements PanelHost {
     return drawn;
   }
 
+  /** Per-op [compute_s, comm_s] (the op_costs buffer): op nodes' tooltips show them. */
   setOpCosts(opCosts: Float64Array | null): void {
     this.opCosts = opCosts;
-    if (this.tab === 'details') {
-      this.renderTabs();
-    }
+    this.graph.opCosts = opCosts;
   }
 
   dispose(): void {
@@ -310,7 +309,7 @@ export class LabGraphView implements PanelHost {
         body = scopesPanel(v, this);
         break;
       case 'details':
-        body = detailsPanel(v, this.localNode, this.opCosts);
+        body = detailsPanel(v, this.localNode);
         break;
       case 'export':
         body = exportPanel(v, this, this.exportPath);

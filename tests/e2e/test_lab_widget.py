@@ -154,6 +154,11 @@ def test_widget_draws_the_graph_and_answers_events(lab_notebook, page):
     lab.locator('g.node[id="grp_block*/mlp"]').click()
     expect(page.locator(".e2e-events")).to_contain_text('"event": "toggle", "group": "block*/mlp"')
     expect(lab.locator('g.node[id="op_121"]')).to_be_visible()
+    # ... and a click on the expanded group's frame (a DOT cluster "cluster:<group>") collapses it.
+    lab.locator('g.cluster[id="cluster:block*/mlp"] > text').click()
+    expect(lab.locator('g.node[id="grp_block*/mlp"]')).to_be_visible()
+    assert [e for e in _events(page) if e["event"] == "toggle"] == [
+        {"event": "toggle", "group": "block*/mlp"}] * 2
     # pin: a counterfactual choice is pinned by the kernel, and the page shows the new state.
     embed = lab.locator('.tl-decision[data-name="embed"]')
     embed.locator('.tl-choice[data-label="model"]').click()
@@ -193,7 +198,7 @@ def test_widget_draws_the_graph_and_answers_events(lab_notebook, page):
     expect(page.locator(".e2e-events")).to_contain_text('"event": "export", "path": "gpt.plan.json"')
     expect(lab.locator(".tl-snippet")).to_contain_text("jax.jit(train_step")
     kinds = [e["event"] for e in _events(page)]
-    assert kinds == ["toggle", "pin", "unpin", "pin", "select", "search", "export"], kinds
+    assert kinds == ["toggle", "toggle", "pin", "unpin", "pin", "select", "search", "export"], kinds
     assert not page.toast_errors, page.toast_errors
 
 
