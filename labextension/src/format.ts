@@ -1,0 +1,52 @@
+/** Number formatting for seconds and bytes, the two units of every estimate. */
+
+export function seconds(s: number | null | undefined): string {
+  if (s === null || s === undefined || !isFinite(s)) {
+    return '–';
+  }
+  const a = Math.abs(s);
+  if (a === 0) {
+    return '0 s';
+  }
+  if (a < 1e-6) {
+    return `${(s * 1e9).toPrecision(3)} ns`;
+  }
+  if (a < 1e-3) {
+    return `${(s * 1e6).toPrecision(3)} µs`;
+  }
+  if (a < 1) {
+    return `${(s * 1e3).toPrecision(3)} ms`;
+  }
+  return `${s.toPrecision(3)} s`;
+}
+
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+
+export function bytes(b: number | null | undefined): string {
+  if (b === null || b === undefined || !isFinite(b)) {
+    return '–';
+  }
+  let a = Math.abs(b);
+  let u = 0;
+  while (a >= 1024 && u < UNITS.length - 1) {
+    a /= 1024;
+    u++;
+  }
+  const sign = b < 0 ? '−' : '';
+  return `${sign}${u === 0 ? a.toFixed(0) : a.toPrecision(3)} ${UNITS[u]}`;
+}
+
+/** A signed difference, "+1.20 ms" / "−3.0 GiB" / "±0". */
+export function delta(d: number | null, unit: (x: number) => string): string {
+  if (d === null || !isFinite(d)) {
+    return '';
+  }
+  if (d === 0) {
+    return '±0';
+  }
+  return d > 0 ? `+${unit(d)}` : `−${unit(-d).replace('−', '')}`;
+}
+
+export function axes(a: string[]): string {
+  return a.length === 0 ? 'replicated' : a.join('×');
+}

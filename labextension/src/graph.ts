@@ -1,0 +1,445 @@
+/**
+ * The graph pane: lays out the view model's DOT (Graphviz-WASM, top to bottom), adds what a
+ * static layout cannot say (×N badges, conflict marks with their resolution, collective badges
+ * on edges when the DOT left them out), pans and zooms, and highlights a class by its
+ * `cls-<id>` SVG classes while dimming the rest.
+ */
+import { GraphLayout } from './layout';
+import { h, fill, svg } from './dom';
+import * as fmt from './format';
+import { ConflictView, EdgeView, NodeView, ViewModel } from './viewmodel';
+
+export interface GraphCallbacks {
+  /** A click on a node (not a drag). */
+  click(node: NodeView): void;
+}
+
+/**
+ * Graphviz draws in points; at scale 1 a 10 pt label is 10 px. Below MIN_FIT_SCALE a fitted
+ * graph is too small to read, so a tall graph opens at a readable scale, at its top, and the
+ * wheel scrolls it.
+ */
+const MIN_FIT_SCALE = 0.9;
+const MAX_FIT_SCALE = 1.35;
+
+export class GraphPane {
+  readonly node: HTMLDivElement;
+  private viewport: HTMLDivElement;
+  private status: HTMLDivElement;
+  private tooltip: HTMLDivElement;
+  private svgEl: SVGSVGElement | null = null;
+  private zoomG: SVGGElement | null = null;
+  private k = 1;
+  private tx = 0;
+  private ty = 0;
+  private graphW = 0;
+  private graphH = 0;
+  private dot = '';
+  private request = 0;
+  private nodes = new Map<string, NodeView>();
+  private edges = new Map<string, EdgeView>();
+  private view: ViewModel | null = null;
+  private highlighted: number | null = null;
+  /** Per-op [compute_s, comm_s] pairs from the widget's op_costs buffer, when it has one. */
+  opCosts: Float64Array | null = null;
+  /** ms from update() to the graph in the page, for the last layout (also data-render-ms). */
+  lastRenderMs = 0;
+
+  constructor(
+    private layout: GraphLayout,
+    private callbacks: GraphCallbacks
+  ) {
+    this.status = h('div', { className: 'tl-graph-status' });
+    this.tooltip = h('div', { className: 'tl-tooltip', hidden: true });
+    this.viewport = h('div', { className: 'tl-graph-viewport', tabindex: 0 });
+    const button = (label: string, title: string, fn: () => void) =>
+      h('button', { className: 'tl-icon-button', title, onclick: fn as EventListener }, label);
+    const controls = h(
+      'div',
+      { className: 'tl-zoom-controls' },
+      button('+', 'Zoom in', () => this.zoomBy(1.25)),
+      button('−', 'Zoom out', () => this.zoomBy(0.8)),
+      button('⤢', 'Fit the graph', () => this.fit(true)),
+      button('1:1', 'Actual size', () => this.setZoom(1, 8, 8))
+    );
+    controls.title = 'Wheel: scroll · Ctrl+wheel: zoom · drag: pan';
+    this.node = h(
+      'div',
+      { className: 'tl-graph' },
+      this.viewport,
+      controls,
+      this.status,
+      this.tooltip
+    );
+    this.installPanZoom();
+  }
+
+  /** Draws `view`; re-lays out only when its DOT changed. */
+  async update(view: ViewModel): Promise<void> {
+    this.view = view;
+    this.nodes = new Map(view.graph.nodes.map(n => [n.id, n]));
+    this.edges = new Map(view.graph.edges.map(e => [e.id, e]));
+    if (view.graph.dot === this.dot && this.svgEl) {
+      this.decorate();
+      return;
+    }
+    const started = performance.now();
+    const request = ++this.request;
+    this.dot = view.graph.dot;
+    const slow = window.setTimeout(() => {
+      this.status.textContent = `Laying out ${view.graph.nodes.length} nodes…`;
+      this.status.hidden = false;
+    }, 150);
+    try {
+      const text = await this.layout.layout(view.graph.dot);
+      if (request !== this.request) {
+        return; // a newer view arrived while Graphviz ran
+      }
+      this.install(text);
+      this.status.hidden = true;
+      this.lastRenderMs = performance.now() - started;
+      this.node.dataset.renderMs = this.lastRenderMs.toFixed(1);
+      this.node.dataset.renderCount = String(Number(this.node.dataset.renderCount ?? 0) + 1);
+    } catch (err) {
+      if (request === this.request) {
+        this.dot = '';
+        this.status.hidden = false;
+        fill(this.status, h('span', { className: 'tl-error-text' }, `Graph layout failed: ${err}`));
+      }
+    } finally {
+      window.clearTimeout(slow);
+    }
+  }
+
+  /** Highlights every node and edge of class `id` and dims the rest; null clears. */
+  highlight(id: number | null): void {
+    this.highlighted = id;
+    const root = this.svgEl;
+    if (!root) {
+      return;
+    }
+    root.querySelectorAll('.tl-hot').forEach(el => el.classList.remove('tl-hot'));
+    root.classList.toggle('tl-dimming', id !== null);
+    if (id !== null) {
+      root.querySelectorAll(`.cls-${id}`).forEach(el => el.classList.add('tl-hot'));
+    }
+  }
+
+  /** Marks the node drawn for `nodeId` as selected. */
+  markSelected(nodeId: string | null): void {
+    this.svgEl?.querySelectorAll('.tl-selected').forEach(el => el.classList.remove('tl-selected'));
+    if (nodeId && this.svgEl) {
+      this.svgEl.querySelector(`g.node[id="${CSS.escape(nodeId)}"]`)?.classList.add('tl-selected');
+    }
+  }
+
+  dispose(): void {
+    this.request++;
+  }
+
+  private install(text: string): void {
+    const doc = new DOMParser().parseFromString(text, 'image/svg+xml');
+    const parsed = doc.documentElement as unknown as SVGSVGElement;
+    const root = document.importNode(parsed, true) as SVGSVGElement;
+    const vb = (root.getAttribute('viewBox') ?? '0 0 100 100').split(/[\s,]+/).map(Number);
+    this.graphW = vb[2];
+    this.graphH = vb[3];
+    root.removeAttribute('viewBox');
+    root.setAttribute('width', '100%');
+    root.setAttribute('height', '100%');
+    root.classList.add('tl-svg');
+    const zoom = svg('g', { class: 'tl-zoom' });
+    while (root.firstChild) {
+      zoom.appendChild(root.firstChild);
+    }
+    root.appendChild(zoom);
+    const firstLayout = this.svgEl === null;
+    fill(this.viewport, root);
+    this.svgEl = root;
+    this.zoomG = zoom;
+    this.decorate();
+    if (firstLayout) {
+      this.fit(false);
+    } else {
+      this.applyZoom(); // keep the user's pan and zoom across updates
+    }
+  }
+
+  /** Ties SVG elements to the view model and adds the badges the DOT may have left out. */
+  private decorate(): void {
+    const root = this.svgEl;
+    const view = this.view;
+    if (!root || !view) {
+      return;
+    }
+    root.querySelectorAll('.tl-overlay').forEach(el => el.remove());
+    const conflicts = view.conflicts;
+    const groups = new Map(view.groups.map(g => [g.id, g]));
+    root.querySelectorAll<SVGGElement>('g.node').forEach(g => {
+      const id = g.id || g.querySelector('title')?.textContent || '';
+      const node = this.nodes.get(id);
+      if (!node) {
+        return;
+      }
+      g.dataset.node = node.id;
+      g.classList.add(`tl-kind-${node.kind}`);
+      node.classes.forEach(c => g.classList.add(`cls-${c}`));
+      g.querySelector('title')?.remove(); // our tooltip says more
+      const text = g.textContent ?? '';
+      const box = g.getBBox();
+      const group = node.group !== null ? groups.get(node.group) : undefined;
+      if (group && group.repeat > 1 && !text.includes(`×${group.repeat}`)) {
+        this.pill(g, box.x + box.width - 4, box.y + 2, `×${group.repeat}`, 'tl-repeat-badge');
+      }
+      const active = node.conflicts.map(c => conflicts[c]).filter(c => c && c.active);
+      if (active.length > 0) {
+        g.classList.add('tl-conflict-site');
+        const missing = active.filter(c => !text.includes(c.resolution));
+        if (missing.length > 0) {
+          const label = missing.map(c => `⚠ ${c.class_name}: ${c.resolution}`).join(' ');
+          this.pill(g, box.x + box.width / 2, box.y + box.height + 4, label, 'tl-conflict-badge');
+        }
+      }
+    });
+    root.querySelectorAll<SVGGElement>('g.edge').forEach(g => {
+      const edge = this.edgeFor(g);
+      if (!edge) {
+        return;
+      }
+      g.dataset.edge = edge.id;
+      edge.classes.forEach(c => g.classList.add(`cls-${c}`));
+      const title = g.querySelector('title');
+      if (title) {
+        title.remove();
+      }
+      if (edge.badge) {
+        g.classList.add('tl-collective-edge');
+        if (!(g.textContent ?? '').includes(edge.badge)) {
+          const path = g.querySelector('path');
+          if (path) {
+            const p = path.getPointAtLength(path.getTotalLength() / 2);
+            this.pill(g, p.x, p.y, edge.badge, 'tl-collective-badge');
+          }
+        }
+      }
+    });
+    this.highlight(this.highlighted);
+    const sel = view.selected;
+    this.markSelected(
+      sel?.kind === 'op'
+        ? view.graph.nodes.find(n => n.kind === 'op' && String(n.op) === sel.id)?.id ?? null
+        : sel?.kind === 'group'
+          ? view.graph.nodes.find(n => n.group === sel.id)?.id ?? null
+          : null
+    );
+  }
+
+  private edgeFor(g: SVGGElement): EdgeView | undefined {
+    const byId = this.edges.get(g.id);
+    if (byId) {
+      return byId;
+    }
+    const title = g.querySelector('title')?.textContent ?? '';
+    const [source, target] = title.split('->');
+    for (const e of this.edges.values()) {
+      if (e.source === source && e.target === target) {
+        return e;
+      }
+    }
+    return undefined;
+  }
+
+  /** A rounded label centred at (x, y) in graph coordinates. */
+  private pill(parent: SVGGElement, x: number, y: number, text: string, cls: string): void {
+    const g = svg('g', { class: `tl-overlay ${cls}` });
+    const t = svg('text', { x, y: y + 4, 'text-anchor': 'middle' });
+    t.textContent = text;
+    g.appendChild(t);
+    parent.appendChild(g);
+    const b = t.getBBox();
+    const r = svg('rect', {
+      x: b.x - 4,
+      y: b.y - 1.5,
+      width: b.width + 8,
+      height: b.height + 3,
+      rx: (b.height + 3) / 2
+    });
+    g.insertBefore(r, t);
+  }
+
+  // Pan and zoom ---------------------------------------------------------------------------
+
+  private fit(always: boolean): void {
+    const W = this.viewport.clientWidth || 600;
+    const H = this.viewport.clientHeight || 400;
+    const pad = 16;
+    let k = Math.min((W - 2 * pad) / this.graphW, (H - 2 * pad) / this.graphH, MAX_FIT_SCALE);
+    let top = (H - this.graphH * k) / 2;
+    if (k < MIN_FIT_SCALE && !always) {
+      k = Math.max(Math.min((W - 2 * pad) / this.graphW, MAX_FIT_SCALE), MIN_FIT_SCALE);
+      top = pad;
+    }
+    this.setZoom(k, (W - this.graphW * k) / 2, top);
+  }
+
+  private setZoom(k: number, tx: number, ty: number): void {
+    this.k = Math.min(Math.max(k, 0.05), 8);
+    this.tx = tx;
+    this.ty = ty;
+    this.applyZoom();
+  }
+
+  private zoomBy(f: number, cx?: number, cy?: number): void {
+    const x = cx ?? this.viewport.clientWidth / 2;
+    const y = cy ?? this.viewport.clientHeight / 2;
+    const k = Math.min(Math.max(this.k * f, 0.05), 8);
+    const r = k / this.k;
+    this.setZoom(k, x - (x - this.tx) * r, y - (y - this.ty) * r);
+  }
+
+  private applyZoom(): void {
+    this.zoomG?.setAttribute('transform', `translate(${this.tx},${this.ty}) scale(${this.k})`);
+    this.node.dataset.zoom = this.k.toFixed(3);
+  }
+
+  private installPanZoom(): void {
+    const vp = this.viewport;
+    vp.addEventListener(
+      'wheel',
+      ev => {
+        // The wheel scrolls the graph; with Ctrl or ⌘ (and a trackpad pinch, which sets
+        // ctrlKey) it zooms around the pointer.
+        ev.preventDefault();
+        if (ev.ctrlKey || ev.metaKey) {
+          const r = vp.getBoundingClientRect();
+          this.zoomBy(Math.exp(-ev.deltaY * 0.004), ev.clientX - r.left, ev.clientY - r.top);
+        } else {
+          this.tx -= ev.shiftKey ? ev.deltaY : ev.deltaX;
+          this.ty -= ev.shiftKey ? 0 : ev.deltaY;
+          this.applyZoom();
+        }
+      },
+      { passive: false }
+    );
+    let drag: { x: number; y: number; tx: number; ty: number; moved: boolean } | null = null;
+    vp.addEventListener('pointerdown', ev => {
+      if (ev.button !== 0) {
+        return;
+      }
+      drag = { x: ev.clientX, y: ev.clientY, tx: this.tx, ty: this.ty, moved: false };
+    });
+    vp.addEventListener('pointermove', ev => {
+      if (drag) {
+        const dx = ev.clientX - drag.x;
+        const dy = ev.clientY - drag.y;
+        if (!drag.moved && Math.hypot(dx, dy) > 4) {
+          drag.moved = true;
+          vp.setPointerCapture(ev.pointerId);
+          vp.classList.add('tl-panning');
+        }
+        if (drag.moved) {
+          this.tx = drag.tx + dx;
+          this.ty = drag.ty + dy;
+          this.applyZoom();
+        }
+        return;
+      }
+      this.hover(ev);
+    });
+    const end = (ev: PointerEvent) => {
+      if (!drag) {
+        return;
+      }
+      const wasDrag = drag.moved;
+      drag = null;
+      vp.classList.remove('tl-panning');
+      if (vp.hasPointerCapture(ev.pointerId)) {
+        vp.releasePointerCapture(ev.pointerId);
+      }
+      if (!wasDrag && ev.type === 'pointerup') {
+        const node = this.nodeAt(ev.target);
+        if (node) {
+          this.callbacks.click(node);
+        }
+      }
+    };
+    vp.addEventListener('pointerup', end);
+    vp.addEventListener('pointercancel', end);
+    vp.addEventListener('pointerleave', () => {
+      this.tooltip.hidden = true;
+    });
+  }
+
+  private nodeAt(target: EventTarget | null): NodeView | undefined {
+    const el = target as Element | null;
+    const g = el?.closest?.('g.node') as SVGGElement | null;
+    if (g?.dataset.node) {
+      return this.nodes.get(g.dataset.node);
+    }
+    // An expanded group drawn as a cluster whose DOT id is "cluster:<group id>": a click on
+    // its frame or label collapses it, like a click on a collapsed group's node expands it.
+    const cluster = el?.closest?.('g.cluster') as SVGGElement | null;
+    const group = cluster?.id.startsWith('cluster:') ? cluster.id.slice('cluster:'.length) : null;
+    if (group !== null && this.view?.groups.some(x => x.id === group)) {
+      return { id: cluster!.id, kind: 'group', group, label: group, op: null, classes: [], conflicts: [],
+               compute_s: 0, comm_s: 0, collectives: [] };
+    }
+    return undefined;
+  }
+
+  private hover(ev: PointerEvent): void {
+    const target = ev.target as Element;
+    const node = target.closest?.('g.node') ? this.nodeAt(target) : undefined;
+    const edgeG = target.closest?.('g.edge') as SVGGElement | null;
+    const edge = edgeG?.dataset.edge ? this.edges.get(edgeG.dataset.edge) : undefined;
+    if (!node && !edge) {
+      this.tooltip.hidden = true;
+      return;
+    }
+    fill(this.tooltip, ...(node ? this.describeNode(node) : this.describeEdge(edge!)));
+    const r = this.node.getBoundingClientRect();
+    this.tooltip.style.left = `${Math.min(ev.clientX - r.left + 14, r.width - 260)}px`;
+    this.tooltip.style.top = `${ev.clientY - r.top + 14}px`;
+    this.tooltip.hidden = false;
+  }
+
+  private className(id: number): string {
+    return this.view?.classes[id]?.name ?? `class ${id}`;
+  }
+
+  private describeNode(n: NodeView): (Node | string)[] {
+    const group = n.group !== null ? this.view?.groups.find(g => g.id === n.group) : undefined;
+    const conflicts = n.conflicts
+      .map(c => this.view?.conflicts[c])
+      .filter((c): c is ConflictView => !!c);
+    return [
+      h('div', { className: 'tl-tt-title' }, n.label.split('\n')[0]),
+      h('div', null, n.kind === 'group' ? `scope ${group?.id ?? n.group}` : n.kind),
+      group ? h('div', null, `${group.ops} ops${group.repeat > 1 ? ` ×${group.repeat} layers` : ''}`) : null,
+      h('div', null, `compute ${fmt.seconds(this.cost(n, 0))} · comm ${fmt.seconds(this.cost(n, 1))}`),
+      n.classes.length ? h('div', null, `classes: ${n.classes.map(c => this.className(c)).join(', ')}`) : null,
+      ...conflicts.map(c =>
+        h('div', { className: 'tl-tt-conflict' }, `conflict ${c.class_name}: ${c.active ? c.resolution : 'inactive'}`)
+      ),
+      ...n.collectives.map(c => h('div', { className: 'tl-tt-coll' }, c)),
+      h('div', { className: 'tl-tt-hint' }, n.kind === 'group' ? 'click to expand or collapse' : n.kind === 'op' ? 'click for details' : '')
+    ].filter((x): x is HTMLDivElement => !!x);
+  }
+
+  /** An op's cost from the op_costs buffer when present (k: 0 compute, 1 comm), else the node's. */
+  private cost(n: NodeView, k: 0 | 1): number {
+    const c = this.opCosts;
+    if (n.kind === 'op' && n.op !== null && c && c.length >= 2 * n.op + 2) {
+      return c[2 * n.op + k];
+    }
+    return k === 0 ? n.compute_s : n.comm_s;
+  }
+
+  private describeEdge(e: EdgeView): (Node | string)[] {
+    return [
+      h('div', { className: 'tl-tt-title' }, e.label),
+      e.classes.length ? h('div', null, `classes: ${e.classes.map(c => this.className(c)).join(', ')}`) : '',
+      e.badge ? h('div', { className: 'tl-tt-coll' }, e.badge) : ''
+    ];
+  }
+}

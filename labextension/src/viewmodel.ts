@@ -1,0 +1,185 @@
+/**
+ * The Lab's view model, mirrored field for field from notes/VIEWMODEL.md (snake_case on both
+ * sides). Python builds it; this package only draws it and sends `LabEvent`s back.
+ */
+
+export interface ViewModel {
+  format: 'toast-lab-view';
+  version: 1;
+  program: { name: string; ops: number; fingerprint: string };
+  mesh: { axes: Record<string, number>; device: string; memory_bytes: number } | null;
+  classes: ClassView[];
+  conflicts: ConflictView[];
+  groups: GroupView[];
+  graph: GraphView;
+  estimate: EstimateView | null;
+  experts: ExpertRow[];
+  search: SearchView;
+  snippet: string;
+  error: string | null;
+  selected: { kind: 'op' | 'group' | 'class' | 'conflict'; id: string } | null;
+  details: DetailsView | null;
+  pinned: string[];
+}
+
+export interface ClassView {
+  id: number;
+  name: string;
+  size: number;
+  bytes: number;
+  layers: number;
+  color: string;
+  axes: string[];
+  pinned: boolean;
+  choices: ChoiceView[];
+}
+
+export interface ConflictView {
+  id: number;
+  name: string;
+  class_id: number;
+  class_name: string;
+  where: string;
+  source: string;
+  active: boolean;
+  resolution: string;
+  resolutions: string[];
+  pinned: boolean;
+  choices: ChoiceView[];
+}
+
+export interface ChoiceView {
+  label: string;
+  value: string[] | string;
+  current: boolean;
+  valid: boolean;
+  reason: string | null;
+  step_time_s: number | null;
+  peak_memory_bytes: number | null;
+}
+
+export interface GroupView {
+  id: string;
+  label: string;
+  parent: string | null;
+  children: string[];
+  repeat: number;
+  ops: number;
+  compute_s: number;
+  comm_s: number;
+  classes: number[];
+  conflicts: number[];
+  expanded: boolean;
+}
+
+export interface GraphView {
+  dot: string;
+  nodes: NodeView[];
+  edges: EdgeView[];
+}
+
+export interface NodeView {
+  id: string;
+  kind: 'group' | 'op' | 'input' | 'output';
+  group: string | null;
+  label: string;
+  op: number | null;
+  classes: number[];
+  conflicts: number[];
+  compute_s: number;
+  comm_s: number;
+  collectives: string[];
+}
+
+export interface EdgeView {
+  id: string;
+  source: string;
+  target: string;
+  classes: number[];
+  label: string;
+  badge: string | null;
+}
+
+export interface EstimateView {
+  step_time_s: number;
+  compute_s: number;
+  communication_s: number;
+  exposed_communication_s?: number;
+  communication_by_axis: Record<string, number>;
+  peak_memory_bytes: number;
+  memory_capacity_bytes: number;
+  feasible: boolean;
+  memory_breakdown: Record<string, number>;
+  [key: string]: unknown;
+}
+
+export interface ExpertRow {
+  name: string;
+  step_time_s: number;
+  peak_memory_bytes: number;
+  feasible: boolean;
+  classes: Record<string, string[]>;
+}
+
+/** history rows: (t s, simulations, best step time s, its peak memory B). */
+export interface SearchView {
+  running: boolean;
+  simulations: number;
+  elapsed_s: number;
+  sims_per_s: number;
+  best_step_time_s: number | null;
+  history: [number, number, number, number][];
+}
+
+export interface DetailsView {
+  op: number;
+  primitive: string;
+  source: string;
+  scope: string;
+  operands: TensorView[];
+  results: TensorView[];
+  compute_s: number;
+  comm_s: number;
+  collectives: string[];
+}
+
+export interface TensorView {
+  value: number;
+  shape: number[];
+  dtype: string;
+  classes: (string | null)[];
+  spec: string;
+}
+
+/** Events from the view to Python (ipywidgets custom messages `{"event": ..., ...}`). */
+export type LabEvent =
+  | { event: 'pin'; name: string; value: string[] | string }
+  | { event: 'unpin'; name: string }
+  | { event: 'toggle'; group: string }
+  | { event: 'select'; kind: 'op' | 'group' | 'class' | 'conflict'; id: string }
+  | { event: 'search'; budget_s: number }
+  | { event: 'stop' }
+  | { event: 'export'; path: string };
+
+/**
+ * Where the view's events go. The widget sends them to the kernel; the kernel-less viewer is
+ * read-only (`interactive` false): it never sends pin/search/export, and handles `toggle`
+ * itself by expanding what the file carries.
+ */
+export interface LabEventSink {
+  readonly interactive: boolean;
+  send(event: LabEvent): void;
+}
+
+/** True when `x` looks like a view model (the fields the view cannot draw without). */
+export function isViewModel(x: unknown): x is ViewModel {
+  const v = x as ViewModel | null;
+  return (
+    !!v &&
+    typeof v === 'object' &&
+    v.format === 'toast-lab-view' &&
+    Array.isArray(v.classes) &&
+    !!v.graph &&
+    typeof v.graph.dot === 'string'
+  );
+}
