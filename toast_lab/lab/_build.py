@@ -46,6 +46,7 @@ class ViewBuilder:
         self._graphs: OrderedDict = OrderedDict()
         self._experts: tuple[ExpertRow, ...] | None = None
         self._collectives: tuple = (None, {})
+        self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
     def default_expanded(self) -> frozenset[str]:
@@ -91,6 +92,7 @@ class ViewBuilder:
             expanded = self.default_expanded if expanded is None else expanded
             graph = self.graph(expanded)
             compute, comm = model.op_costs(plan)
+            self.op_costs = (compute, comm)  # the widget's op_costs buffer
             colls = self.op_collectives(plan, comm)
             current = (est.step_time_s, est.peak_memory_bytes)
             classes = tuple(self._class_view(model, plan, c, current, session.shared, price)
