@@ -278,11 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-browser", action="store_true", help="passed on to jupyter lab")
     p.add_argument("--no-launch", action="store_true",
                    help="write the notebook and print the jupyter command, without running it")
-    p.add_argument("jupyter_args", nargs=argparse.REMAINDER,
-                   help="after --: more options for jupyter lab (e.g. -- --port 8890)")
+    p.epilog = "Other options go to jupyter lab, e.g. `toast-lab lab -- --port 8890`."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # what follows goes to jupyter lab
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
-    if getattr(args, "jupyter_args", None) and args.jupyter_args[0] == "--":
-        args.jupyter_args = args.jupyter_args[1:]
+    if passthrough and args.command != "lab":
+        parser.error(f"unrecognized arguments: -- {' '.join(passthrough)}")
+    args.jupyter_args = passthrough
     return {"analyze": _analyze, "partition": _partition, "demo": _demo,
             "lab": _lab}[args.command](args)
 
