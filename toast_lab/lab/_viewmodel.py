@@ -13,7 +13,7 @@ import collections.abc
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Mapping
 
 FORMAT = "toast-lab-view"
@@ -200,7 +200,7 @@ class ViewModel:
 
     def to_dict(self) -> dict:
         """Plain JSON types (lists, dicts, str, numbers, None), field names as in the contract."""
-        return _plain(asdict(self))
+        return _plain(self)
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -248,14 +248,30 @@ class ViewModel:
 
 # --- dataclasses <-> JSON ---------------------------------------------------------------------
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_INF = float("inf")
+
+
 def _plain(x):
+    """`x` as JSON types: dataclasses as dicts, tuples as lists, NaN/inf as None. Hand-written
+    (not dataclasses.asdict, which deep-copies): the view is rebuilt on every pin."""
+    t = type(x)
+    if t is str or t is int or t is bool or x is None:
+        return x
+    if t is float:
+        return x if x == x and -_INF < x < _INF else None
+    if t is tuple or t is list:
+        return [_plain(v) for v in x]
+    if t is dict:
+        return {str(k): _plain(v) for k, v in x.items()}
+    names = _FIELDS.get(t)
+    if names is None and is_dataclass(x):
+        names = _FIELDS[t] = tuple(f.name for f in fields(t))
+    if names is not None:
+        return {n: _plain(getattr(x, n)) for n in names}
     if isinstance(x, Mapping):
         return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, float):
-        return x if x == x and abs(x) != float("inf") else None
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):  # numpy scalars
+    if hasattr(x, "item"):  # numpy scalars
         return _plain(x.item())
     return x
 
