@@ -159,11 +159,14 @@ class ViewBuilder:
         node_comm = np.bincount(graph.node_of_op, weights=comm, minlength=n)
         node_colls: list[Counter] = [Counter() for _ in range(n)]
         charged = np.nonzero(comm > 0)[0]
-        for o in charged:
-            found = colls.get(int(tree.rep[o]), ())
-            labels = [c.label for c in found] or [UNLABELLED]
-            for label in labels:
-                node_colls[graph.node_of_op[o]][label] += int(self.trips[o])
+        # the layers' copies of an op share its labels: count (node, representative) pairs
+        key = graph.node_of_op[charged] * len(prog.ops) + tree.rep[charged]
+        keys, inverse = np.unique(key, return_inverse=True)
+        runs = np.bincount(inverse, weights=self.trips[charged]).astype(np.int64)
+        for k, times in zip(keys.tolist(), runs.tolist()):
+            node, rep = divmod(k, len(prog.ops))
+            for c in colls.get(rep, ()) or (None,):
+                node_colls[node][c.label if c is not None else UNLABELLED] += times
         sharded_classes = {k for k, axes in plan.assignments if axes}
         nodes = []
         for i, spec in enumerate(graph.nodes):
@@ -190,14 +193,11 @@ class ViewBuilder:
         edges = []
         for spec in graph.edges:
             badges: Counter = Counter()
-            pairs = spec.pairs[comm[np.maximum(index.pair_dst[spec.pairs], 0)] > 0]
-            for p in pairs:
-                d = int(index.pair_dst[p])
-                if d < 0:
-                    continue
-                slot = int(index.pair_slot[p])
+            dst = index.pair_dst[spec.pairs]
+            pairs = spec.pairs[(dst >= 0) & (comm[np.maximum(dst, 0)] > 0)]
+            for d, slot in zip(index.pair_dst[pairs].tolist(), index.pair_slot[pairs].tolist()):
                 for c in colls.get(int(tree.rep[d]), ()):
-                    if c.operand is not None and c.operand == slot:
+                    if c.operand == slot:
                         badges[c.label] += int(self.trips[d])
             badge = ", ".join(k for k, _ in badges.most_common(2)) or None
             edges.append(EdgeView(
