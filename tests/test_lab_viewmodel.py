@@ -403,3 +403,26 @@ def test_tl_lab_traces_and_analyses(gpt):
     lab = tl.Lab(fn, *args, mesh=tl.Mesh({"data": 2}, device="h100"), widget=False)
     assert lab.analysis.program.fn_name == "gpt_train_step"
     assert lab.estimate == tl.estimate(lab.analysis, lab.plan, lab.mesh)
+
+
+@pytest.mark.parametrize("name", tl.zoo.names())
+def test_every_zoo_model_draws_collapsed_and_fully_open(name):
+    fn, args = tl.zoo.get(name)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    s = Session(an, mesh)
+    s.search(budget_s=None, simulations=50, background=False)
+    b = ViewBuilder(an, mesh)
+    closed = b.build(s)
+    assert len(closed.graph.nodes) <= 30
+    opened = b.build(s, set(b.tree.groups))
+    drawn_ops = {n.op for n in opened.graph.nodes if n.kind == "op"}
+    assert set(int(r) for r in b.tree.rep) == drawn_ops  # fully open: every representative
+    assert ViewModel.from_json(opened.to_json()) == opened
+
+
+def test_scanned_layers_are_one_group_with_the_scan_length():
+    fn, args = tl.zoo.get("gpt_scan", layers=3)
+    tree = build_scope_tree(tl.trace(fn, *args))
+    assert tree.groups["block"].repeat == 3 and tree.groups["block/attn"].repeat == 3
+    assert tree.groups["embed"].repeat == 1

@@ -224,8 +224,8 @@ class VisibleGraph:
         both = (index.pair_src >= 0) & (index.pair_dst >= 0)
         ls = np.where(both, tree.layer[np.maximum(index.pair_src, 0)], -1)
         ld = np.where(both, tree.layer[np.maximum(index.pair_dst, 0)], -1)
-        same_group = both & (ls >= 0) & (ld >= 0) & (
-            tree.folded_root[np.maximum(ls, 0)] == tree.folded_root[np.maximum(ld, 0)])
+        roots = np.append(tree.folded_root, -1)  # index -1: no folded group
+        same_group = both & (ls >= 0) & (ld >= 0) & (roots[ls] == roots[ld])
         keep = np.nonzero((src != dst) & ~(same_group & (ls != ld)))[0]
         key = src[keep] * len(self.nodes) + dst[keep]
         order = np.argsort(key, kind="stable")

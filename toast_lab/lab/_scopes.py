@@ -40,7 +40,8 @@ class Group:
     """One node of the scope tree.
 
     id: the normalized scope path ("" for the root, "block*/attn"). repeat: how many concrete
-    scopes it stands for (12 for the layers of a 12-layer model). ops: ops in its subtree, all
+    scopes it stands for (12 for the layers of a 12-layer model), or how often a scan runs
+    its ops (the layers of a scanned stack, drawn once). ops: ops in its subtree, all
     layers counted. direct: its own ops (all layers); shown: the representatives among them,
     the ops drawn when the group is open. first_op: the smallest op id in its subtree.
     """
@@ -233,6 +234,7 @@ def _assemble(program, norm, concrete) -> ScopeTree:
     direct: dict[str, list[int]] = defaultdict(list)
     instances: dict[str, set[tuple]] = defaultdict(set)
     subtree_ops: Counter = Counter()
+    trips: dict[str, Counter] = defaultdict(Counter)
     first: dict[str, int] = {}
     for o in range(n):
         path = norm[o]
@@ -240,6 +242,7 @@ def _assemble(program, norm, concrete) -> ScopeTree:
             gid = "/".join(path[:d])
             instances[gid].add(concrete[o][:d])
             subtree_ops[gid] += 1
+            trips[gid][program.ops[o].trip_count] += 1
             first.setdefault(gid, o)
         direct["/".join(path)].append(o)
     if ROOT not in first:  # a program with no ops
@@ -259,7 +262,11 @@ def _assemble(program, norm, concrete) -> ScopeTree:
     def visit(gid: str, parent: str | None, depth: int):
         kids = tuple(sorted(children.get(gid, ()), key=lambda c: first[c]))
         label = gid.rpartition("/")[2] if gid else program.fn_name
-        groups[gid] = Group(gid, label, parent, kids, depth, len(instances[gid]),
+        repeat = len(instances[gid])
+        if repeat == 1 and gid:  # layers under a scan: one body that runs `length` times
+            trip, count = trips[gid].most_common(1)[0]
+            repeat = trip if trip > 1 and 2 * count >= subtree_ops[gid] else 1
+        groups[gid] = Group(gid, label, parent, kids, depth, repeat,
                             subtree_ops[gid], tuple(direct.get(gid, ())), shown.get(gid, ()),
                             first[gid])
         for c in kids:
