@@ -228,6 +228,7 @@ class Session:
     def select(self, kind: str | None, id=None) -> Selection | None:
         """Selects an op (id: op id), group (scope path), class or conflict (id or name);
         None clears. Raises ValueError for something that does not exist."""
+        refused = None
         with self.lock:
             if kind is None:
                 self.selected = None
@@ -237,9 +238,11 @@ class Session:
                     self.error = None
                 except ValueError as err:
                     self.error = str(err)
-                    self._notify("error")
-                    raise
-        self._notify("select")
+                    refused = err
+        # listeners run outside the lock (they take the view's lock, then this one)
+        self._notify("error" if refused else "select")
+        if refused is not None:
+            raise refused
         return self.selected
 
     def fail(self, message: str) -> None:
@@ -386,7 +389,8 @@ class Session:
 
     def add_listener(self, fn: Callable[[str], None]) -> None:
         """Calls fn(change) after every change ("plan", "search", "select", "error"), in the
-        thread that made it (the search thread for a search's progress)."""
+        thread that made it (the search thread for a search's progress), never while holding
+        the session's lock."""
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[str], None]) -> None:
