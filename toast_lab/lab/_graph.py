@@ -121,10 +121,19 @@ def _result_names(prog, arg_names):
         same = [i for i, a in enumerate(args) if a == kid and kid.num_leaves > 0]
         if same and same[0] < len(arg_names):
             names.append(f"{arg_names[same[0]]}′")
-        else:
-            names.append(f"result[{k}]")
+        else:  # a single array is named after the scope that made it (the loss)
+            names.append(_made_in(prog, len(of_leaf)) if kid.num_leaves == 1 else "")
+            names[-1] = names[-1] or f"result[{k}]"
         of_leaf += [k] * kid.num_leaves
     return names, of_leaf + [len(names) - 1] * (n - len(of_leaf))
+
+
+def _made_in(prog, leaf: int) -> str:
+    v = prog.values[prog.outputs[leaf]]
+    if v.producer < 0:
+        return ""
+    scope = prog.ops[v.producer].name_scope.split("/")[0]
+    return scope if scope not in {n.split("/")[0] for n in prog.input_names} else ""
 
 
 @dataclass(frozen=True)
