@@ -1,9 +1,12 @@
-"""Command line: `toast-lab analyze|partition|demo` on a built-in model or `module:function`."""
+"""Command line: `toast-lab analyze|partition|demo|lab` on a built-in model or `module:function`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import subprocess
 import sys
 import time
 import warnings
@@ -173,6 +176,67 @@ def _demo(args) -> int:
     return _partition(args)
 
 
+def lab_notebook(target: str, config: dict, mesh: dict[str, int], device: str) -> dict:
+    """A notebook (nbformat 4) whose first cell builds the Lab on `target` and shows it."""
+    axes = ", ".join(f"{a!r}: {n}" for a, n in mesh.items())
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    if ":" in target:
+        load = (f"from toast_lab.cli import load_target\n"
+                f"fn, args = load_target({target!r}, {config!r})")
+    else:
+        load = f"fn, args = tl.zoo.get({target!r}{', ' if kwargs else ''}{kwargs})"
+    first = (f"import toast_lab as tl\n\n{load}\n"
+             f"lab = tl.Lab(fn, *args, mesh=tl.Mesh({{{axes}}}, device={device!r}))\nlab")
+    notes = ("# toast-lab: the Lab\n\n"
+             "Run the cell below (Shift+Enter). The graph is the program collapsed by name "
+             "scope, coloured by sharding-equivalence class; pick axes for a class or a "
+             "resolution for a conflict to pin it, run the search, and export the plan. The same "
+             "from Python: `lab.pin(\"batch\", \"data\")`, `lab.search(budget_s=30)`, "
+             "`lab.stop()`, `lab.export(\"plan.json\")`, `lab.plan`, `lab.estimate`.")
+    def cell(kind, text):
+        c = {"cell_type": kind, "metadata": {}, "source": text.splitlines(keepends=True)}
+        if kind == "code":
+            c.update(execution_count=None, outputs=[])
+        return c
+    return {"cells": [cell("markdown", notes), cell("code", first),
+                      cell("code", "lab.plan, lab.estimate")],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                        "name": "python3"},
+                         "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def _lab(args) -> int:
+    config = _parse_config(args.config)
+    if args.target == "gpt" and "size" not in config:
+        config = {"size": "gpt2-small", **config}
+    mesh = _parse_mesh(args.mesh)
+    name = args.target.replace(":", "-").replace(".", "-")
+    path = args.notebook or f"toast-lab-{name}.ipynb"
+    if os.path.exists(path):
+        print(f"toast-lab: opening the existing notebook {path} (delete it for a fresh one)")
+    else:
+        with open(path, "w") as f:
+            json.dump(lab_notebook(args.target, config, mesh, args.device), f, indent=1)
+        print(f"toast-lab: wrote {path}")
+    cmd = [sys.executable, "-m", "jupyterlab", path]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # JupyterLab refuses root unless told (containers run so)
+    if args.no_browser:
+        cmd.append("--no-browser")
+    cmd += args.jupyter_args
+    if args.no_launch:
+        print(" ".join(cmd))
+        return 0
+    try:
+        return subprocess.call(cmd)
+    except FileNotFoundError:
+        raise SystemExit("toast-lab: JupyterLab is not installed here; `python -m pip install "
+                         "toast-lab` installs it") from None
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toast-lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,8 +264,32 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--pin", action="append", default=[], metavar="NAME=AXES",
                            help="fix a decision: batch=data, mlp=data+model, <conflict>=keep_dim2")
             p.add_argument("--out", default=None, help="write the plan as JSON here")
+    p = sub.add_parser("lab", help="open JupyterLab on a notebook with the Lab (the widget) "
+                                   "for a model")
+    p.add_argument("target", nargs="?", default="gpt",
+                   help="a built-in model (default gpt, GPT-2-small) or package.module:function")
+    p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="model config, e.g. -c layers=24")
+    p.add_argument("--mesh", default="data=4,model=2", help="mesh axes, e.g. data=4,model=2")
+    p.add_argument("--device", default="h100", help="device preset (toast_lab.devices())")
+    p.add_argument("--notebook", default=None,
+                   help="the notebook to write (if absent) and open; default "
+                        "toast-lab-<model>.ipynb in the current directory")
+    p.add_argument("--no-browser", action="store_true", help="passed on to jupyter lab")
+    p.add_argument("--no-launch", action="store_true",
+                   help="write the notebook and print the jupyter command, without running it")
+    p.epilog = "Other options go to jupyter lab, e.g. `toast-lab lab -- --port 8890`."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # what follows goes to jupyter lab
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
-    return {"analyze": _analyze, "partition": _partition, "demo": _demo}[args.command](args)
+    if passthrough and args.command != "lab":
+        parser.error(f"unrecognized arguments: -- {' '.join(passthrough)}")
+    args.jupyter_args = passthrough
+    return {"analyze": _analyze, "partition": _partition, "demo": _demo,
+            "lab": _lab}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""`toast-lab lab`: writes a notebook that builds the Lab, then opens JupyterLab on it."""
+
+import json
+import os
+import sys
+
+import toast_lab as tl
+from toast_lab import cli
+from toast_lab.cli import main
+
+
+def _code(path) -> str:
+    nb = json.loads(path.read_text())
+    assert nb["nbformat"] == 4 and nb["metadata"]["kernelspec"]["name"] == "python3"
+    return "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+
+
+def test_lab_writes_a_notebook_whose_first_cell_builds_the_lab(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["lab", "-c", "size=tiny", "-c", "layers=2", "--mesh", "data=2,model=2",
+                 "--no-launch", "--no-browser"]) == 0
+    out = capsys.readouterr().out
+    path = tmp_path / "toast-lab-gpt.ipynb"
+    assert "wrote toast-lab-gpt.ipynb" in out
+    assert f"{sys.executable} -m jupyterlab toast-lab-gpt.ipynb" in out and "--no-browser" in out
+    if os.geteuid() == 0:
+        assert "--allow-root" in out
+    code = _code(path)
+    assert "tl.zoo.get('gpt', size='tiny', layers=2)" in code
+    assert code.rstrip().endswith("lab")
+    scope = {}
+    exec(compile(code.replace("\nlab", "\nlab_shown = lab"), str(path), "exec"), scope)
+    lab = scope["lab"]
+    assert isinstance(lab, tl.Lab) and dict(lab.mesh.shape) == {"data": 2, "model": 2}
+    assert lab.estimate.step_time_s > 0
+
+
+def test_lab_defaults_to_gpt2_small_and_keeps_an_existing_notebook(tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    assert main(["lab"]) == 0
+    path = tmp_path / "toast-lab-gpt.ipynb"
+    assert "size='gpt2-small'" in _code(path) and "device='h100'" in _code(path)
+    assert calls and calls[0][1:4] == ["-m", "jupyterlab", "toast-lab-gpt.ipynb"]
+    path.write_text(path.read_text().replace("gpt2-small", "gpt2-medium"))
+    assert main(["lab", "--", "--port", "8899"]) == 0
+    assert "gpt2-medium" in _code(path)  # not overwritten
+    assert "opening the existing notebook" in capsys.readouterr().out
+    assert calls[1][-2:] == ["--port", "8899"]

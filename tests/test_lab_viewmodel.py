@@ -1,0 +1,428 @@
+"""The Lab's view model: scope tree, quotient graph, colours, counterfactuals, JSON, glue."""
+
+import collections
+import json
+import re
+
+import numpy as np
+import pytest
+
+import toast_lab as tl
+from toast_lab.lab import Lab, Session, ViewBuilder, ViewModel, build_scope_tree
+from toast_lab.lab._collectives import op_collectives
+from toast_lab.lab._palette import MUTED, NEUTRAL
+
+LAYERS = 3
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    fn, args = tl.zoo.get("gpt", size="tiny", layers=LAYERS)
+    an = tl.analyze(tl.trace(fn, *args))
+    return an, tl.Mesh({"data": 4, "model": 2}, device="h100")
+
+
+@pytest.fixture(scope="module")
+def builder(gpt):
+    return ViewBuilder(*gpt)
+
+
+@pytest.fixture
+def session(gpt):
+    return Session(*gpt)
+
+
+# --- scope tree -----------------------------------------------------------------------------------
+
+def test_every_op_is_in_exactly_one_group(gpt, builder):
+    an, _ = gpt
+    tree = builder.tree
+    direct = collections.Counter(o for g in tree.groups.values() for o in g.direct)
+    assert sorted(direct) == list(range(len(an.program.ops)))
+    assert set(direct.values()) == {1}
+    for o in range(len(an.program.ops)):
+        assert o in tree.group_of(o).direct
+    root = tree.groups[""]
+    assert root.ops == len(an.program.ops)
+    for g in tree.groups.values():  # a group's ops are its own plus its children's
+        assert g.ops == len(g.direct) + sum(tree.groups[c].ops for c in g.children)
+
+
+def test_repeated_layers_collapse_into_one_group(builder):
+    tree = builder.tree
+    assert "block*" in tree.groups and tree.groups["block*"].repeat == LAYERS
+    assert not any(re.search(r"block\d", g) for g in tree.groups)
+    assert tree.groups["block*/attn"].repeat == LAYERS
+    # two different norms in one block are not layers of each other
+    assert "block*/ln1" in tree.groups and "block*/ln2" in tree.groups
+    # drawn once: the shown ops of a folded group are those of one layer
+    attn = tree.groups["block*/attn"]
+    assert len(attn.shown) * LAYERS == len(attn.direct)
+    # the optimizer's thousands of elementwise ops are split by the parameter they update
+    assert tree.groups["optimizer/blocks*"].repeat == LAYERS
+    assert "optimizer/blocks*/attn/wq" in tree.groups
+
+
+def test_without_layer_grouping_every_layer_is_drawn(gpt):
+    an, _ = gpt
+    tree = build_scope_tree(an.program, fold_layers=False)
+    assert {"block0", "block1", "block2"} <= set(tree.groups)
+    assert all(g.repeat == 1 for g in tree.groups.values())
+
+
+def test_representatives_share_primitive_and_shapes(gpt, builder):
+    an, _ = gpt
+    prog, tree = an.program, builder.tree
+    for o, r in enumerate(tree.rep):
+        a, b = prog.ops[o], prog.ops[int(r)]
+        assert a.primitive == b.primitive
+        assert [prog.values[v].shape for v in a.results] == [
+            prog.values[v].shape for v in b.results]
+
+
+# --- the view model -----------------------------------------------------------------------------
+
+def test_view_model_round_trips_through_json(builder, session):
+    session.pin("batch", ("data",))
+    session.select("op", 10)
+    vm = builder.build(session)
+    text = vm.to_json()
+    json.loads(text)  # plain JSON, no NaN
+    again = ViewModel.from_json(text)
+    assert again == vm
+    assert again.to_dict() == vm.to_dict()
+    doc = vm.to_dict()
+    assert doc["format"] == "toast-lab-view" and doc["version"] == 1
+    for key in ("program", "mesh", "classes", "conflicts", "groups", "graph", "estimate",
+                "experts", "search", "snippet", "error", "selected", "details", "pinned"):
+        assert key in doc
+
+
+def test_colours_and_ids_are_deterministic(gpt):
+    an, mesh = gpt
+    docs = [ViewBuilder(an, mesh).build(Session(an, mesh)).to_dict() for _ in range(2)]
+    assert docs[0] == docs[1]
+    colours = [c["color"] for c in docs[0]["classes"]]
+    assert len(set(colours)) == len(colours) and set(colours) <= set(MUTED)
+    biggest = max(an.classes, key=lambda c: c.bytes)
+    assert colours[biggest.id] == MUTED[0]
+
+
+def test_pin_recolours_the_graph_and_changes_the_estimate(gpt, builder, session):
+    an, mesh = gpt
+    before = builder.build(session)
+    assert not any(e.sharded for e in before.graph.edges)  # replicated: all neutral
+    assert NEUTRAL in before.graph.dot
+    batch = an.class_named("batch")
+    session.pin("batch", ("data",))
+    after = builder.build(session)
+    assert after.estimate["step_time_s"] == pytest.approx(
+        tl.estimate(an, session.plan, mesh).step_time_s)
+    assert after.estimate["step_time_s"] != before.estimate["step_time_s"]
+    coloured = [e for e in after.graph.edges if batch.id in e.sharded]
+    assert coloured and all(batch.id in e.classes for e in coloured)
+    assert after.classes[batch.id].axes == ("data",) and after.classes[batch.id].pinned
+    colour = after.classes[batch.id].color
+    assert colour in after.graph.dot and colour not in before.graph.dot
+    assert after.pinned == ("batch",)
+
+
+def test_counterfactuals_equal_the_full_estimate_of_the_changed_plan(gpt, builder, session):
+    an, mesh = gpt
+    session.pin("batch", ("data",))
+    seq = an.classes[an.conflicts[0].class_id].name
+    session.pin(seq, ("model",))
+    vm = builder.build(session)
+    plan = session.plan
+    priced = 0
+    for cv in vm.classes:
+        for ch in cv.choices:
+            if not ch.valid:
+                assert ch.step_time_s is None and ch.reason
+                continue
+            want = tl.estimate(an, plan.with_axes(cv.id, ch.value), mesh)
+            assert ch.step_time_s == pytest.approx(want.step_time_s, rel=1e-9), (cv.name, ch)
+            assert ch.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-9)
+            priced += 1
+    for cf in vm.conflicts:
+        assert cf.active
+        for ch in cf.choices:
+            want = tl.estimate(an, plan.with_resolution(cf.id, ch.value), mesh)
+            assert ch.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
+            assert ch.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-9)
+            priced += 1
+    assert priced > 20
+    # the current choice is marked and priced at the current estimate
+    batch = vm.classes[an.class_named("batch").id]
+    current = [ch for ch in batch.choices if ch.current]
+    assert [ch.value for ch in current] == [("data",)]
+    assert current[0].step_time_s == pytest.approx(vm.estimate["step_time_s"])
+
+
+def test_refused_choices_say_why(gpt, builder, session):
+    an, _ = gpt
+    heads = builder.build(session).classes[an.class_named("heads").id]
+    by_label = {ch.label: ch for ch in heads.choices}
+    assert not by_label["data×model"].valid
+    assert "not divisible" in by_label["data×model"].reason
+    assert by_label["replicated"].valid and by_label["model"].valid
+
+
+def test_conflict_is_marked_with_its_resolution(gpt, session):
+    an, mesh = gpt
+    conflict = an.conflicts[0]
+    b = ViewBuilder(an, mesh)
+    vm = b.build(session)
+    marked = [n for n in vm.graph.nodes if conflict.id in n.conflicts]
+    assert marked, "the conflict site is drawn"
+    assert "octagon" in vm.graph.dot and "not sharded" in vm.graph.dot
+    session.pin(conflict.class_name, ("model",))
+    session.pin(conflict.name, "replicate")
+    vm = b.build(session)
+    assert vm.conflicts[conflict.id].active and vm.conflicts[conflict.id].resolution == "replicate"
+    assert f"{conflict.class_name}: replicate" in vm.graph.dot
+
+
+def test_expanding_a_group_draws_its_ops_and_keeps_the_rest(builder, session):
+    closed = builder.build(session)
+    assert "group.block*/attn" in {n.id for n in closed.graph.nodes}
+    opened = builder.build(session, builder.default_expanded | {"block*/attn"})
+    ids = {n.id for n in opened.graph.nodes}
+    assert "group.block*/attn" not in ids
+    attn = builder.tree.groups["block*/attn"]
+    assert {f"op.{o}" for o in attn.shown} <= ids
+    assert opened.group("block*/attn").expanded and not closed.group("block*/attn").expanded
+    assert "cluster:block*/attn" in opened.graph.dot
+    # every edge joins drawn nodes, and the DOT names every node once
+    for e in opened.graph.edges:
+        assert e.source in ids and e.target in ids
+    for n in opened.graph.nodes:
+        assert opened.graph.dot.count(f'id="{n.id}"') == 1
+
+
+def test_group_costs_add_up_to_the_estimate(builder, session):
+    session.pin("batch", ("data",))
+    vm = builder.build(session)
+    root = vm.group("")
+    assert root.compute_s == pytest.approx(vm.estimate["compute_s"], rel=1e-6)
+    assert root.comm_s == pytest.approx(vm.estimate["communication_s"], rel=1e-6)
+    drawn = sum(n.compute_s for n in vm.graph.nodes)
+    assert drawn == pytest.approx(vm.estimate["compute_s"], rel=1e-6)
+
+
+def test_collective_labels_are_the_cost_models_kinds_and_axes(gpt, builder):
+    an, mesh = gpt
+    fsdp = tl.strategies.expert(an, mesh)["fsdp"]
+    s = Session(an, mesh, fsdp)
+    vm = builder.build(s)
+    charged = {f"{kind} {'×'.join(axes)}" for kind, axes in s.estimate.collectives}
+    seen = {re.sub(r" ×\d+$", "", c) for n in vm.graph.nodes for c in n.collectives}
+    assert seen and seen <= charged
+    badges = {b for e in vm.graph.edges if e.badge for b in e.badge.split(", ")}
+    assert any(b.startswith("all-gather") for b in badges)
+    assert badges <= charged
+    # an op's own reading: the all-gather of an FSDP weight before its matmul
+    model = tl.cost_model(an, mesh)
+    _, comm = model.op_costs(fsdp)
+    labels = {c.label for o in np.nonzero(comm > 0)[0]
+              for c in op_collectives(an, fsdp, int(o), mesh.axis_names)}
+    assert labels <= charged
+
+
+def test_details_of_a_selected_op(gpt, builder, session):
+    an, _ = gpt
+    session.pin("batch", ("data",))
+    op = next(o for o in an.program.ops if o.primitive == "dot_general")
+    session.select("op", op.id)
+    d = builder.build(session).details
+    assert d.op == op.id and d.primitive == "dot_general" and d.source == op.source
+    assert d.scope == op.name_scope
+    assert [t.value for t in d.operands] == list(op.operands)
+    for t in d.operands + d.results:
+        assert t.classes == an.dim_names(t.value)
+        assert t.spec.startswith("P(")
+    assert any("'data'" in t.spec for t in d.operands + d.results)
+
+
+def test_snippet_and_experts(builder, session):
+    session.pin("batch", ("data",))
+    vm = builder.build(session)
+    assert "jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings)" in vm.snippet
+    assert "('batch', 'data')" in vm.snippet and "LOGICAL_AXIS_RULES" in vm.snippet
+    names = [r.name for r in vm.experts]
+    assert "dp" in names and "fsdp" in names
+    dp = next(r for r in vm.experts if r.name == "dp")
+    assert dp.classes == {"batch": ("data", "model")}
+
+
+def test_text_rendering(builder, session):
+    session.pin("batch", ("data",))
+    vm = builder.build(session)
+    text = vm.to_text()
+    assert str(vm) == text
+    assert "estimate: step" in text and "*data" in text and "pinned: batch" in text
+    assert "group.block*/attn" in text and "×3" in text
+    assert repr(vm).startswith("ViewModel('gpt_train_step'")
+
+
+def test_prices_are_left_out_while_a_search_runs(builder, session):
+    vm = builder.build(session, price=False)
+    for cv in vm.classes:
+        for ch in cv.choices:
+            assert ch.current or ch.step_time_s is None
+
+
+@pytest.mark.slow
+def test_24_layer_gpt2_small_collapsed_graph_stays_small():
+    fn, args = tl.zoo.get("gpt", size="gpt2-small", layers=24)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    b = ViewBuilder(an, mesh)
+    vm = b.build(Session(an, mesh))
+    assert len(vm.graph.nodes) <= 30, [n.id for n in vm.graph.nodes]
+    assert len(vm.groups) < 80
+    assert b.tree.groups["block*"].repeat == 24
+
+
+# --- the Lab's glue, with a stand-in for the widget ----------------------------------------------
+
+class RecordingWidget:
+    """Records what the Lab assigns to a LabView's traitlets; delivers events like on_event."""
+
+    def __init__(self):
+        self.views, self.costs, self.callbacks = [], [], []
+
+    def on_event(self, callback):
+        self.callbacks.append(callback)
+
+    def send(self, **event):
+        for cb in self.callbacks:
+            cb(event)
+
+    @property
+    def view(self):
+        return self.views[-1]
+
+    @view.setter
+    def view(self, value):
+        self.views.append(value)
+
+    @property
+    def op_costs(self):
+        return self.costs[-1]
+
+    @op_costs.setter
+    def op_costs(self, value):
+        self.costs.append(value)
+
+
+@pytest.fixture
+def lab(gpt):
+    an, mesh = gpt
+    return Lab.from_analysis(an, mesh, widget=RecordingWidget())
+
+
+def test_lab_feeds_the_widget_on_every_change(gpt, lab):
+    an, mesh = gpt
+    w = lab.widget
+    assert len(w.views) == 1 and w.view["format"] == "toast-lab-view"
+    costs = np.frombuffer(w.op_costs, "<f8").reshape(-1, 2)
+    assert costs.shape == (len(an.program.ops), 2)
+    w.send(event="pin", name="batch", value=["data"])
+    assert w.view["classes"][an.class_named("batch").id]["axes"] == ["data"]
+    assert w.view["estimate"]["step_time_s"] == pytest.approx(lab.estimate.step_time_s)
+    assert lab.plan.axes_of("batch") == ("data",)
+    compute, comm = tl.cost_model(an, mesh).op_costs(lab.plan)
+    costs = np.frombuffer(w.op_costs, "<f8").reshape(-1, 2)
+    np.testing.assert_allclose(costs[:, 0], compute)
+    np.testing.assert_allclose(costs[:, 1], comm)
+    w.send(event="toggle", group="block*/attn")
+    assert any(n["id"].startswith("op.") for n in w.view["graph"]["nodes"])
+    w.send(event="select", kind="op", id="3")
+    assert w.view["details"]["op"] == 3
+    w.send(event="unpin", name="batch")
+    assert w.view["pinned"] == []
+
+
+def test_refusals_and_crashes_show_in_the_widget_and_leave_it_usable(lab, monkeypatch):
+    w = lab.widget
+    w.send(event="pin", name="heads", value=["data", "model"])
+    assert "not divisible" in w.view["error"]
+    w.send(event="toggle", group="no/such/group")
+    assert "no such" in w.view["error"] or "no group" in w.view["error"]
+    w.send(event="launch")
+    assert "unknown event 'launch'" in w.view["error"]
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug in pricing")
+
+    monkeypatch.setattr(lab.session, "unpin", broken)
+    w.send(event="unpin", name="batch")
+    assert "unpin failed: ZeroDivisionError: a bug in pricing" in w.view["error"]
+    monkeypatch.undo()
+    w.send(event="pin", name="batch", value=["data"])  # still works
+    assert w.view["error"] is None and w.view["classes"][lab.analysis.class_named(
+        "batch").id]["axes"] == ["data"]
+
+
+def test_a_view_bug_keeps_the_last_view_and_says_so(lab, monkeypatch):
+    w = lab.widget
+    n = len(w.views)
+    monkeypatch.setattr(lab.builder, "build", lambda *a, **k: 1 / 0)
+    lab.pin("batch", ("data",))
+    assert len(w.views) > n and "could not be updated" in w.view["error"]
+    assert lab.plan.axes_of("batch") == ("data",)
+
+
+def test_lab_search_and_export_from_events(gpt, lab, tmp_path):
+    an, _ = gpt
+    w = lab.widget
+    w.send(event="search", budget_s=30)
+    assert lab.session.running or w.view["search"]["simulations"] > 0
+    w.send(event="stop")
+    assert not lab.session.running and not w.view["search"]["running"]
+    assert w.view["search"]["simulations"] > 0
+    path = tmp_path / "plan.json"
+    w.send(event="export", path=str(path))
+    assert tl.Plan.load(path, an) == lab.plan
+    doc = json.loads(path.read_text())
+    assert doc["view"]["format"] == "toast-lab-view" and "estimate" in doc
+    assert f"wrote {path}" in w.view["notice"]
+
+
+def test_lab_without_a_widget_shows_text(gpt):
+    an, mesh = gpt
+    lab = Lab.from_analysis(an, mesh, widget=False)
+    bundle = lab._repr_mimebundle_()
+    assert list(bundle) == ["text/plain"] and "estimate: step" in bundle["text/plain"]
+    assert repr(lab).startswith("Lab('gpt_train_step'")
+
+
+def test_tl_lab_traces_and_analyses(gpt):
+    fn, args = tl.zoo.get("gpt", size="tiny", layers=2)
+    lab = tl.Lab(fn, *args, mesh=tl.Mesh({"data": 2}, device="h100"), widget=False)
+    assert lab.analysis.program.fn_name == "gpt_train_step"
+    assert lab.estimate == tl.estimate(lab.analysis, lab.plan, lab.mesh)
+
+
+@pytest.mark.parametrize("name", tl.zoo.names())
+def test_every_zoo_model_draws_collapsed_and_fully_open(name):
+    fn, args = tl.zoo.get(name)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    s = Session(an, mesh)
+    s.search(budget_s=None, simulations=50, background=False)
+    b = ViewBuilder(an, mesh)
+    closed = b.build(s)
+    assert len(closed.graph.nodes) <= 30
+    opened = b.build(s, set(b.tree.groups))
+    drawn_ops = {n.op for n in opened.graph.nodes if n.kind == "op"}
+    assert set(int(r) for r in b.tree.rep) == drawn_ops  # fully open: every representative
+    assert ViewModel.from_json(opened.to_json()) == opened
+
+
+def test_scanned_layers_are_one_group_with_the_scan_length():
+    fn, args = tl.zoo.get("gpt_scan", layers=3)
+    tree = build_scope_tree(tl.trace(fn, *args))
+    assert tree.groups["block"].repeat == 3 and tree.groups["block/attn"].repeat == 3
+    assert tree.groups["embed"].repeat == 1

@@ -1,0 +1,27 @@
+"""Stage 10, the Lab (DESIGN.md §10): steer the partitioning of a program in a notebook.
+
+Three layers, each usable alone:
+
+- `Session` (no UI): analysis, mesh, plan, pins, estimate, search state and history, selection,
+  one lock shared by the search thread and the UI; `pin`, `unpin`, `search(background=True)`,
+  `stop`, `export`, and listeners told of every change.
+- `ViewBuilder` -> `ViewModel`: a frozen, JSON-ready description of what to draw (the scope
+  tree with repeated layers folded, the quotient graph coloured by class with collective
+  badges and conflict marks, DOT for the browser's Graphviz, counterfactual prices of every
+  choice, op details, the export snippet, expert rows), with a text rendering.
+- `Lab`: both plus the notebook widget (`LabView`, TypeScript in labextension/), fed on every
+  change; front-end events go back to the session.
+"""
+
+from ._build import ViewBuilder, estimate_view
+from ._lab import Lab, op_costs_buffer
+from ._scopes import ROOT, Group, ScopeTree, build_scope_tree
+from ._session import Change, PinError, SearchState, Session
+from ._viewmodel import (ChoiceView, ClassView, ConflictView, DetailsView, EdgeView, ExpertRow,
+                         GraphView, GroupView, NodeView, SearchView, Selection, TensorView,
+                         ViewModel)
+
+__all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder", "ViewModel",
+           "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
+           "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
+           "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer"]

@@ -1,0 +1,259 @@
+"""ViewBuilder: a session's state -> ViewModel.
+
+What depends only on the program (the scope tree, the dataflow index, colours, the expert rows)
+is built once; the quotient graph once per set of open groups; a pin only recolours it, labels
+its collectives and re-prices the choices. During a search the choices are not re-priced (the
+plan changes several times a second, and pricing would take time from the search); they are
+priced again when it ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+
+import numpy as np
+
+from ..strategies import expert
+from ._collectives import UNLABELLED, op_collectives
+from ._counterfactuals import class_choices, conflict_choices
+from ._details import op_details, snippet
+from ._dot import to_dot
+from ._graph import ProgramIndex, VisibleGraph
+from ._palette import class_colors
+from ._scopes import ROOT, build_scope_tree
+from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, GraphView, GroupView,
+                         NodeView, SearchView, ViewModel, _plain)
+
+GRAPH_CACHE = 8  # quotient graphs kept (sets of open groups a person toggles between)
+
+
+class ViewBuilder:
+    """Builds the ViewModel of a Session. `fold_layers`: draw repeated layers once (default:
+    when the analysis grouped layers)."""
+
+    def __init__(self, analysis, mesh, fold_layers: bool | None = None):
+        self.analysis, self.mesh = analysis, mesh
+        self.tree = build_scope_tree(analysis.program,
+                                     analysis.grouped if fold_layers is None else fold_layers)
+        self.index = ProgramIndex(analysis, self.tree)
+        self.colors = class_colors(analysis.classes)
+        prog = analysis.program
+        self.program = {"name": prog.fn_name, "ops": len(prog.ops),
+                        "fingerprint": prog.fingerprint()}
+        self.mesh_view = {"axes": dict(mesh.shape), "device": mesh.device.name,
+                          "memory_bytes": float(mesh.device.memory_bytes)}
+        self.trips = np.array([op.trip_count for op in prog.ops], np.int64)
+        self._graphs: OrderedDict = OrderedDict()
+        self._experts: tuple[ExpertRow, ...] | None = None
+        self._collectives: tuple = (None, {})
+        self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
+
+    @property
+    def default_expanded(self) -> frozenset[str]:
+        """The root, and the repeated layers under it (a model's block, drawn once)."""
+        root = self.tree.groups[ROOT]
+        return frozenset({ROOT} | {c for c in root.children if self.tree.groups[c].repeat > 1})
+
+    def graph(self, expanded) -> VisibleGraph:
+        key = frozenset(expanded) | {ROOT}
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = VisibleGraph(self.index, key)
+            while len(self._graphs) > GRAPH_CACHE:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        return g
+
+    def experts(self, model) -> tuple[ExpertRow, ...]:
+        if self._experts is None:
+            rows = []
+            for name, plan in expert(self.analysis, self.mesh).items():
+                est = model.estimate(plan)
+                rows.append(ExpertRow(name, est.step_time_s, est.peak_memory_bytes,
+                                      est.feasible, {k: tuple(v) for k, v
+                                                     in plan.class_axes.items()}))
+            self._experts = tuple(rows)
+        return self._experts
+
+    # --- the view model -------------------------------------------------------------------------
+
+    def build(self, session, expanded=None, error: str | None = None,
+              price: bool | None = None) -> ViewModel:
+        """The ViewModel of `session` now, with `expanded` groups open (default: ROOT and the
+        repeated layers). Holds the session's lock while it reads the plan and the cost model.
+        price: compute the choices' prices (default: unless a search runs)."""
+        with session.lock:
+            plan, est, model = session.plan, session.estimate, session.model
+            state, selected = session.search_state, session.selected
+            error = error or session.error
+            notice = session.notice
+            if price is None:
+                price = not state.running
+            expanded = self.default_expanded if expanded is None else expanded
+            graph = self.graph(expanded)
+            compute, comm = model.op_costs(plan)
+            self.op_costs = (compute, comm)  # the widget's op_costs buffer
+            colls = self.op_collectives(plan, comm)
+            current = (est.step_time_s, est.peak_memory_bytes)
+            classes = tuple(self._class_view(model, plan, c, current, session.shared, price)
+                            for c in self.analysis.classes)
+            conflicts = self._conflict_views(model, plan, current, price)
+            nodes, edges = self._decorate(graph, plan, compute, comm, colls, conflicts)
+            groups = self._group_views(graph, compute, comm)
+            details = None
+            if selected is not None and selected.kind == "op":
+                o = int(selected.id)
+                details = op_details(self.analysis, plan, o, compute[o], comm[o],
+                                     colls.get(int(self.tree.rep[o]), ()))
+            experts = self.experts(model)
+            pinned = tuple(sorted(plan.pinned))
+            snip = snippet(plan, self.mesh)
+        dot = to_dot(self.program["name"], graph, nodes, edges, self.colors, conflicts,
+                     self.tree)
+        return ViewModel(
+            program=dict(self.program), mesh=dict(self.mesh_view), classes=classes,
+            conflicts=conflicts, groups=groups, graph=GraphView(dot, nodes, edges),
+            estimate=estimate_view(est), experts=experts, search=_search_view(state),
+            snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
+            notice=notice)
+
+    def op_collectives(self, plan, comm) -> dict:
+        """{representative op: its OpCollectives} for the ops the cost model charges
+        communication, under `plan` (cached for the last plan)."""
+        cached_plan, cached = self._collectives
+        if cached_plan is not None and cached_plan == plan:
+            return cached
+        reps = np.unique(self.tree.rep[np.nonzero(comm > 0)[0]])
+        names = tuple(self.mesh.axis_names)
+        out = {int(o): op_collectives(self.analysis, plan, int(o), names) for o in reps}
+        self._collectives = (plan, out)
+        return out
+
+    # --- parts ------------------------------------------------------------------------------------
+
+    def _class_view(self, model, plan, c, current, shared, price) -> ClassView:
+        return ClassView(
+            id=c.id, name=c.name, size=c.size, bytes=int(c.bytes), layers=c.layers,
+            color=self.colors[c.id], axes=tuple(plan.axes_of(c.id)), pinned=c.name in plan.pinned,
+            choices=class_choices(self.analysis, self.mesh, model, plan, current, c, shared,
+                                  price))
+
+    def _conflict_views(self, model, plan, current, price) -> tuple[ConflictView, ...]:
+        an = self.analysis
+        inc = model.incremental(plan) if price and an.conflicts else None
+        out = []
+        for c in an.conflicts:
+            out.append(ConflictView(
+                id=c.id, name=c.name, class_id=c.class_id, class_name=c.class_name,
+                where=c.where, source=c.source, active=bool(plan.axes_of(c.class_id)),
+                resolution=plan.resolution_of(c.id), resolutions=tuple(c.resolutions),
+                pinned=c.name in plan.pinned,
+                choices=conflict_choices(an, model, plan, current, c, inc, price)))
+        return tuple(out)
+
+    def _decorate(self, graph, plan, compute, comm, colls, conflicts):
+        """NodeViews and EdgeViews of `graph` under `plan`: costs, colours, collectives."""
+        index, tree, prog = self.index, self.tree, self.analysis.program
+        n = len(graph.nodes)
+        node_compute = np.bincount(graph.node_of_op, weights=compute, minlength=n)
+        node_comm = np.bincount(graph.node_of_op, weights=comm, minlength=n)
+        node_colls: list[Counter] = [Counter() for _ in range(n)]
+        charged = np.nonzero(comm > 0)[0]
+        # the layers' copies of an op share its labels: count (node, representative) pairs
+        key = graph.node_of_op[charged] * len(prog.ops) + tree.rep[charged]
+        keys, inverse = np.unique(key, return_inverse=True)
+        runs = np.bincount(inverse, weights=self.trips[charged]).astype(np.int64)
+        for k, times in zip(keys.tolist(), runs.tolist()):
+            node, rep = divmod(k, len(prog.ops))
+            for c in colls.get(rep, ()) or (None,):
+                node_colls[node][c.label if c is not None else UNLABELLED] += times
+        sharded_classes = {k for k, axes in plan.assignments if axes}
+        nodes = []
+        for i, spec in enumerate(graph.nodes):
+            if spec.kind == "group":
+                g = tree.index[spec.group]
+                classes = index.group_classes[g]
+                marks = index.group_conflicts[g]
+                sharded = tuple(sorted((c for c in classes if c in sharded_classes),
+                                       key=lambda c: -self.analysis.classes[c].bytes))
+            elif spec.kind == "op":
+                op = prog.ops[spec.op]
+                classes = index.op_classes[spec.op]
+                marks = index.site_conflicts.get(spec.op, ())
+                sharded = _sharded_on(plan, self.analysis, op.results[:1])
+            else:
+                classes, marks, sharded = (), (), ()
+            label = spec.title + (f"\n{spec.subtitle}" if spec.subtitle else "")
+            coll = tuple(f"{k} ×{v}" if v > 1 else k for k, v in node_colls[i].most_common())
+            nodes.append(NodeView(
+                id=spec.id, kind=spec.kind, group=spec.group, label=label, op=spec.op,
+                classes=tuple(classes), conflicts=tuple(marks),
+                compute_s=float(node_compute[i]), comm_s=float(node_comm[i]),
+                collectives=coll, sharded=tuple(sharded)))
+        edges = []
+        for spec in graph.edges:
+            badges: Counter = Counter()
+            dst = index.pair_dst[spec.pairs]
+            pairs = spec.pairs[(dst >= 0) & (comm[np.maximum(dst, 0)] > 0)]
+            for d, slot in zip(index.pair_dst[pairs].tolist(), index.pair_slot[pairs].tolist()):
+                for c in colls.get(int(tree.rep[d]), ()):
+                    if c.operand == slot:
+                        badges[c.label] += int(self.trips[d])
+            badge = ", ".join(k for k, _ in badges.most_common(2)) or None
+            edges.append(EdgeView(
+                id=spec.id, source=graph.nodes[spec.source].id,
+                target=graph.nodes[spec.target].id, classes=spec.classes, label=spec.label,
+                badge=badge, sharded=_sharded_on(plan, self.analysis, spec.samples)))
+        return tuple(nodes), tuple(edges)
+
+    def _group_views(self, graph, compute, comm) -> tuple[GroupView, ...]:
+        tree, index = self.tree, self.index
+        k = len(tree)
+        sub_compute = np.bincount(tree.group_index, weights=compute, minlength=k)
+        sub_comm = np.bincount(tree.group_index, weights=comm, minlength=k)
+        for i in range(k - 1, 0, -1):  # pre-order: children after parents
+            p = tree.index[tree.groups[tree.ids[i]].parent]
+            sub_compute[p] += sub_compute[i]
+            sub_comm[p] += sub_comm[i]
+        out = []
+        for i, gid in enumerate(tree.ids):
+            g = tree.groups[gid]
+            out.append(GroupView(
+                id=gid, label=g.label, parent=g.parent, children=g.children, repeat=g.repeat,
+                ops=g.ops, compute_s=float(sub_compute[i]), comm_s=float(sub_comm[i]),
+                classes=index.group_classes[i], conflicts=index.group_conflicts[i],
+                expanded=gid == ROOT or gid in graph.expanded))
+        return tuple(out)
+
+
+def _sharded_on(plan, analysis, values) -> tuple[int, ...]:
+    """Classes the plan shards on any dim of `values`, in order of first appearance."""
+    out: list[int] = []
+    vc = analysis.value_classes
+    for v in values:
+        for d, axes in enumerate(plan.value_axes(v)):
+            if axes and vc[v][d] >= 0 and vc[v][d] not in out:
+                out.append(vc[v][d])
+    return tuple(out)
+
+
+def estimate_view(est) -> dict | None:
+    """Estimate.to_dict() plus communication by mesh axes ("data", "data×model")."""
+    if est is None:
+        return None
+    doc = est.to_dict()
+    by_axis: dict[str, float] = {}
+    for (_, axes), c in est.collectives.items():
+        key = "×".join(axes)
+        by_axis[key] = by_axis.get(key, 0.0) + c.time_s
+    doc["communication_by_axis"] = by_axis
+    doc["by_scope"] = {k: {"compute_s": a, "comm_s": b} for k, (a, b) in est.by_scope.items()}
+    return _plain(doc)
+
+
+def _search_view(state) -> SearchView:
+    return SearchView(running=state.running, simulations=int(state.simulations),
+                      elapsed_s=float(state.elapsed_s), sims_per_s=float(state.sims_per_s),
+                      best_step_time_s=state.best_step_time_s,
+                      history=tuple(tuple(float(x) for x in row) for row in state.history),
+                      message=state.message)

@@ -1,0 +1,136 @@
+"""The price of every choice before it is made: each class's axes and each conflict's
+resolutions, priced from the current plan with the incremental estimator.
+
+A class's options are replication and every set of mesh axes (mesh order, major to minor). One
+whose devices do not divide the class is refused with the reason. One that asks for an axis
+another class already holds on tensors they share is allowed — the class decided first keeps the
+axis there (Plan's rule) — and its `note` says so. Prices are exactly `tl.estimate` of the plan
+with that one choice changed (tests hold this).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import combinations
+
+import numpy as np
+
+from ._viewmodel import ChoiceView
+
+
+def class_options(mesh) -> list[tuple[str, ...]]:
+    """Replicated, then every non-empty set of mesh axes in mesh order."""
+    names = tuple(mesh.axis_names)
+    out = [()]
+    for m in range(1, 1 << len(names)):
+        out.append(tuple(a for i, a in enumerate(names) if m >> i & 1))
+    return out
+
+
+def axes_label(axes) -> str:
+    return "×".join(axes) if axes else "replicated"
+
+
+def shared_values(analysis) -> Counter:
+    """{(class a, class b): how many tensors have dims in both} (a < b)."""
+    out: Counter = Counter()
+    for dims in analysis.value_classes:
+        cs = sorted({c for c in dims if c >= 0})
+        for a, b in combinations(cs, 2):
+            out[(a, b)] += 1
+    return out
+
+
+def refusal(analysis, mesh, cls, axes) -> str | None:
+    """Why `cls` (a DimClass) cannot be sharded over `axes`, or None."""
+    names = set(mesh.axis_names)
+    unknown = [a for a in axes if a not in names]
+    if unknown:
+        return (f"the mesh has no axis {unknown[0]!r}; its axes are "
+                f"{list(mesh.axis_names)}")
+    if len(set(axes)) != len(axes):
+        return f"{axes_label(axes)} uses a mesh axis twice on one dim"
+    ways = int(np.prod([mesh.axis_size(a) for a in axes])) if axes else 1
+    if cls.size % ways:
+        return (f"{cls.name} has size {cls.size}, not divisible by the {ways} devices of "
+                f"{axes_label(axes)}")
+    return None
+
+
+def first_decision_note(analysis, plan, cls, axes, shared: Counter) -> str | None:
+    """What first-decision-wins does to `cls` on `axes` under `plan`, or None."""
+    if not axes:
+        return None
+    order = [k for k, _ in plan.assignments]
+    mine = order.index(cls.id) if cls.id in order else len(order)
+    notes = []
+    for pos, (k, other) in enumerate(plan.assignments):
+        if k == cls.id or not other:
+            continue
+        common = [a for a in axes if a in other]
+        n = shared[(min(k, cls.id), max(k, cls.id))]
+        if not common or not n:
+            continue
+        name = analysis.classes[k].name
+        axis = "×".join(common)
+        if pos < mine:
+            notes.append(f"{name} (decided first) keeps {axis} on the {n} tensors they share; "
+                         f"{cls.name} is not sharded over {axis} there")
+        else:
+            notes.append(f"{cls.name} is decided before {name}: it takes {axis} on the {n} "
+                         f"tensors they share, and {name} loses it there")
+    return "; ".join(notes) or None
+
+
+def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, price: bool
+                  ) -> tuple[ChoiceView, ...]:
+    """The options of class `cls` with their prices from `plan` (current: its (step, peak))."""
+    now = plan.axes_of(cls.id)
+    options = class_options(mesh)
+    priced: dict[tuple, tuple[float, float]] = {now: current}
+    valid = {axes: refusal(analysis, mesh, cls, axes) is None for axes in options}
+    if price:
+        decided_replicated = any(k == cls.id and not v for k, v in plan.assignments)
+        todo = [a for a in options if valid[a] and a != now]
+        todo.sort(key=lambda a: not a)  # replicated last: un-sharding forgets the rank
+        if decided_replicated:  # its place in the decision order is kept: price exactly
+            for axes in todo:
+                priced[axes] = model.step_and_peak(*model.plan_arrays(
+                    plan.with_axes(cls.id, axes)))
+        elif todo:
+            inc = model.incremental(plan)
+            for axes in todo:
+                priced[axes] = inc.set_axes(cls.id, axes)
+    out = []
+    for axes in options:
+        step, peak = priced.get(axes, (None, None))
+        out.append(ChoiceView(
+            label=axes_label(axes), value=tuple(axes), current=axes == now, valid=valid[axes],
+            reason=refusal(analysis, mesh, cls, axes), step_time_s=step,
+            peak_memory_bytes=peak,
+            note=first_decision_note(analysis, plan, cls, axes, shared) if valid[axes] else None))
+    return tuple(out)
+
+
+def conflict_choices(analysis, model, plan, current, conflict, inc, price: bool
+                     ) -> tuple[ChoiceView, ...]:
+    """The resolutions of `conflict` with their prices (`inc`: an IncrementalEstimator of
+    `plan`, shared by the conflicts and left as it was found)."""
+    now = plan.resolution_of(conflict.id)
+    active = bool(plan.axes_of(conflict.class_id))
+    idle = None if active else (f"{conflict.class_name} is replicated: nothing to resolve "
+                                f"until it is sharded")
+    out = []
+    for j, res in enumerate(conflict.resolutions):
+        step = peak = None
+        if res == now or not active:
+            step, peak = current
+        elif price and inc is not None:
+            step, peak = inc.set_resolution(conflict.id, j)
+        out.append(ChoiceView(label=res, value=res, current=res == now, valid=True, reason=None,
+                              step_time_s=step if price or res == now else None,
+                              peak_memory_bytes=peak if price or res == now else None,
+                              note=idle))
+    if price and inc is not None and active:
+        inc.set_resolution(conflict.id, list(conflict.resolutions).index(now))
+    return tuple(out)

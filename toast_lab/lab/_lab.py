@@ -1,0 +1,281 @@
+"""tl.Lab: the session, its view model and the notebook widget, tied together.
+
+    lab = tl.Lab(fn, *args, mesh=tl.Mesh({"data": 4, "model": 2}, device="h100"))
+    lab                      # the widget (or its text, without ipywidgets)
+    lab.pin("batch", "data"); lab.search(budget_s=30); lab.stop(); lab.export("plan.json")
+
+Every change of the session — from a call here, a click in the widget, or the search thread —
+rebuilds the view model and assigns it to the widget's `view` traitlet (and the per-op costs to
+`op_costs`). Front-end events go to the session; whatever goes wrong in handling one becomes
+the view's `error`, never a dead widget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+
+import numpy as np
+
+from ..analysis import analyze
+from ..plan import PlanError
+from ..program import trace
+from ._build import ViewBuilder
+from ._scopes import ROOT
+from ._session import PinError, Session
+from ._viewmodel import ViewModel
+
+log = logging.getLogger("toast_lab.lab")
+
+DEFAULT_BUDGET_S = 10.0
+
+
+def op_costs_buffer(compute_s, comm_s) -> bytes:
+    """The `op_costs` traitlet's bytes: little-endian float64 [compute_s, comm_s] per op."""
+    a = np.empty((len(compute_s), 2), "<f8")
+    a[:, 0], a[:, 1] = compute_s, comm_s
+    return a.tobytes()
+
+
+def _default_widget():
+    """A LabView, or None where ipywidgets (or the view module) is not installed."""
+    try:
+        from ._widget import LabView
+    except ImportError as err:
+        log.info("toast-lab: no notebook widget (%s); showing text", err)
+        return None
+    return LabView()
+
+
+class Lab:
+    """The Lab on one program and mesh: see the module docstring.
+
+    Options: plan (the starting Plan), group_layers / strict (for `analyze`), donate /
+    overlap / memory_cap / seed (the session's), dim_names (for `trace`), expanded (group ids
+    drawn open; default the root and the repeated layers), widget (a LabView-like object with
+    `view`, `op_costs` and `on_event`; None builds a LabView when ipywidgets is installed,
+    False shows no widget).
+    """
+
+    def __init__(self, fn, *args, mesh, plan=None, group_layers: bool = True,
+                 strict: bool = False, dim_names=None, **options):
+        program = trace(fn, *args, dim_names=dim_names)
+        analysis = analyze(program, group_layers=group_layers, strict=strict)
+        self._setup(analysis, mesh, plan, **options)
+
+    @classmethod
+    def from_analysis(cls, analysis, mesh, plan=None, **options) -> "Lab":
+        """A Lab on an existing Analysis (no tracing)."""
+        lab = cls.__new__(cls)
+        lab._setup(analysis, mesh, plan, **options)
+        return lab
+
+    def _setup(self, analysis, mesh, plan=None, *, donate: bool = False, overlap: bool = False,
+               memory_cap: float | None = None, seed: int = 0, expanded=None, widget=None,
+               progress_every_s: float = 0.2):
+        self.session = Session(analysis, mesh, plan, donate=donate, overlap=overlap,
+                               memory_cap=memory_cap, seed=seed,
+                               progress_every_s=progress_every_s)
+        self.builder = ViewBuilder(analysis, mesh)
+        self._expanded = set(self.builder.default_expanded if expanded is None
+                             else set(expanded) | {ROOT})
+        self._error: str | None = None        # a crash of the view layer itself
+        self._refresh_lock = threading.RLock()
+        self._view: ViewModel | None = None
+        self.widget = _default_widget() if widget is None else (widget or None)
+        if self.widget is not None:
+            self.widget.on_event(self._on_event)
+        self.session.add_listener(self._on_change)
+        self.refresh()
+
+    # --- the session, as a notebook uses it -------------------------------------------------------
+
+    @property
+    def analysis(self):
+        return self.session.analysis
+
+    @property
+    def mesh(self):
+        return self.session.mesh
+
+    @property
+    def plan(self):
+        """The current Plan (pins included)."""
+        return self.session.plan
+
+    @property
+    def estimate(self):
+        """`tl.estimate` of the current plan."""
+        return self.session.estimate
+
+    @property
+    def view(self) -> ViewModel:
+        """The view model now drawn."""
+        return self._view
+
+    @property
+    def expanded(self) -> frozenset[str]:
+        return frozenset(self._expanded)
+
+    def pin(self, name: str, value):
+        """Pins a class to mesh axes (() replicated) or a conflict to a resolution; raises
+        PinError with the reason when refused (the widget shows it too)."""
+        return self.session.pin(name, value)
+
+    def unpin(self, name: str):
+        return self.session.unpin(name)
+
+    def set_plan(self, plan):
+        """Makes `plan` current, e.g. an expert strategy: `lab.set_plan(experts["fsdp"])`."""
+        return self.session.set_plan(plan)
+
+    def search(self, budget_s: float | None = DEFAULT_BUDGET_S, background: bool = True,
+               **options):
+        """MCTS over what is not pinned; a Future of the SearchResult (or the result itself
+        with background=False). The graph and estimates follow the best plan as it improves."""
+        return self.session.search(budget_s, background=background, **options)
+
+    def stop(self):
+        """Stops the search within 0.2 s, keeping the best plan found; returns its result."""
+        return self.session.stop()
+
+    def wait(self, timeout: float | None = None):
+        return self.session.wait(timeout)
+
+    def export(self, path="plan.json"):
+        """Writes the plan file (with the estimate and this view model, for the JupyterLab
+        viewer); `tl.Plan.load(path, lab.analysis)` gives `lab.plan` back."""
+        view = self._view.to_dict() if self._view is not None else None
+        out = self.session.export(path, extra={"view": view} if view else None)
+        self.session.notice = f"wrote {out}"
+        self.refresh()
+        return out
+
+    def select(self, kind: str | None, id=None):
+        if kind == "group" and str(id) not in self.builder.tree.groups:
+            self.session.fail(f"no group {id!r}")
+            raise ValueError(f"no group {id!r}; groups: {list(self.builder.tree.groups)[:20]}")
+        return self.session.select(kind, id)
+
+    def toggle(self, group: str) -> bool:
+        """Opens a collapsed group or closes an open one; returns whether it is open now."""
+        if group not in self.builder.tree.groups:
+            raise ValueError(f"no group {group!r}; groups: {list(self.builder.tree.groups)[:20]}")
+        if group == ROOT:
+            return True
+        if group in self._expanded:
+            self._expanded.discard(group)
+        else:
+            self._expanded.add(group)
+            parent = self.builder.tree.groups[group].parent
+            while parent:  # opening a group opens the groups around it
+                self._expanded.add(parent)
+                parent = self.builder.tree.groups[parent].parent
+        self.refresh()
+        return group in self._expanded
+
+    # --- view ---------------------------------------------------------------------------------
+
+    def refresh(self) -> ViewModel | None:
+        """Rebuilds the view model and sends it to the widget. A failure shows as the view's
+        error (the last good view stays drawn)."""
+        with self._refresh_lock:
+            try:
+                vm = self.builder.build(self.session, self._expanded, error=self._error)
+                costs = op_costs_buffer(*self.builder.op_costs)
+            except Exception as err:  # noqa: BLE001 - the widget must outlive a bug
+                log.exception("toast-lab: the view could not be rebuilt")
+                self._error = f"the view could not be updated: {type(err).__name__}: {err}"
+                self._push_error()
+                return self._view
+            self._view = vm
+            self._send(vm.to_dict(), costs)
+            return vm
+
+    def _send(self, doc: dict, costs: bytes | None) -> None:
+        w = self.widget
+        if w is None:
+            return
+        hold = getattr(w, "hold_sync", None)
+        if hold is not None:
+            with hold():
+                if costs is not None:
+                    w.op_costs = costs
+                w.view = doc
+        else:
+            if costs is not None:
+                w.op_costs = costs
+            w.view = doc
+
+    def _push_error(self) -> None:
+        if self._view is None:
+            return
+        doc = self._view.to_dict()
+        doc["error"] = self._error
+        try:
+            self._send(doc, None)
+        except Exception:  # noqa: BLE001
+            log.exception("toast-lab: could not show an error in the widget")
+
+    def _on_change(self, change: str) -> None:
+        self.refresh()
+
+    def _on_event(self, event: dict) -> None:
+        """One front-end message; see notes/VIEWMODEL.md for the events."""
+        name = event.get("event") if isinstance(event, dict) else None
+        self._error = None
+        try:
+            if name == "pin":
+                self.session.pin(event["name"], event.get("value"))
+            elif name == "unpin":
+                self.session.unpin(event["name"])
+            elif name == "toggle":
+                self.toggle(event["group"])
+            elif name == "select":
+                self.select(event.get("kind"), event.get("id"))
+            elif name == "search":
+                budget = event.get("budget_s")
+                self.session.search(float(budget) if budget else DEFAULT_BUDGET_S)
+            elif name == "stop":
+                self.session.stop()
+            elif name == "export":
+                self.export(event.get("path") or "plan.json")
+            else:
+                raise ValueError(f"unknown event {name!r}; events: pin, unpin, toggle, select, "
+                                 f"search, stop, export")
+        except PinError:
+            pass  # the session shows the reason
+        except (ValueError, KeyError, PlanError, RuntimeError, OSError) as err:
+            self._report(f"{name}: {err}")
+        except Exception as err:  # noqa: BLE001 - a bug: say so readably, keep going
+            log.error("toast-lab: handling %r failed\n%s", event, traceback.format_exc())
+            self._report(f"{name} failed: {type(err).__name__}: {err}")
+
+    def _report(self, message: str) -> None:
+        self.session.fail(message)
+
+    # --- display ------------------------------------------------------------------------------
+
+    def to_text(self) -> str:
+        return self._view.to_text() if self._view is not None else repr(self)
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        w = self.widget
+        bundle = None
+        if w is not None and hasattr(w, "_repr_mimebundle_"):
+            bundle = w._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+        if not bundle:
+            return {"text/plain": self.to_text()}
+        if isinstance(bundle, tuple):  # (data, metadata)
+            bundle[0]["text/plain"] = repr(self)
+            return bundle
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        est = self.estimate
+        state = "searching" if self.session.running else "idle"
+        return (f"Lab({self.analysis.program.fn_name!r} on {self.mesh}: {self.plan!r}; "
+                f"{est.step_time_s * 1e3:.3f} ms/step, {est.peak_memory_bytes / 2**30:.2f} GiB"
+                f" per device; {state})")

@@ -1,0 +1,87 @@
+"""The view model as text: what tests read and what a terminal (or `repr`) shows."""
+
+from __future__ import annotations
+
+
+def _ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.3f} ms"
+
+
+def _gib(b) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f} GiB"
+
+
+def _choice(ch) -> str:
+    mark = "*" if ch.current else ("x" if not ch.valid else " ")
+    price = f" {_ms(ch.step_time_s)} {_gib(ch.peak_memory_bytes)}" if ch.valid else ""
+    why = f" ({ch.reason})" if ch.reason else ""
+    return f"{mark}{ch.label}{price}{why}"
+
+
+def render(vm) -> str:
+    p, m, est = vm.program, vm.mesh, vm.estimate
+    mesh = "×".join(f"{a}={n}" for a, n in m["axes"].items()) + f" on {m['device']}" if m else "-"
+    lines = [f"{p['name']}: {p['ops']} ops; mesh {mesh}"]
+    if est:
+        lines.append(f"estimate: step {_ms(est['step_time_s'])} (compute "
+                     f"{_ms(est['compute_s'])}, communication {_ms(est['communication_s'])}); "
+                     f"peak {_gib(est['peak_memory_bytes'])} of "
+                     f"{_gib(est['memory_capacity_bytes'])}: "
+                     f"{'fits' if est['feasible'] else 'DOES NOT FIT'}")
+        by_axis = ", ".join(f"{a} {_ms(t)}" for a, t in est["communication_by_axis"].items())
+        if by_axis:
+            lines.append(f"  communication by axis: {by_axis}")
+    if vm.error:
+        lines.append(f"error: {vm.error}")
+    if vm.notice:
+        lines.append(f"notice: {vm.notice}")
+    lines.append("classes:")
+    for c in vm.classes:
+        pin = " pinned" if c.pinned else ""
+        axes = "×".join(c.axes) or "replicated"
+        lines.append(f"  #{c.id} {c.name:<12} size {c.size:<6} {c.bytes / 2**20:12,.1f} MiB "
+                     f"{c.color} {axes}{pin}")
+        lines.append("      " + " | ".join(_choice(ch) for ch in c.choices))
+    if vm.conflicts:
+        lines.append("conflicts:")
+    for c in vm.conflicts:
+        state = c.resolution if c.active else "inactive"
+        lines.append(f"  #{c.id} {c.name}: {state}{' pinned' if c.pinned else ''}")
+        lines.append("      " + " | ".join(_choice(ch) for ch in c.choices))
+    g = vm.graph
+    lines.append(f"graph: {len(g.nodes)} nodes, {len(g.edges)} edges")
+    for n in g.nodes:
+        extra = []
+        if n.sharded:
+            extra.append("sharded " + ",".join(vm.classes[c].name for c in n.sharded))
+        if n.conflicts:
+            extra.append("conflict " + ",".join(
+                f"{vm.conflicts[c].class_name}:{vm.conflicts[c].resolution if vm.conflicts[c].active else 'inactive'}"
+                for c in n.conflicts))
+        if n.collectives:
+            extra.append("; ".join(n.collectives))
+        label = n.label.replace("\n", " / ")
+        lines.append(f"  [{n.kind}] {n.id}: {label}  compute {_ms(n.compute_s)} comm "
+                     f"{_ms(n.comm_s)}" + (f"  ({'; '.join(extra)})" if extra else ""))
+    for e in g.edges:
+        badge = f"  [{e.badge}]" if e.badge else ""
+        colours = ",".join(vm.classes[c].name for c in e.sharded) or "replicated"
+        lines.append(f"  {e.source} -> {e.target}: {e.label} {colours}{badge}")
+    s = vm.search
+    state = "running" if s.running else "idle"
+    best = f", best {_ms(s.best_step_time_s)}" if s.best_step_time_s is not None else ""
+    lines.append(f"search: {state}, {s.simulations} simulations, {s.sims_per_s:,.0f}/s{best}")
+    if vm.experts:
+        lines.append("experts: " + ", ".join(
+            f"{r.name} {_ms(r.step_time_s)} {_gib(r.peak_memory_bytes)}"
+            f"{'' if r.feasible else ' (does not fit)'}" for r in vm.experts))
+    if vm.pinned:
+        lines.append("pinned: " + ", ".join(vm.pinned))
+    if vm.details:
+        d = vm.details
+        lines.append(f"op {d.op}: {d.primitive} at {d.source} [{d.scope}]")
+        for kind, ts in (("in", d.operands), ("out", d.results)):
+            for t in ts:
+                lines.append(f"  {kind} %{t.value} {t.dtype}{list(t.shape)} {list(t.classes)} "
+                             f"{t.spec}")
+    return "\n".join(lines)

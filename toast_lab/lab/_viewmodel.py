@@ -1,0 +1,314 @@
+"""The Lab's view model: a frozen, JSON-ready description of what to draw (treescope's
+intermediate form). Python builds it (`_build.py`); the TypeScript view only draws it.
+
+The types mirror notes/VIEWMODEL.md field for field (snake_case on both sides); sequences are
+tuples here and arrays in JSON. `ViewModel.to_dict()` is what the widget's `view` traitlet and
+a plan file carry; `ViewModel.from_dict` reads it back (a round trip gives an equal model);
+`to_text()` renders it for tests and terminals.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import json
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Mapping
+
+FORMAT = "toast-lab-view"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ChoiceView:
+    """One option of a decision, priced from the current plan (the counterfactual).
+
+    value: mesh axes for a class, a resolution for a conflict. valid/reason: whether it can be
+    chosen and why not. note: what else happens when chosen (an axis another class already
+    holds on shared tensors stays with the class decided first). step_time_s /
+    peak_memory_bytes: the plan with this choice (None when not priced: refused, or during a
+    search).
+    """
+
+    label: str
+    value: tuple[str, ...] | str
+    current: bool
+    valid: bool
+    reason: str | None
+    step_time_s: float | None
+    peak_memory_bytes: float | None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class ClassView:
+    id: int
+    name: str
+    size: int
+    bytes: int
+    layers: int
+    color: str
+    axes: tuple[str, ...]
+    pinned: bool
+    choices: tuple[ChoiceView, ...]
+
+
+@dataclass(frozen=True)
+class ConflictView:
+    id: int
+    name: str
+    class_id: int
+    class_name: str
+    where: str
+    source: str
+    active: bool            # its class is sharded, so the resolution matters
+    resolution: str
+    resolutions: tuple[str, ...]
+    pinned: bool
+    choices: tuple[ChoiceView, ...]
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A group of the scope tree. ops, compute_s, comm_s: its whole subtree, every layer."""
+
+    id: str
+    label: str
+    parent: str | None
+    children: tuple[str, ...]
+    repeat: int
+    ops: int
+    compute_s: float
+    comm_s: float
+    classes: tuple[int, ...]
+    conflicts: tuple[int, ...]
+    expanded: bool
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A drawn node. sharded: the classes the plan shards on what it computes (its colours)."""
+
+    id: str
+    kind: str               # "group" | "op" | "input" | "output"
+    group: str | None
+    label: str
+    op: int | None
+    classes: tuple[int, ...]
+    conflicts: tuple[int, ...]
+    compute_s: float
+    comm_s: float
+    collectives: tuple[str, ...]
+    sharded: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    """Tensors from one drawn node to another. sharded: classes the plan shards on them."""
+
+    id: str
+    source: str
+    target: str
+    classes: tuple[int, ...]
+    label: str
+    badge: str | None
+    sharded: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GraphView:
+    dot: str
+    nodes: tuple[NodeView, ...]
+    edges: tuple[EdgeView, ...]
+
+
+@dataclass(frozen=True)
+class ExpertRow:
+    name: str
+    step_time_s: float
+    peak_memory_bytes: float
+    feasible: bool
+    classes: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class SearchView:
+    """history rows: (t s, simulations, best step s, its peak bytes). message: how the last
+    search ended (None while none has)."""
+
+    running: bool
+    simulations: int
+    elapsed_s: float
+    sims_per_s: float
+    best_step_time_s: float | None
+    history: tuple[tuple[float, float, float, float], ...]
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorView:
+    value: int
+    shape: tuple[int, ...]
+    dtype: str
+    classes: tuple[str | None, ...]
+    spec: str
+
+
+@dataclass(frozen=True)
+class DetailsView:
+    op: int
+    primitive: str
+    source: str
+    scope: str
+    operands: tuple[TensorView, ...]
+    results: tuple[TensorView, ...]
+    compute_s: float
+    comm_s: float
+    collectives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Selection:
+    kind: str               # "op" | "group" | "class" | "conflict"
+    id: str
+
+
+@dataclass(frozen=True)
+class ViewModel:
+    """What the Lab draws for one state of a session (see notes/VIEWMODEL.md)."""
+
+    program: Mapping[str, Any]
+    mesh: Mapping[str, Any] | None
+    classes: tuple[ClassView, ...]
+    conflicts: tuple[ConflictView, ...]
+    groups: tuple[GroupView, ...]
+    graph: GraphView
+    estimate: Mapping[str, Any] | None
+    experts: tuple[ExpertRow, ...]
+    search: SearchView
+    snippet: str
+    error: str | None
+    selected: Selection | None
+    details: DetailsView | None
+    pinned: tuple[str, ...]
+    notice: str | None = None   # what the last action did besides the obvious (not an error)
+    format: str = FORMAT
+    version: int = VERSION
+
+    # --- JSON ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """Plain JSON types (lists, dicts, str, numbers, None), field names as in the contract."""
+        return _plain(self)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> "ViewModel":
+        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+            raise ValueError(f"not a toast-lab view model of version {VERSION}: format "
+                             f"{doc.get('format')!r}, version {doc.get('version')!r}")
+        return _build(cls, doc)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ViewModel":
+        return cls.from_dict(json.loads(text))
+
+    # --- looking things up ----------------------------------------------------------------------
+
+    def node(self, node_id: str) -> NodeView:
+        for n in self.graph.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(f"no node {node_id!r} in the drawn graph")
+
+    def group(self, group_id: str) -> GroupView:
+        for g in self.groups:
+            if g.id == group_id:
+                return g
+        raise KeyError(f"no group {group_id!r}; groups: {[g.id for g in self.groups][:20]}")
+
+    # --- text -----------------------------------------------------------------------------------
+
+    def to_text(self) -> str:
+        from ._text import render
+        return render(self)
+
+    __str__ = to_text
+
+    def __repr__(self) -> str:
+        est = self.estimate
+        step = f"; step {est['step_time_s'] * 1e3:.3f} ms" if est else ""
+        return (f"ViewModel({self.program.get('name')!r}: {len(self.graph.nodes)} nodes, "
+                f"{len(self.graph.edges)} edges, {len(self.classes)} classes, "
+                f"{len(self.conflicts)} conflicts{step})")
+
+
+# --- dataclasses <-> JSON ---------------------------------------------------------------------
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_INF = float("inf")
+
+
+def _plain(x):
+    """`x` as JSON types: dataclasses as dicts, tuples as lists, NaN/inf as None. Hand-written
+    (not dataclasses.asdict, which deep-copies): the view is rebuilt on every pin."""
+    t = type(x)
+    if t is str or t is int or t is bool or x is None:
+        return x
+    if t is float:
+        return x if x == x and -_INF < x < _INF else None
+    if t is tuple or t is list:
+        return [_plain(v) for v in x]
+    if t is dict:
+        return {str(k): _plain(v) for k, v in x.items()}
+    names = _FIELDS.get(t)
+    if names is None and is_dataclass(x):
+        names = _FIELDS[t] = tuple(f.name for f in fields(t))
+    if names is not None:
+        return {n: _plain(getattr(x, n)) for n in names}
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if hasattr(x, "item"):  # numpy scalars
+        return _plain(x.item())
+    return x
+
+
+def _build(tp, data):
+    """`data` (from JSON) as type `tp`: dataclasses, tuples, unions with None, mappings."""
+    if data is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if isinstance(data, str) and str in options:
+            return data
+        for a in options:
+            if a is not str:
+                return _build(a, data)
+        return data
+    if is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        kwargs = {f.name: _build(hints[f.name], data[f.name])
+                  for f in fields(tp) if f.name in data}
+        return tp(**kwargs)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in data)
+        return tuple(_build(a, v) for a, v in zip(args, data))
+    if origin in (collections.abc.Mapping, dict) or tp is Any:
+        if isinstance(data, Mapping):
+            args = typing.get_args(tp)
+            if args and args[1] is not Any:
+                return {k: _build(args[1], v) for k, v in data.items()}
+            return dict(data)
+        return data
+    return data
+
+
+__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView",
+           "NodeView", "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView",
+           "Selection", "FORMAT", "VERSION"]
