@@ -69,7 +69,8 @@ def main() -> None:
         k = iter(range(10**12))
         detailed = rate(lambda: model.evaluate(*plans[next(k) % 64]), args.seconds / 2)
         name = " x ".join(f"{a}={s}" for a, s in shape.items())
-        print(f"| {name} | {build:.2f} | {len(model.ty.vt_class)} | {len(model.ty.pt_count)} | "
+        tables = model.ty.tables
+        print(f"| {name} | {build:.2f} | {len(tables.value_classes)} | {len(tables.ops)} | "
               f"{full:,.0f} | {incremental:,.0f} | {detailed:,.0f} |", flush=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import CostModel, IncrementalEstimator, cost_model
+from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
 def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) -> Estimate:
@@ -19,4 +20,4 @@ def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "COLLECTIVE_KINDS"]
+           "CollectiveCost", "COLLECTIVE_KINDS", "PlanArrays", "axis_bits", "plan_arrays"]

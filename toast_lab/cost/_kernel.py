@@ -1,10 +1,11 @@
 """The cost model's inner loops, compiled with numba.
 
-`evaluate_types` costs a plan over the type tables of _types.py (ragged ones as CSR: indptr +
-indices), given as three small arrays; `add_temps` / `move_temps` and `peak_live` do the
-liveness sweep, and `arguments_and_outputs` the argument and output bytes. CostModel._run
-strings them together. The model itself is documented in _model.py. Masks are integers with
-one bit per mesh axis; `ways`, `bw` and `lat` are indexed by mask.
+`evaluate_types` costs a plan (`PlanArrays`) over the type tables of _types.py (`TypeTables`,
+read by field name); `add_temps` / `move_temps` and `peak_live` do the liveness sweep over the
+`MemoryTables`, and `arguments_and_outputs` the argument and output bytes. `run` strings them
+together in one call from Python (each such call pays for checking its arguments' types). The
+model itself is documented in _model.py. Masks are integers with one bit per mesh axis; the
+`mesh` table (MESH records: ways, bandwidth, latency) is indexed by mask.
 """
 
 from __future__ import annotations
@@ -12,18 +13,26 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-ROW_RESULT, ROW_GROUP = 0, 1
+from ._plan_arrays import PlanArrays
+from ._static import ROW_GROUP, ROW_RESULT
+from ._tables import MemoryTables, TypeTables
+
 AR, AG, RS, A2A = 0, 1, 2, 3
 # totals[...] layout
 T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE = range(8)
 NUM_TOTALS = 8
+# The most distinct shardings one shared value is gathered to (more are charged, not kept).
+MAX_SHARDINGS = 16
 
 
 @njit(cache=True, inline="always")
-def _ring(nbytes, n, bw, lat, factor):
+def _ring(nbytes, mask, mesh, factor):
+    """Seconds of `factor` ring passes of nbytes over the axes of `mask`."""
+    link = mesh[mask]
+    n = link.ways
     if nbytes <= 0.0 or n <= 1.0:
         return 0.0
-    return factor * ((n - 1.0) / n * nbytes / bw + (n - 1.0) * lat)
+    return factor * ((n - 1.0) / n * nbytes / link.bandwidth + (n - 1.0) * link.latency)
 
 
 @njit(cache=True, inline="always")
@@ -34,14 +43,37 @@ def _charge(coll, kind, mask, weight, nbytes, seconds):
     coll[kind, mask, 2] += seconds * weight
 
 
-@njit(cache=True)
-def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class):
+@njit(cache=True, inline="always")
+def _reshard(coll, gather, a2a, nbytes, weight, mesh):
+    """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
+    those in `a2a` moved between dims; nbytes is the operand's per-device size. Charges
+    `weight` of each; returns (seconds, bytes) of one."""
+    seconds = 0.0
+    moved = 0.0
+    if gather != 0:
+        b = nbytes * mesh[gather].ways
+        t = _ring(b, gather, mesh, 1.0)
+        seconds += t
+        moved += b
+        _charge(coll, AG, gather, weight, b, t)
+    if a2a != 0:
+        t = _ring(nbytes, a2a, mesh, 1.0)
+        seconds += t
+        moved += nbytes
+        _charge(coll, A2A, a2a, weight, nbytes, t)
+    return seconds, moved
+
+
+@njit(cache=True, inline="always")
+def type_masks(plan, tables):
     """eff[T, D] bit masks per value type and dim; vmask[T] their union.
 
     Where a conflict resolution drops a dim, it is replicated; where two classes want one axis,
     the class decided first (lower rank) keeps it.
     """
-    T, D = vt_class.shape
+    mask, rank, res = plan.mask, plan.rank, plan.resolution
+    value_classes = tables.value_classes
+    T, D = value_classes.shape
     eff = np.zeros((T, D), np.int64)
     vmask = np.zeros(T, np.int64)
     ranks = np.empty(D, np.int64)
@@ -49,13 +81,13 @@ def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, con
     for t in range(T):
         n = 0
         for d in range(D):
-            c = vt_class[t, d]
+            c = value_classes[t, d]
             if c < 0 or mask[c] == 0:
                 continue
-            tag = vt_tag[t, d]
+            tag = tables.value_tags[t, d]
             if tag >= 0:
-                k = tag_conflict[tag]
-                if mask[conflict_class[k]] != 0 and tag_dropped[tag, res[k]]:
+                k = tables.tag_conflict[tag]
+                if mask[tables.conflict_class[k]] != 0 and tables.tag_dropped[tag, res[k]]:
                     continue
             # insertion by rank
             r = rank[c]
@@ -70,7 +102,7 @@ def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, con
         used = 0
         for i in range(n):
             d = dims[i]
-            m = mask[vt_class[t, d]]
+            m = mask[value_classes[t, d]]
             if m & used == 0:
                 eff[t, d] = m
                 used |= m
@@ -79,190 +111,214 @@ def type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped, con
 
 
 @njit(cache=True)
-def evaluate_types(mask, rank, res,
-                   vt_class, vt_tag, tag_conflict, tag_dropped, conflict_class,
-                   ways, bw, lat,
-                   gt_ptr, gm_vt, gm_d, gt_is_reduction,
-                   rt_vt, rt_d, rt_kind, rt_src_vt, rt_src_d, rt_group,
-                   ot_ptr, ot_rows, ot_vt,
-                   pt_weight, pt_count, pt_flops, pt_peak, pt_res_vt, pt_res_nbytes,
-                   pt_gptr, pt_groups, pt_ioptr, io_vt, io_nbytes, pt_optr, po_ot, po_nbytes,
-                   mem_bw, sv_ptr, si_ot, si_pt, si_pos, si_trip, si_nbytes, num_ops):
-    """Everything but the liveness sweep: per-type, so cheap whatever the depth."""
-    eff, vmask = type_masks(mask, rank, res, vt_class, vt_tag, tag_conflict, tag_dropped,
-                            conflict_class)
-    nmask = ways.shape[0]
+def value_type_masks(plan, tables):
+    """type_masks for PlanArrays and TypeTables given as plain tuples."""
+    return type_masks(PlanArrays(*plan), TypeTables(*tables))
+
+
+@njit(cache=True, inline="always")
+def evaluate_types(plan, tables, mesh, memory_bandwidth):
+    """Everything but the liveness sweep: per type, so cheap whatever the depth."""
+    eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
-    coll = np.zeros((4, nmask, 3))  # count, bytes, time
+    coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
     # Contractions: the axes all operands of a factor share.
-    G = gt_ptr.shape[0] - 1
-    consensus = np.zeros(G, np.int64)
-    for g in range(G):
+    groups, members = tables.groups, tables.group_members
+    consensus = np.zeros(groups.shape[0], np.int64)
+    for g in range(groups.shape[0]):
         c = -1
-        for i in range(gt_ptr[g], gt_ptr[g + 1]):
-            c &= eff[gm_vt[i], gm_d[i]]
+        for i in range(groups[g].start, groups[g].end):
+            c &= eff[members[i].value_type, members[i].dim]
         consensus[g] = c
     # Operand rows: what each has, what the op wants.
-    R = rt_vt.shape[0]
-    removed = np.zeros(R, np.int64)
-    added = np.zeros(R, np.int64)
-    for r in range(R):
-        actual = eff[rt_vt[r], rt_d[r]]
-        kind = rt_kind[r]
-        if kind == ROW_RESULT:
-            want = eff[rt_src_vt[r], rt_src_d[r]]
-        elif kind == ROW_GROUP:
-            want = consensus[rt_group[r]]
+    rows = tables.rows
+    removed = np.zeros(rows.shape[0], np.int64)
+    added = np.zeros(rows.shape[0], np.int64)
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        actual = eff[row.value_type, row.dim]
+        if row.kind == ROW_RESULT:
+            want = eff[row.source_type, row.source_dim]
+        elif row.kind == ROW_GROUP:
+            want = consensus[row.group]
         else:
             want = 0
         removed[r] = actual & ~want
         added[r] = want & ~actual
-    O = ot_ptr.shape[0] - 1
-    ag = np.zeros(O, np.int64)
-    a2a = np.zeros(O, np.int64)
-    for o in range(O):
+    # Operands: the axes to all-gather (removed, not added elsewhere) and to move (both).
+    operands, operand_rows = tables.operands, tables.operand_rows
+    gather = np.zeros(operands.shape[0], np.int64)
+    a2a = np.zeros(operands.shape[0], np.int64)
+    for o in range(operands.shape[0]):
         rem = 0
         add = 0
-        for i in range(ot_ptr[o], ot_ptr[o + 1]):
-            rem |= removed[ot_rows[i]]
-            add |= added[ot_rows[i]]
-        ag[o] = rem & ~add
+        for i in range(operands[o].start, operands[o].end):
+            rem |= removed[operand_rows[i]]
+            add |= added[operand_rows[i]]
+        gather[o] = rem & ~add
         a2a[o] = rem & add
     # Op types.
-    P = pt_weight.shape[0]
-    pt_compute = np.zeros(P)
-    pt_comm = np.zeros(P)
+    ops = tables.ops
+    P = ops.shape[0]
+    op_compute = np.zeros(P)
+    op_comm = np.zeros(P)
     gathered = np.zeros(P)
     for p in range(P):
-        w = pt_weight[p]
+        op = ops[p]
+        w = op.weight
         gtime = 0.0
         gbytes = 0.0
-        for i in range(pt_optr[p], pt_optr[p + 1]):
-            ot = po_ot[i]
-            pdb = po_nbytes[i] / ways[vmask[ot_vt[ot]]]
-            m = ag[ot]
-            if m != 0:
-                b = pdb * ways[m]
-                t = _ring(b, ways[m], bw[m], lat[m], 1.0)
-                gtime += t
-                gbytes += b
-                _charge(coll, AG, m, w, b, t)
-            m = a2a[ot]
-            if m != 0:
-                t = _ring(pdb, ways[m], bw[m], lat[m], 1.0)
-                gtime += t
-                gbytes += pdb
-                _charge(coll, A2A, m, w, pdb, t)
+        for i in range(op.operands_start, op.operands_end):
+            ot = tables.op_operands[i].operand_type
+            pdb = tables.op_operands[i].nbytes / mesh[vmask[operands[ot].value_type]].ways
+            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh)
+            gtime += t
+            gbytes += b
         gathered[p] = gbytes
         psum = 0
-        for i in range(pt_gptr[p], pt_gptr[p + 1]):
-            g = pt_groups[i]
-            if gt_is_reduction[g]:
+        for i in range(op.groups_start, op.groups_end):
+            g = tables.op_groups[i]
+            if groups[g].is_reduction:
                 psum |= consensus[g]
         res_mask = 0
-        if pt_res_vt[p] >= 0:
-            res_mask = vmask[pt_res_vt[p]]
+        if op.result_type >= 0:
+            res_mask = vmask[op.result_type]
         ptime = 0.0
         if psum != 0:
             # One collective per sharded contraction factor, as XLA emits them: a weight
             # gradient contracted over batch (on `data`) and sequence (on `model`) is reduced
             # over `data`, then over `model`.
-            partial = pt_res_nbytes[p] / ways[res_mask] * ways[psum & res_mask]
+            result_bytes = op.result_nbytes / mesh[res_mask].ways
+            partial = result_bytes * mesh[psum & res_mask].ways
             # before a reduce-scatter the partial sums are whole on the scattered dims: a
             # temporary larger than the result, at this op
-            gathered[p] += partial - pt_res_nbytes[p] / ways[res_mask]
+            gathered[p] += partial - result_bytes
             done = 0
-            for i in range(pt_gptr[p], pt_gptr[p + 1]):
-                g = pt_groups[i]
+            for i in range(op.groups_start, op.groups_end):
+                g = tables.op_groups[i]
                 m = consensus[g]
-                if not gt_is_reduction[g] or m == 0 or m & done == m:
+                if not groups[g].is_reduction or m == 0 or m & done == m:
                     continue
                 m &= ~done
                 done |= m
                 rs = m & res_mask
                 ar = m & ~res_mask
                 if ar != 0:
-                    t = _ring(partial, ways[ar], bw[ar], lat[ar], 2.0)
+                    t = _ring(partial, ar, mesh, 2.0)
                     ptime += t
                     _charge(coll, AR, ar, w, partial, t)
                 if rs != 0:
-                    t = _ring(partial, ways[rs], bw[rs], lat[rs], 1.0)
+                    t = _ring(partial, rs, mesh, 1.0)
                     ptime += t
                     _charge(coll, RS, rs, w, partial, t)
-        flops = pt_flops[p] / ways[res_mask | psum]
+        flops = op.flops / mesh[res_mask | psum].ways
         traffic = 0.0
-        for i in range(pt_ioptr[p], pt_ioptr[p + 1]):
-            traffic += io_nbytes[i] / ways[vmask[io_vt[i]]]
-        compute = max(flops / pt_peak[p], traffic / mem_bw) * w
-        pt_compute[p] = compute
-        pt_comm[p] = (gtime + ptime) * w
+        for i in range(op.io_start, op.io_end):
+            traffic += tables.op_io[i].nbytes / mesh[vmask[tables.op_io[i].value_type]].ways
+        compute = max(flops / op.peak, traffic / memory_bandwidth) * w
+        op_compute[p] = compute
+        op_comm[p] = (gtime + ptime) * w
         totals[T_COMPUTE] += compute
-        totals[T_COMM] += pt_comm[p]
+        totals[T_COMM] += op_comm[p]
         totals[T_FLOPS] += flops * w
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
-    gdelta = np.zeros(num_ops + 2)
-    kg = np.empty(16, np.int64)
-    ka = np.empty(16, np.int64)
-    kbytes = np.empty(16)
-    kstart = np.empty(16, np.int64)
-    kend = np.empty(16, np.int64)
-    for v in range(sv_ptr.shape[0] - 1):
+    gdelta = np.zeros(tables.num_ops + 2)
+    kept_gather = np.empty(MAX_SHARDINGS, np.int64)
+    kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
+    kept_bytes = np.empty(MAX_SHARDINGS)
+    kept_start = np.empty(MAX_SHARDINGS, np.int64)
+    kept_end = np.empty(MAX_SHARDINGS, np.int64)
+    reads = tables.shared_reads
+    for v in range(tables.shared_values.shape[0]):
         nk = 0
-        for j in range(sv_ptr[v], sv_ptr[v + 1]):
-            ot = si_ot[j]
-            g = ag[ot]
+        for j in range(tables.shared_values[v].start, tables.shared_values[v].end):
+            read = reads[j]
+            ot = read.operand_type
+            g = gather[ot]
             a = a2a[ot]
             if g == 0 and a == 0:
                 continue
             found = -1
             for k in range(nk):
-                if kg[k] == g and ka[k] == a:
+                if kept_gather[k] == g and kept_a2a[k] == a:
                     found = k
                     break
             if found >= 0:
-                kend[found] = si_pos[j] + 1
+                kept_end[found] = read.position + 1
                 continue
-            pdb = si_nbytes[j] / ways[vmask[ot_vt[ot]]]
-            w = si_trip[j]
-            t_all = 0.0
-            b_all = 0.0
-            if g != 0:
-                b = pdb * ways[g]
-                t = _ring(b, ways[g], bw[g], lat[g], 1.0)
-                t_all += t
-                b_all += b
-                _charge(coll, AG, g, w, b, t)
-            if a != 0:
-                t = _ring(pdb, ways[a], bw[a], lat[a], 1.0)
-                t_all += t
-                b_all += pdb
-                _charge(coll, A2A, a, w, pdb, t)
-            pt_comm[si_pt[j]] += t_all * w
-            totals[T_COMM] += t_all * w
-            if nk < 16:
-                kg[nk] = g
-                ka[nk] = a
-                kbytes[nk] = b_all
-                kstart[nk] = si_pos[j]
-                kend[nk] = si_pos[j] + 1
+            pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
+            t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
+            op_comm[read.op_type] += t * read.trip
+            totals[T_COMM] += t * read.trip
+            if nk < MAX_SHARDINGS:
+                kept_gather[nk] = g
+                kept_a2a[nk] = a
+                kept_bytes[nk] = b
+                kept_start[nk] = read.position
+                kept_end[nk] = read.position + 1
                 nk += 1
         for k in range(nk):
-            gdelta[kstart[k]] += kbytes[k]
-            gdelta[kend[k]] -= kbytes[k]
-    return totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta
+            gdelta[kept_start[k]] += kept_bytes[k]
+            gdelta[kept_end[k]] -= kept_bytes[k]
+    return totals, coll, op_compute, op_comm, gathered, vmask, gdelta
 
 
 @njit(cache=True)
-def add_temps(delta, vmask, ways, temp_start, temp_end, temp_nbytes, temp_vt):
+def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
+    """One plan, whole: (totals, collectives, per-op-type compute and communication s,
+    value-type masks). plan, tables and memory: PlanArrays, TypeTables and MemoryTables as
+    plain tuples (see _tables.py).
+
+    fresh: size the temporaries from scratch (delta and old_vmask are not read). Otherwise
+    delta holds the live-range deltas of the temporaries sized under `old_vmask`; they are
+    moved, in place, to the plan's masks (incremental evaluation).
+    """
+    tables = TypeTables(*tables)
+    memory = MemoryTables(*memory)
+    totals, coll, op_compute, op_comm, gathered, vmask, gdelta = evaluate_types(
+        PlanArrays(*plan), tables, mesh, memory_bandwidth)
+    if fresh:
+        delta = np.zeros(tables.num_ops + 2)
+        add_temps(delta, vmask, mesh, memory)
+    else:
+        move_temps(delta, old_vmask, vmask, mesh, memory)
+    totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
+    arguments_and_outputs(totals, vmask, mesh, memory)
+    return totals, coll, op_compute, op_comm, vmask
+
+
+@njit(cache=True)
+def fill_temps(delta, vmask, mesh, memory):
+    """add_temps for MemoryTables given as a plain tuple."""
+    add_temps(delta, vmask, mesh, MemoryTables(*memory))
+
+
+@njit(cache=True, inline="always")
+def add_temps(delta, vmask, mesh, memory):
     """Adds the live range of every temporary, at its size under `vmask`, to `delta`."""
-    for i in range(temp_start.shape[0]):
-        s = temp_nbytes[i] / ways[vmask[temp_vt[i]]]
-        delta[temp_start[i]] += s
-        delta[temp_end[i]] -= s
+    for i in range(memory.temps.shape[0]):
+        temp = memory.temps[i]
+        s = temp.nbytes / mesh[vmask[temp.value_type]].ways
+        delta[temp.start] += s
+        delta[temp.end] -= s
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
+def move_temps(delta, old_vmask, new_vmask, mesh, memory):
+    """Re-sizes the live ranges of the temporaries whose value type changed sharding."""
+    for t in range(old_vmask.shape[0]):
+        if old_vmask[t] == new_vmask[t]:
+            continue
+        scale = 1.0 / mesh[new_vmask[t]].ways - 1.0 / mesh[old_vmask[t]].ways
+        for j in range(memory.temps_by_type[t].start, memory.temps_by_type[t].end):
+            temp = memory.temps[memory.temps_of_type[j]]
+            s = temp.nbytes * scale
+            delta[temp.start] += s
+            delta[temp.end] -= s
+
+
+@njit(cache=True, inline="always")
 def peak_live(delta, gdelta, gathered, op_type):
     """The largest live temporary bytes at any op, gathered buffers included."""
     live = 0.0
@@ -275,40 +331,25 @@ def peak_live(delta, gdelta, gathered, op_type):
     return peak
 
 
-@njit(cache=True)
-def arguments_and_outputs(totals, vmask, ways, in_nbytes, in_vt, in_state, out_nbytes, out_vt,
-                          out_is_input, donate):
+@njit(cache=True, inline="always")
+def arguments_and_outputs(totals, vmask, mesh, memory):
     arg = 0.0
     state = 0.0
-    for i in range(in_nbytes.shape[0]):
-        b = in_nbytes[i] / ways[vmask[in_vt[i]]]
+    for i in range(memory.inputs.shape[0]):
+        b = memory.inputs[i].nbytes / mesh[vmask[memory.inputs[i].value_type]].ways
         arg += b
-        if in_state[i]:
+        if memory.inputs[i].is_state:
             state += b
     out = 0.0
     fresh = 0.0
-    for i in range(out_nbytes.shape[0]):
-        b = out_nbytes[i] / ways[vmask[out_vt[i]]]
+    outputs = memory.outputs
+    for i in range(outputs.shape[0]):
+        b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
         out += b
-        if not out_is_input[i]:
+        if not outputs[i].is_input:
             fresh += b
     totals[T_ARG] = arg
     # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
-    totals[T_OUT] = out + (8.0 * out_nbytes.shape[0] if out_nbytes.shape[0] > 1 else 0.0)
+    totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
     totals[T_STATE] = state
-    totals[T_ALIAS] = min(arg, fresh) if donate else 0.0
-
-
-@njit(cache=True)
-def move_temps(delta, old_vmask, new_vmask, ways, by_type_ptr, by_type, temp_start, temp_end,
-               temp_nbytes, temp_vt):
-    """Re-sizes the live ranges of the temporaries whose value type changed sharding."""
-    for t in range(old_vmask.shape[0]):
-        if old_vmask[t] == new_vmask[t]:
-            continue
-        scale = 1.0 / ways[new_vmask[t]] - 1.0 / ways[old_vmask[t]]
-        for j in range(by_type_ptr[t], by_type_ptr[t + 1]):
-            i = by_type[j]
-            s = temp_nbytes[i] * scale
-            delta[temp_start[i]] += s
-            delta[temp_end[i]] -= s
+    totals[T_ALIAS] = min(arg, fresh) if memory.donate else 0.0

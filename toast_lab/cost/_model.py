@@ -25,12 +25,12 @@ import numpy as np
 
 from ..plan import Plan
 from ..program import state_inputs
-from ._estimate import CollectiveCost, Estimate
-from ._static import static_tables
 from . import _kernel
+from ._estimate import CollectiveCost, Estimate
+from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
+from ._static import static_tables
+from ._tables import INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
 from ._types import build_types
-
-
 
 def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "CostModel":
     """The CostModel of `analysis` on `mesh`, built once and kept with the analysis (the Lab's
@@ -59,19 +59,22 @@ class CostModel:
 
     def _mesh_tables(self, mesh):
         names = tuple(mesh.axis_names)
-        self.axis_bit = {a: 1 << i for i, a in enumerate(names)}
+        self.axis_bit = axis_bits(mesh)
         n = 1 << len(names)
         ways = np.ones(n, np.float64)
-        bw = np.full(n, np.inf)
-        lat = np.zeros(n)
+        bandwidth = np.full(n, np.inf)
+        latency = np.zeros(n)
         for m in range(1, n):
             for i, a in enumerate(names):
                 if m >> i & 1:
                     link = mesh.link(a)
                     ways[m] *= mesh.axis_size(a)
-                    bw[m] = min(bw[m], link.bandwidth)
-                    lat[m] = max(lat[m], link.latency)
-        self.ways, self.bw, self.lat = ways, bw, lat
+                    bandwidth[m] = min(bandwidth[m], link.bandwidth)
+                    latency[m] = max(latency[m], link.latency)
+        self.mesh_table = np.zeros(n, MESH)
+        self.mesh_table["ways"], self.mesh_table["bandwidth"] = ways, bandwidth
+        self.mesh_table["latency"] = latency
+        self.ways = ways
         self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1) for m in range(n)]
 
     def _device_tables(self, an, mesh):
@@ -87,7 +90,7 @@ class CostModel:
                 except (ValueError, TypeError):  # PRNG keys and other extended dtypes
                     cache[dt] = dev.peak_flops_for("float32")
             peak[op.id] = cache[dt]
-        self.mem_bw = float(dev.memory_bandwidth)
+        self.memory_bandwidth = float(dev.memory_bandwidth)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -98,56 +101,41 @@ class CostModel:
         self.scope_names = list(scopes)
         self.ty = build_types(st, an, peak)
         ty = self.ty
-        self.conflict_class = np.array([c.class_id for c in an.conflicts], np.int64)
-        self.weight = ty.pt_count * ty.pt_trip  # instances x trips of each op type
+        self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.
         temp = np.nonzero(~st.is_input & ~st.is_output & ~st.fused & (st.nbytes > 0))[0]
-        self.temp_start = st.live_start[temp].astype(np.int64)
-        self.temp_end = st.live_end[temp].astype(np.int64)
-        self.temp_nbytes = st.nbytes[temp]
-        self.temp_vt = ty.value_type[temp]
-        ins = st.input_values
-        self.in_nbytes, self.in_vt = st.nbytes[ins], ty.value_type[ins]
-        self.in_state = self.is_state[ins]
-        outs = st.output_values  # XLA counts an output returned twice twice
-        self.out_nbytes, self.out_vt = st.nbytes[outs], ty.value_type[outs]
-        self.out_is_input = st.is_input[outs]
-        # evaluate_types's arguments after the plan's three arrays
-        self._type_args = (
-            ty.vt_class, ty.vt_tag, ty.tag_conflict, ty.tag_dropped.astype(np.bool_),
-            self.conflict_class, self.ways, self.bw, self.lat,
-            ty.gt_members.indptr, ty.gm_vt[ty.gt_members.indices],
-            ty.gm_d[ty.gt_members.indices], ty.gt_is_reduction,
-            ty.rt_vt, ty.rt_d, ty.rt_kind, ty.rt_src_vt, ty.rt_src_d, ty.rt_group,
-            ty.ot_rows.indptr, ty.ot_rows.indices, ty.ot_vt,
-            self.weight, ty.pt_count, ty.pt_flops, ty.pt_peak, ty.pt_res_vt, ty.pt_res_nbytes,
-            ty.pt_groups.indptr, ty.pt_groups.indices,
-            ty.pt_io.indptr, ty.io_vt[ty.pt_io.indices], ty.io_nbytes[ty.pt_io.indices],
-            ty.pt_opnds.indptr, ty.po_ot[ty.pt_opnds.indices],
-            ty.po_nbytes[ty.pt_opnds.indices],
-            self.mem_bw, ty.sv_ptr, ty.si_ot, ty.si_pt, ty.si_pos, ty.si_trip, ty.si_nbytes,
-            st.num_ops)
-        # the temporaries of each value type (CSR), so a change moves only its own
-        counts = np.bincount(self.temp_vt, minlength=len(ty.vt_class))
-        self._temps_ptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
-        self._temps_of_type = np.argsort(self.temp_vt, kind="stable").astype(np.int64)
+        temps = np.zeros(len(temp), TEMP)
+        temps["start"], temps["end"] = st.live_start[temp], st.live_end[temp]
+        temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
+        # the temporaries of each value type, so a change moves only its own
+        counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
+        ends = np.cumsum(counts)
+        by_type = np.zeros(len(counts), SPAN)
+        by_type["start"], by_type["end"] = ends - counts, ends
+        ins, outs = st.input_values, st.output_values
+        inputs = np.zeros(len(ins), INPUT)
+        inputs["nbytes"], inputs["value_type"] = st.nbytes[ins], ty.value_type[ins]
+        inputs["is_state"] = self.is_state[ins]
+        outputs = np.zeros(len(outs), OUTPUT)
+        outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
+        outputs["is_input"] = st.is_input[outs]
+        self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
+        self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
+        self.memory = MemoryTables(
+            op_type=ty.op_type, temps=temps, temps_by_type=by_type,
+            temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
+            inputs=inputs, outputs=outputs, donate=self.donate)
+        self._memory = tuple(self.memory)
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
-    def plan_arrays(self, plan):
+    def plan_arrays(self, plan) -> PlanArrays:
         """(class masks, class ranks, conflict resolution indices) of a Plan."""
         an = self.analysis
-        mask = np.zeros(len(an.classes), np.int64)
-        rank = np.full(len(an.classes), 1 << 30, np.int64)
-        for i, (k, axes) in enumerate(plan.assignments):
-            m = 0
-            for a in axes:
-                m |= self.axis_bit[a]
-            mask[k] = m
-            rank[k] = i
-        res = np.array([list(c.resolutions).index(plan.resolution_of(c))
-                        for c in an.conflicts], np.int64)
-        return mask, rank, res
+        masks = ((k, sum(self.axis_bit[a] for a in axes)) for k, axes in plan.assignments)
+        resolutions = ((c.id, list(c.resolutions).index(plan.resolution_of(c)))
+                       for c in an.conflicts)
+        return plan_arrays(an, masks, resolutions)
 
     # --- evaluation -----------------------------------------------------------------------------
 
@@ -156,7 +144,7 @@ class CostModel:
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
-        totals, coll, pt_compute, pt_comm, _ = self._run(mask, rank, res)
+        totals, coll, op_compute, op_comm, _ = self._run(as_plan_arrays(mask, rank, res))
         compute_s, comm_s = float(totals[_kernel.T_COMPUTE]), float(totals[_kernel.T_COMM])
         step = self._step_and_peak(totals)[0]
         arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
@@ -172,9 +160,9 @@ class CostModel:
                         float(c[0]), float(c[1]), float(c[2]))
             per_op = self.ty.op_type  # each instance carries its type's share
             n = len(self.scope_names)
-            sc = np.bincount(self.op_scope, weights=(pt_compute / self.ty.pt_count)[per_op],
+            sc = np.bincount(self.op_scope, weights=(op_compute / self.op_count)[per_op],
                              minlength=n)
-            sm = np.bincount(self.op_scope, weights=(pt_comm / self.ty.pt_count)[per_op],
+            sm = np.bincount(self.op_scope, weights=(op_comm / self.op_count)[per_op],
                              minlength=n)
             by_scope = {k: (float(a), float(b)) for k, a, b in zip(self.scope_names, sc, sm)}
         return Estimate(
@@ -189,30 +177,20 @@ class CostModel:
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
-        return self._step_and_peak(self._run(mask, rank, res)[0])
+        return self._step_and_peak(self._run(as_plan_arrays(mask, rank, res))[0])
 
-    def _run(self, mask, rank, res, delta=None, old_vmask=None):
-        """One plan through the kernel: (totals, collectives, per-op-type compute and
-        communication, value-type masks).
+    def _run(self, plan, delta=None, old_vmask=None):
+        """One plan (PlanArrays, or its three int64 arrays as a tuple) through the kernel:
+        (totals, collectives, per-op-type compute and communication, value-type masks).
 
         delta: the live-range deltas of the temporaries under `old_vmask`, updated in place
         for the value types whose sharding changed (incremental); None builds them afresh.
         """
-        totals, coll, pt_compute, pt_comm, gathered, vmask, gdelta = _kernel.evaluate_types(
-            mask, rank, res, *self._type_args)
-        if delta is None:
-            delta = np.zeros(self.st.num_ops + 2)
-            _kernel.add_temps(delta, vmask, self.ways, self.temp_start, self.temp_end,
-                              self.temp_nbytes, self.temp_vt)
-        else:
-            _kernel.move_temps(delta, old_vmask, vmask, self.ways, self._temps_ptr,
-                               self._temps_of_type, self.temp_start, self.temp_end,
-                               self.temp_nbytes, self.temp_vt)
-        totals[_kernel.T_TEMP] = _kernel.peak_live(delta, gdelta, gathered, self.ty.op_type)
-        _kernel.arguments_and_outputs(totals, vmask, self.ways, self.in_nbytes, self.in_vt,
-                                      self.in_state, self.out_nbytes, self.out_vt,
-                                      self.out_is_input, self.donate)
-        return totals, coll, pt_compute, pt_comm, vmask
+        fresh = delta is None
+        if fresh:
+            delta, old_vmask = self._unused_delta, self._unused_masks
+        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.memory_bandwidth,
+                           self._memory, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
         compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
@@ -224,9 +202,9 @@ class CostModel:
     def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(compute s, communication s) per op of the program, for views that colour the
         graph by cost. Ops of one type share their type's total evenly."""
-        _, _, pt_compute, pt_comm, _ = self._run(*self.plan_arrays(plan))
+        _, _, op_compute, op_comm, _ = self._run(self.plan_arrays(plan))
         share = self.ty.op_type
-        return (pt_compute / self.ty.pt_count)[share], (pt_comm / self.ty.pt_count)[share]
+        return (op_compute / self.op_count)[share], (op_comm / self.op_count)[share]
 
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""
@@ -234,9 +212,7 @@ class CostModel:
 
     def value_type_masks(self, mask, rank, res):
         """(eff[T, D], vmask[T]): per value type, the mesh-axis bits of each dim."""
-        ty = self.ty
-        return _kernel.type_masks(mask, rank, res, ty.vt_class, ty.vt_tag, ty.tag_conflict,
-                                  ty.tag_dropped, self.conflict_class)
+        return _kernel.value_type_masks(tuple(as_plan_arrays(mask, rank, res)), self._tables)
 
 
 class IncrementalEstimator:
@@ -254,10 +230,9 @@ class IncrementalEstimator:
             plan = Plan.replicated(an)
         self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
         self._next_rank = len(plan.assignments)
-        self._vmask = np.zeros(len(model.ty.vt_class), np.int64)
+        self._vmask = np.zeros(len(model.ty.tables.value_classes), np.int64)
         self._delta = np.zeros(model.st.num_ops + 2)  # the temporaries, all replicated
-        _kernel.add_temps(self._delta, self._vmask, model.ways, model.temp_start,
-                          model.temp_end, model.temp_nbytes, model.temp_vt)
+        _kernel.fill_temps(self._delta, self._vmask, model.mesh_table, model._memory)
         self.result = self._update()
 
     def set_axes(self, cls: int, axes) -> tuple[float, float]:
@@ -278,6 +253,6 @@ class IncrementalEstimator:
         return self.result
 
     def _update(self) -> tuple[float, float]:
-        totals, _, _, _, self._vmask = self.model._run(self.mask, self.rank, self.res,
+        totals, _, _, _, self._vmask = self.model._run((self.mask, self.rank, self.res),
                                                        self._delta, self._vmask)
         return self.model._step_and_peak(totals)

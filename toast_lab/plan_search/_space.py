@@ -14,6 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..cost import PlanArrays, axis_bits, plan_arrays
 from ..plan import Plan, PlanError
 
 CLASS, CONFLICT = "class", "conflict"
@@ -43,7 +44,7 @@ class Space:
         self.analysis = analysis
         self.mesh = mesh
         names = tuple(mesh.axis_names)
-        bit = {a: 1 << i for i, a in enumerate(names)}
+        bit = axis_bits(mesh)
         pins = dict(pins or {})
         self._check_pins(pins)
         conflicts_of: dict[int, list] = {}
@@ -117,19 +118,12 @@ class Space:
         d = self.decisions[position]
         return d.kind == CONFLICT and choices[d.parent] == 0
 
-    def arrays(self, choices):
+    def arrays(self, choices) -> PlanArrays:
         """(class masks, class ranks, conflict resolutions) for the cost model's kernel."""
-        an = self.analysis
-        mask = np.zeros(len(an.classes), np.int64)
-        rank = np.full(len(an.classes), 1 << 30, np.int64)
-        res = np.zeros(len(an.conflicts), np.int64)
-        for pos, (d, c) in enumerate(zip(self.decisions, choices)):
-            if d.kind == CLASS:
-                mask[d.index] = d.masks[c]
-                rank[d.index] = pos
-            else:
-                res[d.index] = c
-        return mask, rank, res
+        decisions = list(zip(self.decisions, choices))
+        return plan_arrays(self.analysis,
+                           ((d.index, d.masks[c]) for d, c in decisions if d.kind == CLASS),
+                           ((d.index, c) for d, c in decisions if d.kind == CONFLICT))
 
     def plan(self, choices) -> Plan:
         plan = Plan.replicated(self.analysis)
@@ -147,7 +141,7 @@ class Space:
     def choices_of(self, plan: Plan) -> np.ndarray:
         """The choice vector of a plan (plans outside the space snap to the nearest choice)."""
         out = np.zeros(len(self.decisions), np.int64)
-        bit = {a: 1 << i for i, a in enumerate(self.mesh.axis_names)}
+        bit = axis_bits(self.mesh)
         for pos, d in enumerate(self.decisions):
             if d.kind == CLASS:
                 m = sum(bit[a] for a in plan.axes_of(d.index))

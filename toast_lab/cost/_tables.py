@@ -1,0 +1,93 @@
+"""The tables the compiled kernel reads, by name: numpy structured arrays (one record per row,
+its fields below) gathered in named tuples.
+
+- `TypeTables`: the program compressed into types (built by _types.py): value types, contraction
+  groups, operand rows, operands, op types and shared reads. A type's list of members (an op's
+  operands, a group's dims) is a contiguous run `[start, end)` of a member table.
+- `MemoryTables`: temporaries with their live ranges, arguments and outputs (liveness sweep).
+- `MESH`: one record per mesh-axis mask.
+- `PlanArrays` (_plan_arrays.py): the plan.
+
+Python passes each named tuple to the kernel as a plain tuple, which numba's dispatcher types
+in C, and the kernel wraps it again (`TypeTables(*tables)`): names in the code, and half the
+per-call cost of passing named tuples.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+_I, _F = np.int64, np.float64
+
+
+def record(**fields) -> np.dtype:
+    """The dtype of one table row, fields in the order given (aligned: numba loads each field
+    with one instruction)."""
+    return np.dtype(list(fields.items()), align=True)
+
+
+# Contraction groups: the operand dims a factor ties together; their consensus (the axes they
+# all share) is what the op computes on. Members are (value type, dim) pairs.
+GROUP = record(start=_I, end=_I, is_reduction=np.bool_)
+GROUP_MEMBER = record(value_type=_I, dim=_I)
+# Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
+# like its group's consensus (`group`), or whole (ROW_REPLICATE).
+ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I)
+# Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]).
+OPERAND = record(value_type=_I, start=_I, end=_I)
+# Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
+# dtype; result_type -1 when no result has dims; groups, io and operands are member runs.
+OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
+            groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
+            operands_end=_I)
+# What an op reads and writes (bytes 0 where XLA fuses the value away), by value type.
+OP_IO = record(value_type=_I, nbytes=_F)
+# An op's operands that are not shared reads: operand type and whole-tensor bytes.
+OP_OPERAND = record(operand_type=_I, nbytes=_F)
+# Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
+# reuses the buffer, so each read is costed per instance, in program order, deduplicated.
+SPAN = record(start=_I, end=_I)
+SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F)
+
+
+class TypeTables(NamedTuple):
+    """What the kernel needs of a program's types (shapes: T value types, D dims, K conflict
+    sides, R resolutions, C conflicts)."""
+
+    value_classes: np.ndarray   # [T, D] class of each dim (-1: none)
+    value_tags: np.ndarray      # [T, D] conflict-side tag of each dim (-1: none)
+    tag_conflict: np.ndarray    # [K] the conflict of each tag
+    tag_dropped: np.ndarray     # [K, R] bool: the tag's dim is replicated under resolution r
+    conflict_class: np.ndarray  # [C] the class of each conflict
+    groups: np.ndarray          # GROUP records
+    group_members: np.ndarray   # GROUP_MEMBER records
+    rows: np.ndarray            # ROW records
+    operands: np.ndarray        # OPERAND records
+    operand_rows: np.ndarray    # int64 indices into rows
+    ops: np.ndarray             # OP records
+    op_groups: np.ndarray       # int64: the reduction groups of each op (indices into groups)
+    op_io: np.ndarray           # OP_IO records
+    op_operands: np.ndarray     # OP_OPERAND records
+    shared_values: np.ndarray   # SPAN records: the reads of each shared value
+    shared_reads: np.ndarray    # SHARED_READ records
+    num_ops: int
+
+
+# One record per mesh-axis mask: devices, and the slowest link's bandwidth (B/s) and latency (s).
+MESH = record(ways=_F, bandwidth=_F, latency=_F)
+# Temporaries: live over positions [start, end) of program order.
+TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
+INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
+OUTPUT = record(nbytes=_F, value_type=_I, is_input=np.bool_)
+
+
+class MemoryTables(NamedTuple):
+    op_type: np.ndarray         # [N] the type of each op, in program order
+    temps: np.ndarray           # TEMP records: values neither argument nor output, not fused
+    temps_by_type: np.ndarray   # SPAN records per value type, into temps_of_type
+    temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
+    inputs: np.ndarray          # INPUT records
+    outputs: np.ndarray         # OUTPUT records (an output returned twice counts twice)
+    donate: bool
