@@ -26,12 +26,16 @@ class ToastWarning(UserWarning):
 
 
 class UnknownPrimitiveError(ValueError):
-    """Raised by analyze(strict=True) for a primitive without a sharding rule."""
+    """Raised by analyze(strict=True) for a primitive without a sharding rule, or one whose
+    rule cannot map the op (where analyze would otherwise fall back and warn)."""
 
 
 _UNKNOWN_PRIMITIVE = (
     "toast-lab has no sharding rule for primitive '{name}' (first at {source}, shapes {ins} -> "
-    "{outs}). {action} Add a rule with `toast_lab.rules.register('{name}')`, or report it.")
+    "{outs}); add one with `toast_lab.rules.register('{name}')`, or report it.")
+_RULE_FAILED = (
+    "toast-lab's sharding rule for primitive '{name}' cannot map the op at {source} (shapes "
+    "{ins} -> {outs}: {reason}); please report it.")
 
 
 class Analysis:
@@ -177,28 +181,35 @@ def _cache_key(op, ins, outs):
 
 
 def _rule(op, ins, outs, values, warned, strict) -> OpRule:
+    """The op's rule. A primitive without a rule, or a rule that cannot map this op (it raised,
+    or its shapes or params are not the ones it knows), gets the conservative rule with one
+    warning per primitive naming it and the user's source line; strict=True raises instead."""
     if has_rule(op.primitive):
         body = tuple(values[v].shape for v in op.body)
         try:
-            return rule_for(op.primitive, ins, outs, op.params, body)
+            rule = rule_for(op.primitive, ins, outs, op.params, body)
         except Exception as err:  # a rule bug must not crash a user's analysis
-            if strict:
-                raise
-            warnings.warn(f"toast-lab: the rule for '{op.primitive}' failed at {op.source} "
-                          f"({type(err).__name__}: {err}); treating it conservatively",
-                          ToastWarning, stacklevel=4)
-            return conservative_rule(ins, outs)
+            rule = conservative_rule(ins, outs,
+                                     reason=f"the rule raised {type(err).__name__}: {err}")
+        if not rule.fallback:
+            return rule
+        problem = _RULE_FAILED.format(name=op.primitive, source=op.source, ins=list(ins),
+                                      outs=list(outs), reason=_short(rule.reason))
+    else:
+        problem = _UNKNOWN_PRIMITIVE.format(name=op.primitive, source=op.source, ins=list(ins),
+                                            outs=list(outs))
+        rule = conservative_rule(ins, outs)
     if strict:
-        raise UnknownPrimitiveError(_UNKNOWN_PRIMITIVE.format(
-            name=op.primitive, source=op.source, ins=list(ins), outs=list(outs),
-            action="strict=True: refusing to guess."))
+        raise UnknownPrimitiveError(f"{problem} strict=True: refusing to guess.")
     if op.primitive not in warned:
         warned.add(op.primitive)
-        warnings.warn(_UNKNOWN_PRIMITIVE.format(
-            name=op.primitive, source=op.source, ins=list(ins), outs=list(outs),
-            action="Treating every dim as needing replication (pass strict=True to raise)."),
-            ToastWarning, stacklevel=4)
-    return conservative_rule(ins, outs)
+        warnings.warn(f"{problem} Treating every dim as needing replication (pass strict=True "
+                      f"to raise).", ToastWarning, stacklevel=4)
+    return rule
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # --- classes ----------------------------------------------------------------------------------

@@ -15,8 +15,16 @@ def summary_text(an, max_classes: int = 40) -> str:
         + (" (layers grouped)" if an.grouped else ""),
     ]
     if an.fallback_ops:
-        prims = sorted({prog.ops[o].primitive for o in an.fallback_ops})
-        lines.append(f"  conservative fallback (no rule) for: {', '.join(prims)}")
+        lines.append("  ops analysed conservatively (every dim needs replication):")
+        first: dict[str, tuple[int, int]] = {}
+        for o in an.fallback_ops:
+            prim = prog.ops[o].primitive
+            k, _ = first.get(prim, (o, 0))
+            first[prim] = (k, first.get(prim, (o, 0))[1] + 1)
+        for prim, (o, count) in sorted(first.items()):
+            why = an.op_rules[o].reason
+            why = f"rule failed: {why}" if why else "no rule"
+            lines.append(f"    {prim} x{count} ({why}), first at {prog.ops[o].source}")
     ranked = sorted(an.classes, key=lambda c: (-c.bytes, c.id))
     shown = ranked[:max_classes]
     lines += ["", "classes (by bytes at stake):",
