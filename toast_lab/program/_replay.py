@@ -53,12 +53,17 @@ def as_function(program: Program, transform: Transform | None = None,
 def _bind(primitive, args, params) -> list:
     """The results of one equation, as a list: `eval_jaxpr`'s re-bind.
 
-    Some primitives keep callables or sub-jaxprs in their params in a form `bind` does not take
-    (`shard_map`'s body, `custom_*` rules): `get_bind_params` turns the params back into the
-    positional sub-functions and keyword params that `bind` expects (jax/_src/core.py).
+    Some primitives keep sub-jaxprs in their params in a form `bind` does not take
+    (`shard_map`'s body, call primitives): `get_bind_params` turns them back into what `bind`
+    expects (jax/_src/core.py `eval_jaxpr`). Since jax 0.8 it returns the bind params with the
+    sub-functions under 'subfuns'; before, a (subfuns, params) pair.
     """
-    subfuns, bind_params = primitive.get_bind_params(params)
-    outs = primitive.bind(*subfuns, *args, **bind_params)
+    bind_params = primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+        outs = primitive.bind(*subfuns, *args, **bind_params)
+    else:
+        outs = primitive.bind(*args, **bind_params)
     return list(outs) if primitive.multiple_results else [outs]
 
 
