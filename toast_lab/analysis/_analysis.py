@@ -14,8 +14,9 @@ from collections import defaultdict
 from ._classes import NO_CLASS, Conflict, DimClass, unique_name
 from ._conflicts import find_conflicts
 from ._layers import group_layers as _group_layers
+from ._names import class_names
 from ._nodes import factor_places, whole_nodes
-from ..program import NO_OP, Program
+from ..program import Program
 from ._summary import summary_text
 from ._unionfind import UnionFind
 from ..rules import OpRule, conservative_rule, has_rule, rule_for
@@ -234,12 +235,12 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             sizes[r] = part_size[node]
             first_part[r] = key
         compound[r] += 1
-    input_index = {v: i for i, v in enumerate(program.inputs)}
+    names = class_names(program, list(members.values()),
+                        [first_part.get(r) for r in members])
     classes, root_to_class, taken = [], {}, set()
-    for r, mem in members.items():
+    for (r, mem), (name, aliases, origin) in zip(members.items(), names):
         cid = len(classes)
         root_to_class[r] = cid
-        name, aliases, origin = _name_class(program, mem, input_index, first_part.get(r))
         name = unique_name(name, taken)
         vals = {v for v, _ in mem}
         classes.append(DimClass(
@@ -247,47 +248,3 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             bytes=sum(values[v].nbytes for v in vals), num_values=len(vals), aliases=aliases,
             layers=merged.get(r, 1), origin=origin))
     return classes, root_to_class
-
-
-def _name_class(program, members, input_index, first_part):
-    """A readable name: the first logical dim name given for an input in the class, else the
-    first input's path and dim, else the op where the class first appears."""
-    hints = []
-    first_input = None
-    for v, d in members:
-        i = input_index.get(v)
-        if i is None:
-            continue
-        names = program.dim_names[i]
-        if names is not None and names[d] is not None and names[d] not in hints:
-            hints.append(names[d])
-        if first_input is None:
-            first_input = (v, d)
-    if first_input is not None:
-        v, d = first_input
-        origin = f"{program.values[v].name}[{d}]"
-    elif members:
-        v, d = members[0]
-        origin = _op_label(program, v, d)
-    else:  # only compound parts: named after the reshape that made them
-        v, d, k = first_part
-        origin = _op_label(program, v, d) + f".{k}"
-    if hints:
-        return hints[0], tuple(hints[1:]), origin
-    if first_input is not None:
-        v, d = first_input
-        path = program.values[v].name.split("/")
-        if len(path) > 2 and path[-1] == "value":  # flax.nnx Variables: params/dense/kernel/value
-            path = path[:-1]
-        short = "/".join(path[1:]) if len(path) > 1 else path[0]
-        return f"{short}[{d}]", (), origin
-    return origin, (), origin
-
-
-def _op_label(program, v, d) -> str:
-    val = program.values[v]
-    if val.producer == NO_OP:
-        return f"%{v}[{d}]"
-    op = program.ops[val.producer]
-    scope = f"{op.name_scope}/" if op.name_scope else ""
-    return f"{scope}{op.primitive}[{d}]"
