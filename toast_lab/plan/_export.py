@@ -27,9 +27,28 @@ def spec_of(dim_axes) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
+def as_jax_mesh(plan, jax_mesh):
+    """The jax Mesh to export to, after checking the plan fits it: a toast_lab Mesh is turned
+    into one (`mesh.jax_mesh()`); a PlanError names a class whose axes the mesh lacks or whose
+    size they do not divide, before JAX meets it at compile time."""
+    from ._mesh import Mesh
+
+    if isinstance(jax_mesh, Mesh):
+        mesh, jax_mesh = jax_mesh, jax_mesh.jax_mesh()
+    else:
+        shape = getattr(jax_mesh, "shape", None)
+        if not hasattr(jax_mesh, "axis_names") or not hasattr(shape, "items"):
+            raise TypeError(f"expected a jax.sharding.Mesh (or a toast_lab Mesh), got "
+                            f"{type(jax_mesh).__name__}: make one with mesh.jax_mesh()")
+        mesh = Mesh(tuple(shape.items()))
+    plan.validate(mesh)
+    return jax_mesh
+
+
 def shardings(plan, jax_mesh):
     """(in_shardings, out_shardings): NamedSharding pytrees shaped like the function's
     positional arguments and its result."""
+    jax_mesh = as_jax_mesh(plan, jax_mesh)
     prog = plan.analysis.program
     flat_in = [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs]
     args_sh, _ = jax.tree_util.tree_unflatten(prog.in_tree, flat_in)
@@ -124,6 +143,7 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit
     use the traced program itself. Extra keyword arguments go to jax.jit (e.g. donate_argnums).
     """
     prog = plan.analysis.program
+    jax_mesh = as_jax_mesh(plan, jax_mesh)
     if fn is not None and fn is not prog.fn:
         _check_same_program(fn, prog)
     in_sh, out_sh = shardings(plan, jax_mesh)

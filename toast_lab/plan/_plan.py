@@ -232,6 +232,13 @@ class Plan:
 
     def validate(self, mesh) -> "Plan":
         """Raises PlanError when the plan does not fit `mesh`; returns self otherwise."""
+        from ._mesh import Mesh
+
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"expected a toast_lab Mesh, e.g. tl.Mesh({{'data': 4, 'model': 2}}, "
+                            f"device='h100'), got {type(mesh).__name__}"
+                            + (" (a jax mesh: tl.Mesh.from_jax(jax_mesh, device=...))"
+                               if hasattr(mesh, "devices") else ""))
         an = self.analysis
         names = set(mesh.axis_names)
         for k, axes in self.assignments:
