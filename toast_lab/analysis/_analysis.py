@@ -74,9 +74,12 @@ class Analysis:
         try:
             return self._by_name[name]
         except KeyError:
+            if not isinstance(name, str):
+                raise KeyError(f"class names are str, got {type(name).__name__}") from None
             close = [n for n in self._by_name if name.lower() in n.lower()][:5]
             hint = f" Did you mean {close}?" if close else ""
-            raise KeyError(f"no class named {name!r} in this analysis.{hint} "
+            shown = repr(name) if len(name) <= 60 else repr(name[:57] + "...")
+            raise KeyError(f"no class named {shown} in this analysis.{hint} "
                            f"Classes: {sorted(self._by_name)[:20]}") from None
 
     def class_of(self, value: int, dim: int) -> DimClass | None:
