@@ -148,7 +148,34 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit
         _check_same_program(fn, prog)
     in_sh, out_sh = shardings(plan, jax_mesh)
     body = constrained(plan, jax_mesh, constraints)
-    return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
+    if not _has_kwargs(prog):
+        return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
+    # jax.jit takes no in_shardings with keyword arguments: pass them as one positional pytree.
+    _, kw_sh = jax.tree_util.tree_unflatten(
+        prog.in_tree, [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs])
+    packed = jax.jit(lambda args, kwargs: body(*args, **kwargs), in_shardings=(in_sh, kw_sh),
+                     out_shardings=out_sh, **jit_kwargs)
+    return KeywordStep(packed)
+
+
+def _has_kwargs(prog) -> bool:
+    _, kwargs = jax.tree_util.tree_unflatten(prog.in_tree, [None] * len(prog.inputs))
+    return bool(kwargs)
+
+
+class KeywordStep:
+    """plan.jit's result for a function traced with keyword arguments: call it like the
+    function (`step(*args, **kwargs)`); `lower(*args, **kwargs)` gives a Lowered whose
+    compiled step takes `(args, kwargs)`."""
+
+    def __init__(self, packed):
+        self.packed = packed
+
+    def __call__(self, *args, **kwargs):
+        return self.packed(args, kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self.packed.lower(args, kwargs)
 
 
 def _check_same_program(fn, prog) -> None:

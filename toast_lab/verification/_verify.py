@@ -399,7 +399,8 @@ def _estimated_collectives(estimate) -> dict[tuple[str, tuple[str, ...]], float]
 
 def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed: int = 0,
            estimate: Any = None, tolerance: float | None = None,
-           compiler_options: Mapping[str, Any] | None = None) -> VerifyReport:
+           compiler_options: Mapping[str, Any] | None = None,
+           kwargs: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compile `plan` for `mesh` on simulated CPU devices, run it, and check it.
 
     fn: the function the plan's analysis traced (None: the traced function itself).
@@ -412,6 +413,7 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
         collective_bytes = {(kind, axes): bytes} from it when present).
     tolerance: one relative error for every floating output leaf instead of TOLERANCES.
     compiler_options: XLA options for both compiles (default FAST_COMPILE).
+    kwargs: the keyword arguments the function was traced with, if any.
 
     The sharded step and the unsharded `jax.jit(fn)` run on the same concrete arguments; every
     output leaf is compared (module docstring). Returns a VerifyReport; it raises only where
@@ -421,8 +423,10 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
         raise TypeError(f"tl.verify: args must be the tuple of positional arguments, e.g. "
                         f"(params, opt_state, batch); got {type(args).__name__}")
     prog = plan.analysis.program
-    check_args(prog, tuple(args))
+    kwargs = dict(kwargs or {})
+    check_args(prog, tuple(args), kwargs)
     args = tuple(concrete_args(tuple(args), seed))
+    kwargs = concrete_args(kwargs, seed + 1)
     plan.validate(mesh)
     devices = _cpu_devices()
     jax_mesh = mesh.jax_mesh(devices)  # says how to simulate more devices when too few
@@ -432,22 +436,23 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     step = plan.jit(fn, jax_mesh, constraints=constraints, compiler_options=options)
     in_shardings, _ = plan.shardings(jax_mesh)
     placed = jax.device_put(args, in_shardings)
+    placed_kw = jax.device_put(kwargs, NamedSharding(jax_mesh, PartitionSpec()))
     start = time.perf_counter()
-    compiled = step.lower(*placed).compile()
+    compiled = step.lower(*placed, **placed_kw).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(*placed))
+    out = jax.block_until_ready(compiled(placed, placed_kw) if kwargs else compiled(*placed))
     run_s = time.perf_counter() - start
 
     if any(op.primitive == "shard_map" for op in prog.ops):
         # a shard_map inside the step runs on its own mesh's devices: replicate over the mesh
         # (every device computes the whole step, as one device would) instead of one device
-        reference = jax.jit(fn, in_shardings=NamedSharding(jax_mesh, PartitionSpec()),
-                            compiler_options=options)
-        ref = reference(*args)
+        replicated = NamedSharding(jax_mesh, PartitionSpec())
+        reference = jax.jit(fn, compiler_options=options)
+        ref = reference(*jax.device_put(args, replicated), **jax.device_put(kwargs, replicated))
     else:
         reference = jax.jit(fn, compiler_options=options)
-        ref = reference(*jax.device_put(args, devices[0]))
+        ref = reference(*jax.device_put(args, devices[0]), **jax.device_put(kwargs, devices[0]))
     checks = compare_outputs(jax.device_get(_key_data(out)), jax.device_get(_key_data(ref)),
                              tolerance)
     worst = max(checks, key=lambda c: (c.ratio, c.error), default=None)
@@ -466,10 +471,10 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     )
 
 
-def check_args(prog, args: tuple) -> None:
+def check_args(prog, args: tuple, kwargs: Mapping | None = None) -> None:
     """Raises ValueError naming the first argument leaf whose structure, shape or dtype is not
     the traced program's (a plan for one model applied to another model's sample)."""
-    leaves, tree = jax.tree_util.tree_flatten_with_path((args, {}))
+    leaves, tree = jax.tree_util.tree_flatten_with_path((args, dict(kwargs or {})))
     if tree != prog.in_tree:
         raise ValueError(
             f"tl.verify: the arguments are not shaped like those {prog.fn_name!r} was traced "
