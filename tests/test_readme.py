@@ -27,7 +27,7 @@ def test_bring_your_own_step_example_runs_as_written(capsys):
 
 
 def test_usage_example_verifies_with_the_sample_of_the_model_it_planned():
-    usage = next(b for b in python_blocks() if "tl.zoo.get(" in b)
+    usage = next(b for b in python_blocks() if "tl.zoo.get(" in b and "tl.verify(" in b)
     get = re.search(r'tl\.zoo\.get\("gpt", ([^)]*)\)', usage).group(1)
     sample = re.search(r'tl\.zoo\.sample\("gpt", ([^)]*)\)', usage).group(1)
     assert get == sample  # the README once verified GPT-2-small's plan on the tiny GPT's sample
