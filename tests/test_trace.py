@@ -106,6 +106,22 @@ def test_dim_names_are_validated_and_flattened():
         tl.trace(f, p, x, dim_names=(None,))
 
 
+def test_dim_names_follow_the_argument_where_it_has_none():
+    """An equinox partition keeps None where the static half was; names made by mapping over
+    that pytree have None there too, which is structure, not an unnamed leaf."""
+    def f(p, x):
+        return x @ p["w"] + p["b"][None, :]
+
+    p = {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32), "act": None,
+         "b": jax.ShapeDtypeStruct((8,), jnp.float32)}
+    x = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    names = {"w": ("embed", "mlp"), "act": None, "b": ("mlp",)}
+    prog = tl.trace(f, p, x, dim_names=(names, ("batch", "embed")))
+    assert prog.dim_names == (("mlp",), ("embed", "mlp"), ("batch", "embed"))  # keys sorted
+    with pytest.raises(ValueError, match="one name per dim"):
+        tl.trace(f, p, x, dim_names=({**names, "b": ("mlp", None)}, None))
+
+
 def test_clean_scope_strips_transformations():
     assert clean_scope("transpose(jvp(block0))/attn") == "block0/attn"
     assert clean_scope("jvp()") == ""

@@ -258,7 +258,12 @@ def _flatten_dim_names(dim_names, args, kwargs):
         if names is None:
             hints += [None] * len(arg_leaves)
             continue
-        name_leaves = jax.tree_util.tree_leaves(names, is_leaf=_is_names_leaf)
+        try:
+            # Walk the names alongside the argument, argument first: a None in both (the
+            # static half of an equinox partition) is structure, not a leaf of names.
+            name_leaves = jax.tree_util.tree_structure(arg).flatten_up_to(names)
+        except (TypeError, ValueError):  # another structure with the same leaves, e.g. lists
+            name_leaves = jax.tree_util.tree_leaves(names, is_leaf=_is_names_leaf)
         if len(name_leaves) != len(arg_leaves):
             raise ValueError(f"dim_names[{i}] has {len(name_leaves)} leaves but argument {i} has "
                              f"{len(arg_leaves)}: it must have the argument's structure, with a "

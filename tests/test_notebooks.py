@@ -1,0 +1,249 @@
+"""The tutorials in notebooks/ run top to bottom, headless, within their time limit, and show
+what they teach.
+
+Each slow test executes one notebook fresh with nbclient (kernel `python3` of this Python, with
+this checkout first on PYTHONPATH, in a temporary directory so exported plan files land there)
+and reads its outputs: the cells tagged `check-*` print the figures a reader is meant to see —
+a plan that fits, the numerics check, the conflicts, each strategy's collectives, the exercises
+checked — and the tests assert on that text, not just on the absence of an exception.
+
+    python -m pytest tests/test_notebooks.py          # prints each notebook's time
+    TOAST_LAB_NOTEBOOK_OUT=/tmp/nb python -m pytest tests/test_notebooks.py   # keeps the
+                                                      # executed copies for a look in JupyterLab
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+psutil = pytest.importorskip("psutil")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = ("quickstart", "concepts", "expert_in_the_loop", "bring_your_own_model")
+# Issue #11: each notebook runs top to bottom in under 60 s on a 2-core machine. Measured as
+# the kernel's CPU time (all its threads, start to last cell): the kernel waits on nothing but
+# the CPU, so on an idle 2-core machine its wall time is about that or less, and unlike wall
+# time it does not grow when other work shares the machine. The wall time is printed beside it; a cell that runs past WALL_LIMIT_S fails.
+LIMIT_S = float(os.environ.get("TOAST_LAB_NOTEBOOK_LIMIT_S", "60"))
+WALL_LIMIT_S = 5 * LIMIT_S
+
+
+@dataclass(frozen=True)
+class Executed:
+    """An executed notebook, its wall time and its kernel's CPU time (seconds)."""
+
+    name: str
+    nb: object
+    seconds: float
+    cpu_seconds: float
+
+    def tagged(self, tag: str) -> str:
+        """The text output (streams, text/plain results) of the cells tagged `tag`."""
+        cells = [c for c in self.nb.cells if tag in c.get("metadata", {}).get("tags", ())]
+        assert cells, f"{self.name}: no cell is tagged {tag!r}; the test and notebook disagree"
+        return "\n".join(_text(c) for c in cells)
+
+    def text(self) -> str:
+        return "\n".join(_text(c) for c in self.nb.cells if c.cell_type == "code")
+
+    def mime_types(self) -> set[str]:
+        return {k for c in self.nb.cells if c.cell_type == "code"
+                for o in c.get("outputs", ()) for k in o.get("data", {})}
+
+
+def _text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", ()):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
+def _read(name: str):
+    return nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+
+
+def run_notebook(name: str, workdir: Path) -> Executed:
+    """Executes notebooks/<name>.ipynb in `workdir`; a failing cell fails with its traceback."""
+    nb = _read(name)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cpu = [0.0]
+
+    def kernel_cpu(**_):  # after each cell, while the kernel is alive
+        proc = psutil.Process(client.km.provisioner.process.pid)
+        times = proc.cpu_times()
+        cpu[0] = times.user + times.system
+
+    client = nbclient.NotebookClient(
+        nb, timeout=int(WALL_LIMIT_S), startup_timeout=60, kernel_name="python3",
+        resources={"metadata": {"path": str(workdir)}}, on_cell_executed=kernel_cpu)
+    start = time.perf_counter()
+    client.execute(env=env)
+    seconds = time.perf_counter() - start
+    out_dir = os.environ.get("TOAST_LAB_NOTEBOOK_OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, Path(out_dir) / f"{name}.ipynb")
+    return Executed(name, nb, seconds, cpu[0])
+
+
+@pytest.fixture
+def execute(tmp_path, capsys):
+    """execute(name) -> Executed, printing the notebook's times and failing past LIMIT_S."""
+
+    def run(name: str) -> Executed:
+        ex = run_notebook(name, tmp_path)
+        with capsys.disabled():
+            print(f"\n[notebook] {name}.ipynb: kernel CPU {ex.cpu_seconds:.1f} s (limit "
+                  f"{LIMIT_S:.0f} s), wall {ex.seconds:.1f} s")
+        assert ex.cpu_seconds < LIMIT_S, (
+            f"{name}.ipynb took {ex.cpu_seconds:.1f} s of kernel CPU, over its {LIMIT_S:.0f} s "
+            f"limit: keep the models tiny and the compiles few")
+        return ex
+
+    return run
+
+
+def _ms(text: str, label: str) -> float:
+    m = re.search(rf"^{re.escape(label)}\s+([\d.]+) ms", text, re.M)
+    assert m, f"no '{label} ... ms' row in:\n{text}"
+    return float(m.group(1))
+
+
+# --- without a kernel: what is committed ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_clean(name):
+    """Committed with outputs cleared (small diffs; the tests execute them fresh), for the
+    python3 kernel, and simulating 8 devices before anything imports jax."""
+    nb = _read(name)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for cell in code:
+        assert not cell.get("outputs") and cell.get("execution_count") is None, (
+            f"{name}.ipynb is committed with outputs; clear them (Edit > Clear Outputs of "
+            f"All Cells) before committing")
+    first = code[0].source
+    assert "xla_force_host_platform_device_count=8" in first
+    assert first.index("XLA_FLAGS") < first.index("import jax")
+    for cell in code[1:]:
+        assert "XLA_FLAGS" not in cell.source, "set XLA_FLAGS in the first code cell only"
+
+
+def test_readme_names_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    assert "jupyter lab notebooks/quickstart.ipynb" in readme
+    for name in NOTEBOOKS:
+        assert f"notebooks/{name}.ipynb" in readme or f"`{name}.ipynb`" in readme, name
+
+
+# --- executed ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_quickstart(execute):
+    ex = execute("quickstart")
+    plan = ex.tagged("check-plan")
+    m = re.search(r"plan fits: (True|False) \(([\d.]+) of (\d+) GiB per device\), ([\d.]+) "
+                  r"ms/step", plan)
+    assert m and m.group(1) == "True", plan
+    assert float(m.group(2)) <= float(m.group(3))
+    # every expert strategy was priced beside the searched plan
+    for name in ("dp", "fsdp", "megatron", "dp+tp"):
+        assert f"expert: {name}" in plan
+    numerics = ex.tagged("check-numerics")
+    assert "numerics ok" in numerics and "numerics: ok" in numerics, numerics
+    err, tol = re.search(r"worst relative error ([\d.e+-]+) \(tolerance ([\d.e+-]+)\)",
+                         numerics.split("numerics ok")[-1]).groups()
+    assert float(err) <= float(tol)
+    # the sharded step ran on the 8 simulated devices, and the Lab and the plot were displayed
+    assert "over 8 devices" in ex.text()
+    types = ex.mime_types()
+    assert "application/vnd.jupyter.widget-view+json" in types
+    assert any("bokeh" in t for t in types), types
+
+
+@pytest.mark.slow
+def test_concepts(execute):
+    ex = execute("concepts")
+    strategies = ex.tagged("check-strategies")
+    # each strategy's signature collectives, as the cost model prices them
+    expected = {
+        "data parallel": ["all-reduce over data×model"],
+        "FSDP (ZeRO-3)": ["all-gather over data×model", "reduce-scatter over data×model"],
+        "Megatron": ["all-reduce over data×model"],
+        "DP × Megatron": ["all-reduce over data", "all-reduce over model"],
+    }
+    rows = {line.split(":")[0].strip(): line for line in strategies.splitlines() if ":" in line}
+    for name, collectives in expected.items():
+        assert name in rows, f"no row for {name} in:\n{strategies}"
+        for c in collectives:
+            assert c in rows[name], f"{name}: expected {c} in {rows[name]!r}"
+    assert "all-gather" not in rows["data parallel"] and "all-gather" not in rows["Megatron"]
+    # memory: FSDP holds a fraction of data parallel's parameters and optimizer state
+    assert "FSDP holds 1/8 of the parameters and optimizer state" in strategies
+    # XLA inserted the collectives the strategies are known for, and the numbers matched
+    xla = ex.tagged("check-xla")
+    assert xla.count("numerics ok") == 4, xla
+    # the conflicts, named: seq at the attention logits, batch at x @ x.T
+    conflicts = ex.tagged("check-conflicts")
+    assert re.search(r"'seq' twice in float32\[\d+, \d+, \d+, \d+\] at bqhe,bkhe->bhqk",
+                     conflicts), conflicts
+    assert re.search(r"x @ x\.T:\s*\n\s+'batch' twice in float32\[\d+, \d+\]", conflicts), conflicts
+    sp = ex.tagged("check-sequence-parallel")
+    assert "keep_dim2" in sp and "all-gather" in sp
+    # the exercises' checks passed (a failing check raises, so getting here means they did;
+    # the printed lines show they ran)
+    checks = ex.tagged("check-exercise")
+    for i in range(1, 5):
+        assert f"exercise {i}: correct" in checks, checks
+
+
+@pytest.mark.slow
+def test_expert_in_the_loop(execute):
+    ex = execute("expert_in_the_loop")
+    compare = ex.tagged("check-compare")
+    completed = _ms(compare, "Megatron pins + MCTS")
+    experts = re.findall(r"^expert (\S+)\s+([\d.]+) ms", compare, re.M)
+    assert len(experts) >= 5, compare
+    for name, ms in experts:
+        assert completed <= float(ms) + 1e-6, f"the completed plan is slower than {name}"
+    assert "keeps the Megatron pins: True" in compare
+    assert "fits: True" in compare
+    assert "unpinned MCTS" in compare
+    cf = ex.tagged("check-counterfactuals")
+    # every decision's alternatives priced, with at least one that does not fit
+    for name in ("batch", "heads", "mlp", "layers"):
+        assert re.search(rf"^{name}\b", cf, re.M), cf
+    assert "does not fit" in cf
+    why = ex.tagged("check-explain")
+    assert "batch" in why and "model" in why
+
+
+@pytest.mark.slow
+def test_bring_your_own_model(execute):
+    ex = execute("bring_your_own_model")
+    for lib in ("flax.nnx", "equinox"):
+        done = ex.tagged(f"check-{lib.replace('.', '-')}")
+        assert "plan fits: True" in done, done
+        assert "exported" in done and ".plan.json" in done, done
+        assert "numerics ok" in done and "numerics: ok" in done, done
+    warned = ex.tagged("check-warnings")
+    assert "ToastWarning" in warned and "pure_callback" in warned, warned
+    assert re.search(r"\.py:\d+", warned), "the warning names the user's source line"
+    fixed = ex.tagged("check-fixed")
+    assert "no warnings" in fixed, fixed
