@@ -11,10 +11,15 @@ Three layers, each usable alone:
   choice, op details, the export snippet, expert rows), with a text rendering.
 - `Lab`: both plus the notebook widget (`LabView`, TypeScript in labextension/), fed on every
   change; front-end events go back to the session.
+
+Importing this package also registers `plan_display` with the plan stage, so `plan.save(...)`
+and `display(plan)` carry the view model the JupyterLab extension draws without a kernel.
 """
 
+from ..plan import register_display
 from ._build import ViewBuilder, estimate_view
 from ._lab import Lab, op_costs_buffer
+from ._plan_display import plan_display
 from ._scopes import ROOT, Group, ScopeTree, build_scope_tree
 from ._session import Change, PinError, SearchState, Session
 from ._viewmodel import (ChoiceView, ClassView, ConflictView, DetailsView, EdgeView, ExpertRow,
@@ -25,3 +30,6 @@ __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder",
            "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
            "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
            "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer"]
+
+# Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
+register_display(plan_display)
