@@ -211,3 +211,19 @@ def test_without_a_view_builder_files_and_outputs_carry_the_decisions(gpt, tmp_p
     assert tl.Plan.load(tmp_path / "bare.json", an) == plan
     assert bundle[PLAN_MIME]["view"] is None and "no view builder" in bundle[PLAN_MIME]["note"]
     assert "toast-lab plan for" in bundle["text/plain"]
+
+
+def test_a_file_written_by_the_previous_format_loads_and_displays():
+    """tests/data/plan_v1_gpt_tiny.json was written by toast-lab's format-1 writer (d71b48c)."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "plan_v1_gpt_tiny.json"
+    assert json.loads(path.read_text())["version"] == 1
+    fn, args = tl.zoo.get("gpt", size="tiny", layers=2)
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = tl.Plan.load(path, an)
+    assert plan.class_axes == {"batch": ("data",), "seq": ("model",)}
+    assert plan.pinned == {"batch"} and plan.mesh == tl.Mesh({"data": 4, "model": 2}, "h100")
+    # It displays like any plan made for its mesh; saved again, it is format 2 with a view.
+    vm = ViewModel.from_dict(plan._repr_mimebundle_()[PLAN_MIME]["view"])
+    assert vm.estimate["step_time_s"] == pytest.approx(tl.estimate(an, plan, plan.mesh).step_time_s)
