@@ -125,6 +125,13 @@ def api(server, path: str):
         return json.loads(r.read())
 
 
+def kernels_and_sessions(server) -> tuple[set, set]:
+    """Ids of the server's kernels and the paths of its sessions (other tests' kernels may run
+    on the shared server: a test compares before and after)."""
+    return ({k["id"] for k in api(server, "kernels")},
+            {s.get("path") for s in api(server, "sessions")})
+
+
 def open_by_double_click(page, server, name: str):
     """The file browser at the root, then a double-click on `name`, as a person opens it."""
     page.goto(server.page_url("lab"))
@@ -149,6 +156,7 @@ def test_written_plan_file_opens_by_double_click_without_a_kernel(
     doc = json.loads(path.read_text())
     view = doc["view"]
     assert doc["version"] == 2 and view["format"] == "toast-lab-view"
+    before = kernels_and_sessions(lab_server)
     open_by_double_click(page, lab_server, path.name)
     lab = page.locator(".jp-MimeDocument .tl-lab")
     expect(lab).to_be_visible(timeout=60_000)
@@ -175,7 +183,7 @@ def test_written_plan_file_opens_by_double_click_without_a_kernel(
     expect(lab.locator(".tl-estimate")).to_contain_text("Memory per device")
     shoot(page, f"plan_file_{source}_estimate")
     # Nothing asked for a kernel.
-    assert api(lab_server, "kernels") == [] and api(lab_server, "sessions") == []
+    assert kernels_and_sessions(lab_server) == before and path.name not in before[1]
     assert not page.toast_errors, page.toast_errors
 
 
@@ -184,6 +192,7 @@ def test_a_plan_file_of_the_previous_format_opens_as_its_tables(lab_server, page
 
     doc = json.loads(written_plans["v1"].read_text())
     assert doc["version"] == 1 and "view" not in doc
+    before = kernels_and_sessions(lab_server)
     open_by_double_click(page, lab_server, "old_plan.json")
     summary = page.locator(".jp-MimeDocument .tl-plan-summary")
     expect(summary).to_be_visible(timeout=60_000)
@@ -196,7 +205,7 @@ def test_a_plan_file_of_the_previous_format_opens_as_its_tables(lab_server, page
     expect(summary.locator(".tl-figure-value").first).to_have_text(
         seconds(doc["estimate"]["step_time_s"]))
     shoot(page, "plan_file_v1")
-    assert api(lab_server, "kernels") == []
+    assert kernels_and_sessions(lab_server) == before
     assert not page.toast_errors, page.toast_errors
 
 
@@ -251,7 +260,10 @@ def test_notebook_plan_and_diff_outputs_survive_save_close_and_reopen_without_a_
     assert "toast-lab plan for gpt_train_step" in "".join(plan_out["text/plain"])
     # 2. Close it and shut its kernel down.
     _run(page, "application:close-all")
-    for k in api(lab_server, "kernels"):
+    for k in api(lab_server, "sessions"):
+        if k.get("path") != "plans.ipynb":
+            continue
+        k = k["kernel"]
         req = urllib.request.Request(f"{lab_server.url}api/kernels/{k['id']}?token={lab_server.token}",
                                      method="DELETE")
         urllib.request.urlopen(req, timeout=10).close()
