@@ -34,11 +34,20 @@ def test_analyze_a_users_module_function(tmp_path, monkeypatch, capsys):
     sys.modules.pop("mytrain", None)
 
 
-def test_unknown_targets_are_clear_errors():
-    with pytest.raises(SystemExit, match="unknown model 'gtp'"):
-        main(["analyze", "gtp"])
-    with pytest.raises(SystemExit, match="cannot import"):
-        main(["analyze", "no_such_module_xyz:step"])
+def usage_error(argv, capsys) -> str:
+    """The one line a usage error prints; asserts exit status 2 and nothing else printed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("toast-lab: "), err
+    return lines[0]
+
+
+def test_unknown_targets_are_clear_errors(capsys):
+    assert "unknown model 'gtp'" in usage_error(["analyze", "gtp"], capsys)
+    assert "cannot import" in usage_error(["analyze", "no_such_module_xyz:step"], capsys)
 
 
 def test_partition_writes_a_plan_that_loads(tmp_path, capsys):
@@ -58,7 +67,95 @@ def test_partition_writes_a_plan_that_loads(tmp_path, capsys):
 
 
 def test_partition_bad_mesh_and_pins(capsys):
-    with pytest.raises(SystemExit, match="--mesh looks like"):
-        main(["partition", "mlp", "--mesh", "data4"])
-    with pytest.raises(SystemExit, match="name no class"):
-        main(["partition", "mlp", "--mesh", "data=8", "--pin", "bogus=data", "--budget", "1"])
+    assert "--mesh looks like" in usage_error(["partition", "mlp", "--mesh", "data4"], capsys)
+    assert "name no class" in usage_error(
+        ["partition", "mlp", "--mesh", "data=8", "--pin", "bogus=data", "--budget", "1"], capsys)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "usersteps.py").write_text(textwrap.dedent("""
+        import jax, jax.numpy as jnp
+
+        def bare(w, x):
+            return (x @ w).sum()
+
+        def step(w, x):
+            return jnp.tanh(x @ w).sum()
+
+        step.example_args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),
+                             jax.ShapeDtypeStruct((8, 16), jnp.float32))
+
+        def factory(width=16):
+            return step, (jax.ShapeDtypeStruct((16, width), jnp.float32),
+                          jax.ShapeDtypeStruct((8, 16), jnp.float32))
+
+        def broken(w, x):
+            return w @ w
+
+        broken.example_args = step.example_args
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    sys.modules.pop("usersteps", None)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["analyze", "usersteps:bare"], "has no example arguments: give it an `example_args`"),
+    (["analyze", ":step"], "give package.module:function"),
+    (["analyze", "mlp", "-c", "batch=abc"], "'batch' takes an int"),
+    (["analyze", "gpt", "-c", "hidden=128"], "takes no config key 'hidden'; its keys:"),
+    (["analyze", "usersteps:factory", "-c", "hidden=128"], "takes no config key 'hidden'"),
+    (["analyze", "usersteps:step", "-c", "width=8"], "nothing to configure"),
+    (["analyze", "usersteps:broken"], "tracing usersteps:broken failed: TypeError"),
+    (["analyze", "mlp", "-c", "layers"], "look like -c key=value"),
+    (["analyze", "mlp", "--max-classes", "0"], "positive number of rows"),
+    (["partition", "mlp", "--device", "tpu9"], "no such device preset; choose one of"),
+    (["partition", "mlp", "--mesh", "data=4,data=2"], "axis 'data' appears twice"),
+    (["partition", "mlp", "--mesh", "data=0"], "positive sizes"),
+    (["partition", "mlp", "--pin", "batch=data+data"], "axis 'data' is repeated"),
+    (["partition", "mlp", "--out", "no/such/dir/plan.json"], "does not exist; create it first"),
+    (["partition", "mlp", "--budget", "abc"], "invalid float value"),
+    (["partition", "mlp", "--budget", "-1"], "positive number of seconds"),
+])
+def test_every_usage_error_is_one_line_and_exit_status_2(argv, says, user_module, capsys):
+    line = usage_error(argv, capsys)
+    assert says in line, line
+
+
+def test_out_into_a_missing_directory_fails_before_the_search(user_module, capsys):
+    started = []
+    import toast_lab.cli as cli
+
+    real = cli.load_target
+    cli.load_target = lambda *a: started.append(a) or real(*a)
+    try:
+        usage_error(["partition", "mlp", "--out", "missing/plan.json"], capsys)
+    finally:
+        cli.load_target = real
+    assert not started  # the model was never even loaded
+
+
+def test_strict_and_no_group_do_what_they_say(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cbstep.py").write_text(textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+
+        def step(w, x):
+            y = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+            return (y @ w).sum()
+
+        step.example_args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),
+                             jax.ShapeDtypeStruct((8, 16), jnp.float32))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert "pure_callback" in usage_error(["analyze", "cbstep:step", "--strict"], capsys)
+    assert main(["analyze", "cbstep:step"]) == 0
+    assert "pure_callback x1 (no rule)" in capsys.readouterr().out
+    sys.modules.pop("cbstep", None)
+    assert main(["analyze", "gpt", "-c", "layers=2"]) == 0
+    grouped = capsys.readouterr().out
+    assert main(["analyze", "gpt", "-c", "layers=2", "--no-group"]) == 0
+    ungrouped = capsys.readouterr().out
+    assert "(layers grouped)" in grouped and "(layers grouped)" not in ungrouped

@@ -351,7 +351,64 @@ MISC = [
     case("rng_uniform", "rng_uniform", lambda: lax.rng_uniform(0.0, 1.0, (8, 16))),
 ]
 
-CASES = ELEMENTWISE + SHAPE + INDEXING + LINALG + REDUCE + MISC
+
+# --- primitives real libraries emit: grouped matmuls, manual SPMD, equinox's internals ---------
+
+
+def _eqx_loop(x):
+    """An equinox checkpointed while loop that writes a buffer (diffrax's save path): emits
+    select_if_vmap, unvmap_any, nonbatchable and maybe_set (vprim once vmapped)."""
+    import equinox.internal as eqxi
+
+    def body(c):
+        i, y, ys = c
+        return i + 1, y * 0.9 + x, ys.at[i].set(y)
+
+    init = (0, x, jnp.zeros((8,) + x.shape, x.dtype))
+    return eqxi.while_loop(lambda c: c[0] < 5, body, init, max_steps=8, kind="checkpointed",
+                           buffers=lambda c: c[2])[2]
+
+
+def _ragged(dn):
+    from jax._src.lax.lax import RaggedDotDimensionNumbers
+
+    return lambda a, b, g: lax.ragged_dot_general(
+        a, b, g, RaggedDotDimensionNumbers(*dn))
+
+
+def _shard_map_double(x):
+    return jax.shard_map(lambda a: a * 2, mesh=_mesh(), in_specs=P("data"),
+                         out_specs=P("data"))(x)
+
+
+LIBRARIES = [
+    case("ragged_dot", "ragged_dot_general", lax.ragged_dot, f32(16, 8), f32(4, 8, 6), i32(4)),
+    case("ragged_dot_batched", "ragged_dot_general",
+         _ragged(((((2,), (2,)), ((0,), (1,))), (1,), (0,))),
+         f32(16, 32, 64), f32(4, 16, 64, 8), i32(16, 4)),
+    case("ragged_dot_contracting", "ragged_dot_general",
+         _ragged(((((1,), (0,)), ((), ())), (1,), ())), f32(16, 8), f32(8, 6), i32(4)),
+    case("shard_map", "shard_map", _shard_map_double, f32(16, 32)),
+    case("empty", "empty", lambda: lax.empty((8, 16), jnp.float32)),
+    # the gradient of a cond whose branches keep different residuals fills the gaps with empty2
+    case("empty2", "empty2", jax.grad(lambda x: lax.cond(
+        x.sum() > 0, lambda x: jnp.sin(x) * x, lambda x: x * 2.0, x).sum()), f32(8)),
+    case("nonbatchable", "nonbatchable",
+         lambda x: __import__("equinox").internal.nonbatchable(x), f32(8, 16)),
+    case("unvmap_any", "unvmap_any", lambda x: __import__("equinox").internal.unvmap_any(x > 0),
+         f32(8, 16)),
+    case("unvmap_all", "unvmap_all", lambda x: __import__("equinox").internal.unvmap_all(x > 0),
+         f32(8, 16)),
+    case("unvmap_max", "unvmap_max", lambda x: __import__("equinox").internal.unvmap_max(x),
+         i32(8, 16)),
+    case("select_if_vmap", "select_if_vmap",
+         lambda p, x, y: __import__("equinox").internal.select_if_vmap_p.bind(p, x, y),
+         pred(), f32(8, 16), f32(8, 16)),
+    case("maybe_set", "maybe_set", _eqx_loop, f32(4, 3)),
+    case("vprim", "vprim", jax.vmap(_eqx_loop), f32(2, 4, 3)),
+]
+
+CASES = ELEMENTWISE + SHAPE + INDEXING + LINALG + REDUCE + MISC + LIBRARIES
 
 
 # --- machinery -----------------------------------------------------------------------------------

@@ -1,9 +1,17 @@
-"""Command line: `toast-lab analyze|partition|demo|lab` on a built-in model or `module:function`."""
+"""Command line: `toast-lab analyze|partition|demo|lab` on a built-in model or `module:function`.
+
+Every mistake in what a user typed (a target without example arguments, a config key the
+model does not take, a bad mesh, pin, device or output path) ends the command with one line,
+`toast-lab: <what is wrong and how to fix it>`, on stderr and exit status 2, before any long
+work starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -11,14 +19,25 @@ import sys
 import time
 import warnings
 
+EXIT_USAGE = 2  # the status of a command line that cannot run as typed (as argparse uses)
+
+
+class UsageError(Exception):
+    """A user's mistake on the command line: main() prints `toast-lab: <message>`, exits 2."""
+
 
 def _parse_config(items: list[str]) -> dict:
     """['layers=2', 'size=gpt2-small'] -> {'layers': 2, 'size': 'gpt2-small'}."""
     config = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"toast-lab: config entries look like key=value, got {item!r}")
+        if not sep or not key.strip():
+            raise UsageError(f"config entries look like -c key=value (e.g. -c layers=2), got "
+                             f"{item!r}")
+        key = key.strip()
+        if raw.lower() in ("true", "false"):
+            config[key] = raw.lower() == "true"
+            continue
         for cast in (int, float):
             try:
                 config[key] = cast(raw)
@@ -42,55 +61,157 @@ def load_target(target: str, config: dict):
 
     if ":" not in target:
         if target not in zoo.names():
-            raise SystemExit(f"toast-lab: unknown model {target!r}; built-in models: "
+            raise UsageError(f"unknown model {target!r}; built-in models: "
                              f"{', '.join(zoo.names())}, or give package.module:function")
+        _check_zoo_config(target, config)
         return zoo.get(target, **config)
     module_name, _, attr = target.partition(":")
+    if not module_name or not attr or not attr.isidentifier():
+        raise UsageError(f"{target!r}: give package.module:function, e.g. mypkg.train:step")
     sys.path.insert(0, "")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise SystemExit(f"toast-lab: cannot import {module_name!r}: {err}") from None
+        raise UsageError(f"cannot import {module_name!r}: {err}; run from the directory that "
+                         f"holds it or install its package") from None
     if not hasattr(module, attr):
-        raise SystemExit(f"toast-lab: module {module_name!r} has no attribute {attr!r}")
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
     fn = getattr(module, attr)
+    if not callable(fn):
+        raise UsageError(f"{target} is a {type(fn).__name__}, not a function")
     example = getattr(fn, "example_args", None)
     if example is None:
         example = getattr(module, f"{attr}_args", None)
-    if example is None:
+    no_args = (f"{target} has no example arguments: give it an `example_args` attribute, "
+               f"define `{attr}_args` in the module, or make it a factory returning (fn, args)")
+    if example is not None:
+        if config:
+            raise UsageError(f"{target} takes its example arguments as they are: -c "
+                             f"{next(iter(config))}=... has nothing to configure (drop -c, or "
+                             f"make {attr} a factory taking keyword arguments)")
+        args = example() if callable(example) else example
+        if not isinstance(args, (tuple, list)):
+            raise UsageError(f"{target}'s example arguments must be a tuple of positional "
+                             f"arguments, got {type(args).__name__}")
+        return fn, tuple(args)
+    _check_factory_config(target, fn, config, no_args)
+    try:
         made = fn(**config)
-        if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-            raise SystemExit(f"toast-lab: {target} has no example arguments: give it an "
-                             f"`example_args` attribute, define `{attr}_args` in the module, or "
-                             f"make it a factory returning (fn, args)")
-        return made
-    return fn, (example() if callable(example) else example)
+    except TypeError as err:  # a step called without its arguments, or a bad config value
+        raise UsageError(f"{no_args} (calling it as a factory failed: {err})") from None
+    if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+        raise UsageError(no_args)
+    return made
 
 
-def _analyze(args) -> int:
-    from . import analyze, trace
+def _check_zoo_config(name: str, config: dict) -> None:
+    """Every key the model takes, with a value of its default's type."""
+    from . import zoo
 
-    fn, fn_args = load_target(args.target, _parse_config(args.config))
+    fields = {f.name: f for f in dataclasses.fields(zoo.config(name))}
+    defaults = zoo.config(name)
+    for key, value in config.items():
+        if key not in fields:
+            raise UsageError(f"model {name!r} takes no config key {key!r}; its keys: "
+                             f"{', '.join(fields)}")
+        default = getattr(defaults, key)
+        kind = type(default)
+        if kind is tuple:  # e.g. mlp's hidden sizes: -c hidden=128 or -c hidden=128,64
+            parts = str(value).split(",")
+            if not all(p.strip().isdigit() for p in parts):
+                raise UsageError(f"-c {key}={value}: {name}'s {key!r} takes integers separated "
+                                 f"by commas, e.g. -c {key}={','.join(map(str, default))}")
+            config[key] = value = tuple(int(p) for p in parts)
+        ok = (isinstance(value, bool) if kind is bool
+              else isinstance(value, kind) and not isinstance(value, bool) if kind is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool)
+              if kind is float else isinstance(value, str) if kind is str else True)
+        if not ok:
+            raise UsageError(f"-c {key}={value}: {name}'s {key!r} takes a{'n' * (kind is int)} "
+                             f"{kind.__name__} (default {default!r})")
+    try:
+        zoo.config(name, **config)
+    except (TypeError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _check_factory_config(target, fn, config, no_args) -> None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY)]
+    if required and not set(required) <= set(config):
+        raise UsageError(no_args)
+    for key in config:
+        if key not in names:
+            raise UsageError(f"{target} takes no config key {key!r}; its keyword arguments: "
+                             f"{', '.join(names) or '(none)'}")
+
+
+def _trace_and_analyze(args, fn, fn_args):
+    """(analysis, trace seconds, analysis seconds); a failure in the user's function or an
+    unknown primitive under --strict is a one-line UsageError."""
+    from . import UnknownPrimitiveError, analyze, trace
+
     t0 = time.perf_counter()
-    prog = trace(fn, *fn_args)
+    try:
+        prog = trace(fn, *fn_args)
+    except Exception as err:  # the user's function failed to trace: say where, in one line
+        raise UsageError(f"tracing {args.target} failed: {type(err).__name__}: "
+                         f"{_first_line(err)}{_user_frame(err)}") from None
     t1 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        an = analyze(prog, group_layers=not args.no_group, strict=args.strict)
-    t2 = time.perf_counter()
+        try:
+            an = analyze(prog, group_layers=not args.no_group, strict=args.strict)
+        except UnknownPrimitiveError as err:
+            raise UsageError(f"{err} (drop --strict to analyse it conservatively)") from None
+    return an, t1 - t0, time.perf_counter() - t1
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _user_frame(err: Exception) -> str:
+    """' (at file.py:12)': the last frame of the traceback outside JAX and toast-lab."""
+    tb, where = err.__traceback__, ""
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if not any(part in path for part in (f"{os.sep}jax{os.sep}", f"{os.sep}toast_lab{os.sep}",
+                                               f"{os.sep}flax{os.sep}", "importlib")):
+            where = f" (at {path}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return where
+
+
+def _analyze(args) -> int:
+    fn, fn_args = load_target(args.target, _parse_config(args.config))
+    an, trace_s, analyze_s = _trace_and_analyze(args, fn, fn_args)
     print(an.summary(max_classes=args.max_classes))
-    print(f"\ntraced in {t1 - t0:.2f} s, analysed in {t2 - t1:.3f} s")
+    print(f"\ntraced in {trace_s:.2f} s, analysed in {analyze_s:.3f} s")
     return 0
 
 
 def _parse_mesh(text: str) -> dict[str, int]:
     """'data=4,model=2' -> {'data': 4, 'model': 2}."""
-    axes = {}
+    axes: dict[str, int] = {}
     for part in text.split(","):
         name, sep, size = part.partition("=")
-        if not sep or not size.strip().isdigit():
-            raise SystemExit(f"toast-lab: --mesh looks like data=4,model=2, got {text!r}")
-        axes[name.strip()] = int(size)
+        name = name.strip()
+        if not sep or not name or not size.strip().isdigit() or int(size) < 1:
+            raise UsageError(f"--mesh looks like data=4,model=2 (names and positive sizes), got "
+                             f"{text!r}")
+        if name in axes:
+            raise UsageError(f"--mesh {text}: axis {name!r} appears twice; give each axis once, "
+                             f"e.g. data=4,model=2")
+        axes[name] = int(size)
     return axes
 
 
@@ -99,12 +220,35 @@ def _parse_pins(items: list[str]) -> dict:
     pins = {}
     for item in items:
         name, sep, value = item.rpartition("=")
-        if not sep:
-            raise SystemExit(f"toast-lab: --pin looks like batch=data or mlp=data+model, got "
-                             f"{item!r}")
-        pins[name] = value if value.startswith("keep_") or value == "replicate" else (
-            () if value in ("", "none", "replicated") else tuple(value.split("+")))
+        if not sep or not name:
+            raise UsageError(f"--pin looks like batch=data or mlp=data+model, got {item!r}")
+        if name in pins:
+            raise UsageError(f"--pin {name}=... is given twice; pin each decision once")
+        if value.startswith("keep_") or value == "replicate":
+            pins[name] = value
+            continue
+        axes = () if value in ("", "none", "replicated") else tuple(value.split("+"))
+        if any(not a for a in axes):
+            raise UsageError(f"--pin {item}: mesh axes are joined by '+', e.g. mlp=data+model")
+        repeated = sorted({a for a in axes if axes.count(a) > 1})
+        if repeated:
+            raise UsageError(f"--pin {item}: axis {repeated[0]!r} is repeated; a dim is sharded "
+                             f"over each mesh axis at most once")
+        pins[name] = axes
     return pins
+
+
+def _check_out(path: str | None) -> None:
+    """Fails before the search, not after it, when the plan could not be written."""
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {path}: directory {parent!r} does not exist; create it first")
+    if os.path.isdir(path):
+        raise UsageError(f"--out {path} is a directory; give a file name, e.g. {path}/plan.json")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {path}: cannot write in {parent!r}")
 
 
 class _ProgressBar:
@@ -126,30 +270,51 @@ class _ProgressBar:
 
 
 def _estimate_row(name: str, est) -> str:
+    from .plan import format_bytes
+
     return (f"  {name:<12} {est.step_time_s * 1e3:11.3f} {est.compute_s * 1e3:11.3f} "
-            f"{est.communication_s * 1e3:11.3f} {est.peak_memory_bytes / 2**30:9.2f}  "
+            f"{est.communication_s * 1e3:11.3f} {format_bytes(est.peak_memory_bytes):>11}  "
             f"{'yes' if est.feasible else 'NO'}")
 
 
+def _mesh(args):
+    from . import Mesh, devices
+
+    axes = _parse_mesh(args.mesh)
+    try:
+        return Mesh(axes, device=args.device)
+    except (KeyError, ValueError, TypeError) as err:
+        known = ", ".join(getattr(d, "name", str(d)) for d in devices())
+        message = err.args[0] if err.args else str(err)
+        if "device" in str(message).lower() or args.device not in known:
+            raise UsageError(f"--device {args.device}: no such device preset; choose one of "
+                             f"{known}") from None
+        raise UsageError(str(message)) from None
+
+
 def _partition(args) -> int:
-    from . import Mesh, analyze, estimate, search, strategies, trace
+    from . import estimate, search, strategies
     from .plan import PlanError
 
+    mesh = _mesh(args)
+    pins = _parse_pins(args.pin)
+    _check_out(args.out)
+    if not args.budget > 0:
+        raise UsageError(f"--budget {args.budget}: give a positive number of seconds")
+    if args.memory_cap is not None and not args.memory_cap > 0:
+        raise UsageError(f"--memory-cap {args.memory_cap}: give a positive number of bytes")
     fn, fn_args = load_target(args.target, _parse_config(args.config))
-    mesh = Mesh(_parse_mesh(args.mesh), device=args.device)
-    t0 = time.perf_counter()
-    an = analyze(trace(fn, *fn_args))
-    t1 = time.perf_counter()
+    an, trace_s, analyze_s = _trace_and_analyze(args, fn, fn_args)
     print(f"{an.program.fn_name}: {len(an.program.ops)} ops, {len(an.classes)} classes, "
-          f"{len(an.conflicts)} conflicts (analysed in {t1 - t0:.2f} s); mesh {mesh}")
+          f"{len(an.conflicts)} conflicts (analysed in {trace_s + analyze_s:.2f} s); mesh {mesh}")
     try:
-        result = search(an, mesh, pins=_parse_pins(args.pin), budget_s=args.budget,
+        result = search(an, mesh, pins=pins, budget_s=args.budget,
                         seed=args.seed, memory_cap=args.memory_cap,
                         callback=_ProgressBar(args.budget))
     except PlanError as err:
-        raise SystemExit(f"toast-lab: {err}") from None
+        raise UsageError(str(err)) from None
     experts = strategies.expert(an, mesh)
-    print(f"\n  {'plan':<12} {'step (ms)':>11} {'compute':>11} {'comm':>11} {'peak GiB':>9}  fits")
+    print(f"\n  {'plan':<12} {'step (ms)':>11} {'compute':>11} {'comm':>11} {'peak':>11}  fits")
     for name, plan in experts.items():
         print(_estimate_row(name, estimate(an, plan, mesh)))
     if result.plan is None:
@@ -210,7 +375,14 @@ def _lab(args) -> int:
     config = _parse_config(args.config)
     if args.target == "gpt" and "size" not in config:
         config = {"size": "gpt2-small", **config}
-    mesh = _parse_mesh(args.mesh)
+    if ":" not in args.target:  # a zoo model: check its name and config before writing
+        from . import zoo
+
+        if args.target not in zoo.names():
+            raise UsageError(f"unknown model {args.target!r}; built-in models: "
+                             f"{', '.join(zoo.names())}, or give package.module:function")
+        _check_zoo_config(args.target, config)
+    mesh = _mesh(args).shape  # a bad mesh or device is a usage error here, not in the notebook
     name = args.target.replace(":", "-").replace(".", "-")
     path = args.notebook or f"toast-lab-{name}.ipynb"
     if os.path.exists(path):
@@ -237,9 +409,18 @@ def _lab(args) -> int:
         return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the one-line form of every other usage error."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"toast-lab: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="toast-lab", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """Runs the command; a usage error prints one line and raises SystemExit(2)."""
+    parser = _Parser(prog="toast-lab", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text in (("analyze", "print the sharding-equivalence classes and conflicts"),
                             ("partition", "search a plan for a mesh and compare it with the "
                                           "expert strategies"),
@@ -250,10 +431,14 @@ def main(argv: list[str] | None = None) -> int:
                                           "or package.module:function")
         p.add_argument("-c", "--config", action="append", default=[], metavar="KEY=VALUE",
                        help="model config, e.g. -c layers=12 -c size=gpt2-small")
-        p.add_argument("--no-group", action="store_true", help="do not group repeated layers")
+        p.add_argument("--no-group", action="store_true",
+                       help="one decision per layer: do not group repeated layers")
         p.add_argument("--strict", action="store_true",
-                       help="fail on primitives without a sharding rule")
-        p.add_argument("--max-classes", type=int, default=40)
+                       help="fail on primitives without a sharding rule (and on rules that "
+                            "cannot map an op) instead of analysing them conservatively")
+        if name != "partition":  # partition prints no class table
+            p.add_argument("--max-classes", type=int, default=40,
+                           help="rows of the class table (the largest classes first)")
         if name == "partition":
             p.add_argument("--mesh", default="data=8", help="mesh axes, e.g. data=4,model=2")
             p.add_argument("--device", default="h100", help="device preset (toast_lab.devices())")
@@ -288,8 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     if passthrough and args.command != "lab":
         parser.error(f"unrecognized arguments: -- {' '.join(passthrough)}")
     args.jupyter_args = passthrough
-    return {"analyze": _analyze, "partition": _partition, "demo": _demo,
-            "lab": _lab}[args.command](args)
+    if getattr(args, "max_classes", 1) < 1:
+        parser.error(f"--max-classes {args.max_classes}: give a positive number of rows")
+    try:
+        return {"analyze": _analyze, "partition": _partition, "demo": _demo,
+                "lab": _lab}[args.command](args)
+    except UsageError as err:
+        parser.exit(EXIT_USAGE, f"toast-lab: {err}\n")
 
 
 if __name__ == "__main__":

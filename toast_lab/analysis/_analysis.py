@@ -14,8 +14,9 @@ from collections import defaultdict
 from ._classes import NO_CLASS, Conflict, DimClass, unique_name
 from ._conflicts import find_conflicts
 from ._layers import group_layers as _group_layers
+from ._names import class_names
 from ._nodes import factor_places, whole_nodes
-from ..program import NO_OP, Program
+from ..program import Program
 from ._summary import summary_text
 from ._unionfind import UnionFind
 from ..rules import OpRule, conservative_rule, has_rule, rule_for
@@ -26,12 +27,16 @@ class ToastWarning(UserWarning):
 
 
 class UnknownPrimitiveError(ValueError):
-    """Raised by analyze(strict=True) for a primitive without a sharding rule."""
+    """Raised by analyze(strict=True) for a primitive without a sharding rule, or one whose
+    rule cannot map the op (where analyze would otherwise fall back and warn)."""
 
 
 _UNKNOWN_PRIMITIVE = (
     "toast-lab has no sharding rule for primitive '{name}' (first at {source}, shapes {ins} -> "
-    "{outs}). {action} Add a rule with `toast_lab.rules.register('{name}')`, or report it.")
+    "{outs}); add one with `toast_lab.rules.register('{name}')`, or report it.")
+_RULE_FAILED = (
+    "toast-lab's sharding rule for primitive '{name}' cannot map the op at {source} (shapes "
+    "{ins} -> {outs}: {reason}); please report it.")
 
 
 class Analysis:
@@ -69,9 +74,12 @@ class Analysis:
         try:
             return self._by_name[name]
         except KeyError:
+            if not isinstance(name, str):
+                raise KeyError(f"class names are str, got {type(name).__name__}") from None
             close = [n for n in self._by_name if name.lower() in n.lower()][:5]
             hint = f" Did you mean {close}?" if close else ""
-            raise KeyError(f"no class named {name!r} in this analysis.{hint} "
+            shown = repr(name) if len(name) <= 60 else repr(name[:57] + "...")
+            raise KeyError(f"no class named {shown} in this analysis.{hint} "
                            f"Classes: {sorted(self._by_name)[:20]}") from None
 
     def class_of(self, value: int, dim: int) -> DimClass | None:
@@ -177,28 +185,35 @@ def _cache_key(op, ins, outs):
 
 
 def _rule(op, ins, outs, values, warned, strict) -> OpRule:
+    """The op's rule. A primitive without a rule, or a rule that cannot map this op (it raised,
+    or its shapes or params are not the ones it knows), gets the conservative rule with one
+    warning per primitive naming it and the user's source line; strict=True raises instead."""
     if has_rule(op.primitive):
         body = tuple(values[v].shape for v in op.body)
         try:
-            return rule_for(op.primitive, ins, outs, op.params, body)
+            rule = rule_for(op.primitive, ins, outs, op.params, body)
         except Exception as err:  # a rule bug must not crash a user's analysis
-            if strict:
-                raise
-            warnings.warn(f"toast-lab: the rule for '{op.primitive}' failed at {op.source} "
-                          f"({type(err).__name__}: {err}); treating it conservatively",
-                          ToastWarning, stacklevel=4)
-            return conservative_rule(ins, outs)
+            rule = conservative_rule(ins, outs,
+                                     reason=f"the rule raised {type(err).__name__}: {err}")
+        if not rule.fallback:
+            return rule
+        problem = _RULE_FAILED.format(name=op.primitive, source=op.source, ins=list(ins),
+                                      outs=list(outs), reason=_short(rule.reason))
+    else:
+        problem = _UNKNOWN_PRIMITIVE.format(name=op.primitive, source=op.source, ins=list(ins),
+                                            outs=list(outs))
+        rule = conservative_rule(ins, outs)
     if strict:
-        raise UnknownPrimitiveError(_UNKNOWN_PRIMITIVE.format(
-            name=op.primitive, source=op.source, ins=list(ins), outs=list(outs),
-            action="strict=True: refusing to guess."))
+        raise UnknownPrimitiveError(f"{problem} strict=True: refusing to guess.")
     if op.primitive not in warned:
         warned.add(op.primitive)
-        warnings.warn(_UNKNOWN_PRIMITIVE.format(
-            name=op.primitive, source=op.source, ins=list(ins), outs=list(outs),
-            action="Treating every dim as needing replication (pass strict=True to raise)."),
-            ToastWarning, stacklevel=4)
-    return conservative_rule(ins, outs)
+        warnings.warn(f"{problem} Treating every dim as needing replication (pass strict=True "
+                      f"to raise).", ToastWarning, stacklevel=4)
+    return rule
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # --- classes ----------------------------------------------------------------------------------
@@ -223,12 +238,12 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             sizes[r] = part_size[node]
             first_part[r] = key
         compound[r] += 1
-    input_index = {v: i for i, v in enumerate(program.inputs)}
+    names = class_names(program, list(members.values()),
+                        [first_part.get(r) for r in members])
     classes, root_to_class, taken = [], {}, set()
-    for r, mem in members.items():
+    for (r, mem), (name, aliases, origin) in zip(members.items(), names):
         cid = len(classes)
         root_to_class[r] = cid
-        name, aliases, origin = _name_class(program, mem, input_index, first_part.get(r))
         name = unique_name(name, taken)
         vals = {v for v, _ in mem}
         classes.append(DimClass(
@@ -236,47 +251,3 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             bytes=sum(values[v].nbytes for v in vals), num_values=len(vals), aliases=aliases,
             layers=merged.get(r, 1), origin=origin))
     return classes, root_to_class
-
-
-def _name_class(program, members, input_index, first_part):
-    """A readable name: the first logical dim name given for an input in the class, else the
-    first input's path and dim, else the op where the class first appears."""
-    hints = []
-    first_input = None
-    for v, d in members:
-        i = input_index.get(v)
-        if i is None:
-            continue
-        names = program.dim_names[i]
-        if names is not None and names[d] is not None and names[d] not in hints:
-            hints.append(names[d])
-        if first_input is None:
-            first_input = (v, d)
-    if first_input is not None:
-        v, d = first_input
-        origin = f"{program.values[v].name}[{d}]"
-    elif members:
-        v, d = members[0]
-        origin = _op_label(program, v, d)
-    else:  # only compound parts: named after the reshape that made them
-        v, d, k = first_part
-        origin = _op_label(program, v, d) + f".{k}"
-    if hints:
-        return hints[0], tuple(hints[1:]), origin
-    if first_input is not None:
-        v, d = first_input
-        path = program.values[v].name.split("/")
-        if len(path) > 2 and path[-1] == "value":  # flax.nnx Variables: params/dense/kernel/value
-            path = path[:-1]
-        short = "/".join(path[1:]) if len(path) > 1 else path[0]
-        return f"{short}[{d}]", (), origin
-    return origin, (), origin
-
-
-def _op_label(program, v, d) -> str:
-    val = program.values[v]
-    if val.producer == NO_OP:
-        return f"%{v}[{d}]"
-    op = program.ops[val.producer]
-    scope = f"{op.name_scope}/" if op.name_scope else ""
-    return f"{scope}{op.primitive}[{d}]"

@@ -15,16 +15,28 @@ def summary_text(an, max_classes: int = 40) -> str:
         + (" (layers grouped)" if an.grouped else ""),
     ]
     if an.fallback_ops:
-        prims = sorted({prog.ops[o].primitive for o in an.fallback_ops})
-        lines.append(f"  conservative fallback (no rule) for: {', '.join(prims)}")
+        lines.append("  ops analysed conservatively (every dim needs replication):")
+        first: dict[str, tuple[int, int]] = {}
+        for o in an.fallback_ops:
+            prim = prog.ops[o].primitive
+            k, _ = first.get(prim, (o, 0))
+            first[prim] = (k, first.get(prim, (o, 0))[1] + 1)
+        for prim, (o, count) in sorted(first.items()):
+            why = an.op_rules[o].reason
+            why = f"rule failed: {why}" if why else "no rule"
+            lines.append(f"    {prim} x{count} ({why}), first at {prog.ops[o].source}")
     ranked = sorted(an.classes, key=lambda c: (-c.bytes, c.id))
     shown = ranked[:max_classes]
+    # Names are shown whole (the column is as wide as the longest): a cut name is unreadable
+    # and, with long library paths, no longer unique.
+    names = [c.name if not c.aliases else f"{c.name} ({'/'.join(c.aliases[:2])})"
+             for c in shown]
+    width = max([22, *map(len, names)])
     lines += ["", "classes (by bytes at stake):",
-              f"  {'id':>4}  {'name':<22} {'size':>7} {'dims':>6} {'values':>6} "
+              f"  {'id':>4}  {'name':<{width}} {'size':>7} {'dims':>6} {'values':>6} "
               f"{'MiB':>10} {'layers':>6}  first seen"]
-    for c in shown:
-        name = c.name if not c.aliases else f"{c.name} ({'/'.join(c.aliases[:2])})"
-        lines.append(f"  {c.id:>4}  {name[:22]:<22} {c.size:>7} {len(c.members):>6} "
+    for c, name in zip(shown, names):
+        lines.append(f"  {c.id:>4}  {name:<{width}} {c.size:>7} {len(c.members):>6} "
                      f"{c.num_values:>6} {_mib(c.bytes):>10} {c.layers:>6}  {c.origin}")
     if len(ranked) > len(shown):
         rest = ranked[len(shown):]

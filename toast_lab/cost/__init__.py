@@ -11,11 +11,21 @@ from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import CostModel, IncrementalEstimator, cost_model
+from ..plan import PlanError
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
 def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) -> Estimate:
-    """Step time and peak memory per device of `plan` on `mesh` (see CostModel)."""
+    """Step time and peak memory per device of `plan` on `mesh` (see CostModel).
+
+    Raises PlanError when the plan is for another analysis or does not fit the mesh (an axis
+    the mesh lacks, a class its axes do not divide), before the cost model sees it.
+    """
+    if getattr(plan, "analysis", None) is not analysis:
+        raise PlanError(f"tl.estimate: the plan was made for another analysis "
+                        f"({getattr(plan, 'analysis', None)!r}) than {analysis!r}; build it "
+                        f"with tl.Plan.replicated(an) or load it with tl.Plan.load(path, an)")
+    plan.validate(mesh)
     return cost_model(analysis, mesh, donate, overlap).estimate(plan)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..plan import format_bytes
+
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
 
@@ -61,7 +63,7 @@ class Estimate:
         return out
 
     def summary(self) -> str:
-        mib = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
+        mib = format_bytes
         lines = [
             f"step time      {self.step_time_s * 1e3:10.3f} ms  (compute {self.compute_s * 1e3:.3f}"
             f" ms, communication {self.communication_s * 1e3:.3f} ms, "
@@ -84,7 +86,7 @@ class Estimate:
 
     def __repr__(self) -> str:
         return (f"Estimate(step={self.step_time_s * 1e3:.3f} ms, "
-                f"peak={self.peak_memory_bytes / 2**30:.2f} GiB, "
+                f"peak={format_bytes(self.peak_memory_bytes)}, "
                 f"{'feasible' if self.feasible else 'infeasible'})")
 
     def to_dict(self) -> dict:

@@ -18,7 +18,8 @@ from ._mesh import Mesh
 from ._plan import Axes, Plan, PlanError
 from ._planfile import PlanFileError
 from ._random_plan import random_plan
+from ._units import format_bytes
 
 __all__ = ["Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
-           "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES", "PlanDisplay",
-           "register_display", "PLAN_MIME"]
+           "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES", "format_bytes",
+           "PlanDisplay", "register_display", "PLAN_MIME"]

@@ -27,9 +27,28 @@ def spec_of(dim_axes) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
+def as_jax_mesh(plan, jax_mesh):
+    """The jax Mesh to export to, after checking the plan fits it: a toast_lab Mesh is turned
+    into one (`mesh.jax_mesh()`); a PlanError names a class whose axes the mesh lacks or whose
+    size they do not divide, before JAX meets it at compile time."""
+    from ._mesh import Mesh
+
+    if isinstance(jax_mesh, Mesh):
+        mesh, jax_mesh = jax_mesh, jax_mesh.jax_mesh()
+    else:
+        shape = getattr(jax_mesh, "shape", None)
+        if not hasattr(jax_mesh, "axis_names") or not hasattr(shape, "items"):
+            raise TypeError(f"expected a jax.sharding.Mesh (or a toast_lab Mesh), got "
+                            f"{type(jax_mesh).__name__}: make one with mesh.jax_mesh()")
+        mesh = Mesh(tuple(shape.items()))
+    plan.validate(mesh)
+    return jax_mesh
+
+
 def shardings(plan, jax_mesh):
     """(in_shardings, out_shardings): NamedSharding pytrees shaped like the function's
     positional arguments and its result."""
+    jax_mesh = as_jax_mesh(plan, jax_mesh)
     prog = plan.analysis.program
     flat_in = [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs]
     args_sh, _ = jax.tree_util.tree_unflatten(prog.in_tree, flat_in)
@@ -124,11 +143,39 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit
     use the traced program itself. Extra keyword arguments go to jax.jit (e.g. donate_argnums).
     """
     prog = plan.analysis.program
+    jax_mesh = as_jax_mesh(plan, jax_mesh)
     if fn is not None and fn is not prog.fn:
         _check_same_program(fn, prog)
     in_sh, out_sh = shardings(plan, jax_mesh)
     body = constrained(plan, jax_mesh, constraints)
-    return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
+    if not _has_kwargs(prog):
+        return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
+    # jax.jit takes no in_shardings with keyword arguments: pass them as one positional pytree.
+    _, kw_sh = jax.tree_util.tree_unflatten(
+        prog.in_tree, [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs])
+    packed = jax.jit(lambda args, kwargs: body(*args, **kwargs), in_shardings=(in_sh, kw_sh),
+                     out_shardings=out_sh, **jit_kwargs)
+    return KeywordStep(packed)
+
+
+def _has_kwargs(prog) -> bool:
+    _, kwargs = jax.tree_util.tree_unflatten(prog.in_tree, [None] * len(prog.inputs))
+    return bool(kwargs)
+
+
+class KeywordStep:
+    """plan.jit's result for a function traced with keyword arguments: call it like the
+    function (`step(*args, **kwargs)`); `lower(*args, **kwargs)` gives a Lowered whose
+    compiled step takes `(args, kwargs)`."""
+
+    def __init__(self, packed):
+        self.packed = packed
+
+    def __call__(self, *args, **kwargs):
+        return self.packed(args, kwargs)
+
+    def lower(self, *args, **kwargs):
+        return self.packed.lower(args, kwargs)
 
 
 def _check_same_program(fn, prog) -> None:

@@ -230,22 +230,28 @@ class Plan:
                                       shown.experts, shown.view)
 
     @classmethod
-    def load(cls, path, analysis, check_fingerprint: bool = True) -> "Plan":
-        """Reads a plan file for `analysis`; never executes code from the file. The plan
-        remembers the file's mesh when its device is a preset (`tl.devices()`)."""
+    def load(cls, path, analysis, check_fingerprint: bool = True, mesh=None) -> "Plan":
+        """Reads a plan file for `analysis`; never executes code from the file.
+
+        mesh: the Mesh the plan will run on; the file's mesh section and every axis it names
+        are checked against it (without it, against the file's own mesh section). The plan
+        remembers `mesh`, else the file's mesh when its device is a preset (`tl.devices()`).
+        """
         return cls.from_dict(_planfile.read(path), analysis, source=str(path),
-                             check_fingerprint=check_fingerprint)
+                             check_fingerprint=check_fingerprint, mesh=mesh)
 
     @classmethod
     def from_dict(cls, doc, analysis, source: str = "<dict>",
-                  check_fingerprint: bool = True) -> "Plan":
+                  check_fingerprint: bool = True, mesh=None) -> "Plan":
         """The Plan of a plan-file document; raises PlanFileError naming `source`."""
         classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
-                                                         check_fingerprint)
+                                                         check_fingerprint, mesh)
         try:
             plan = cls.from_decisions(analysis, classes, conflicts, pinned)
+            if mesh is not None:
+                return plan.with_mesh(mesh)
         except PlanError as err:
-            raise _planfile.PlanFileError(f"{source}: {err}") from None
+            raise _planfile.PlanFileError(f"{source}: {_planfile.shorten(str(err))}") from None
         return _remember_file_mesh(plan, doc)
 
     # --- display (see _display.py) ----------------------------------------------------------
@@ -266,6 +272,13 @@ class Plan:
 
     def validate(self, mesh) -> "Plan":
         """Raises PlanError when the plan does not fit `mesh`; returns self otherwise."""
+        from ._mesh import Mesh
+
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"expected a toast_lab Mesh, e.g. tl.Mesh({{'data': 4, 'model': 2}}, "
+                            f"device='h100'), got {type(mesh).__name__}"
+                            + (" (a jax mesh: tl.Mesh.from_jax(jax_mesh, device=...))"
+                               if hasattr(mesh, "devices") else ""))
         an = self.analysis
         names = set(mesh.axis_names)
         for k, axes in self.assignments:

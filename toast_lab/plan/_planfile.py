@@ -93,13 +93,40 @@ def write(doc: dict, path) -> Path:
     return path
 
 
+MAX_BYTES = 64 * 2**20  # a plan file is kilobytes; refuse to read a disk image by mistake
+_ECHO = 60  # longest piece of a file's content an error message repeats
+
+
+def echo(value) -> str:
+    """repr(value), shortened: errors quote what the file says without flooding the terminal."""
+    text = repr(value)
+    return text if len(text) <= _ECHO else text[:_ECHO - 3] + "..."
+
+
+def shorten(message: str, limit: int = 400) -> str:
+    """A whole message, shortened (it may quote a hand-edited name of any length)."""
+    return message if len(message) <= limit else message[:limit - 3] + "..."
+
+
 def read(path) -> dict:
-    """The document stored in `path`. Raises PlanFileError when it is not JSON."""
+    """The document stored in `path`. Raises PlanFileError when it is not a JSON plan file:
+    unreadable, too large, not UTF-8, not JSON, nested too deeply, or a number too long."""
     path = Path(path)
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise PlanFileError(f"{path}: {size} bytes is not a plan file (plan files are "
+                                f"kilobytes); check the path")
+        raw = path.read_bytes()
     except OSError as err:
-        raise PlanFileError(f"cannot read plan file {str(path)!r}: {err}") from None
+        raise PlanFileError(f"cannot read plan file {str(path)!r}: {err.strerror or err}"
+                            ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PlanFileError(f"{path}: not UTF-8 text (byte {raw[err.start]:#04x} at offset "
+                            f"{err.start}); a plan file is JSON written by toast-lab: was it "
+                            f"saved by another program or corrupted?") from None
     try:
         # plain JSON: no pickle, no eval, nothing executes; the view is skipped unread
         return json.loads(_skip.without_member(text, "view"))
@@ -107,20 +134,33 @@ def read(path) -> dict:
         raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
                             f"{err.msg}); the file is corrupted or was not written by toast-lab"
                             ) from None
+    except RecursionError:
+        raise PlanFileError(f"{path}: JSON nested too deeply to be a plan file (a plan file "
+                            f"nests 3 levels); the file is corrupted") from None
+    except ValueError as err:  # Python's limit on integer digits (CVE-2020-10735)
+        raise PlanFileError(f"{path}: a number in the file is too long to read "
+                            f"({str(err).split(';')[0]}); the file is corrupted") from None
 
 
-def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True):
-    """(classes, conflicts, pinned) of a plan document checked against `program`:
-    [(class name, axes)] in decision order, {conflict name: resolution}, [decision names]."""
+def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,
+              mesh=None):
+    """(classes, conflicts, pinned) of a plan document checked against `program` (and `mesh`,
+    when given): [(class name, axes)] in decision order, {conflict name: resolution},
+    [decision names]."""
 
     def fail(msg: str):
         raise PlanFileError(f"{source}: {msg}")
 
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        fail(f"not a toast-lab plan file (expected \"format\": \"{FORMAT}\")")
+    if not isinstance(doc, dict):
+        fail(f"not a toast-lab plan file (a JSON {type(doc).__name__}, not an object with "
+             f"\"format\": \"{FORMAT}\")")
+    if doc.get("format") != FORMAT:
+        fail(f"not a toast-lab plan file (\"format\" is {echo(doc.get('format'))}, expected "
+             f"\"{FORMAT}\")")
     version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        fail(f"bad version {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        fail(f"\"version\" must be a positive integer (this toast-lab writes {VERSION}), got "
+             f"{echo(version)}")
     if version > VERSION:  # 1 and 2 differ only in informative sections
         fail(f"written by a newer toast-lab (plan format {version}; this one reads up to "
              f"{VERSION}): upgrade toast-lab")
@@ -128,8 +168,8 @@ def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = Tr
     if not isinstance(meta, dict):
         fail("missing the \"program\" section")
     if check_fingerprint and meta.get("fingerprint") != program.fingerprint():
-        fail(f"made for another program ({meta.get('name')!r}, fingerprint "
-             f"{meta.get('fingerprint')}) than this one ({program.fn_name!r}, fingerprint "
+        fail(f"made for another program ({echo(meta.get('name'))}, fingerprint "
+             f"{echo(meta.get('fingerprint'))}) than this one ({program.fn_name!r}, fingerprint "
              f"{program.fingerprint()}): re-trace the same function with the same argument "
              f"shapes, or pass check_fingerprint=False to apply it by class names")
     classes = doc.get("classes", {})
@@ -144,4 +184,41 @@ def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = Tr
         fail("\"conflicts\" must map conflict names to resolution names")
     if not isinstance(pinned, list) or not all(isinstance(p, str) for p in pinned):
         fail("\"pinned\" must be a list of decision names")
+    _check_axes(classes, _file_mesh(doc.get("mesh"), fail), mesh, fail)
     return [(k, tuple(v)) for k, v in classes.items()], dict(conflicts), list(pinned)
+
+
+def _file_mesh(section, fail) -> dict | None:
+    """The file's own {axis: size}, checked; None when it has no mesh section."""
+    if section is None:
+        return None
+    axes = section.get("axes") if isinstance(section, dict) else None
+    if not isinstance(axes, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+            for k, v in axes.items()):
+        fail(f"\"mesh\" must look like {{\"axes\": {{\"data\": 4, \"model\": 2}}, "
+             f"\"device\": ...}}, got {echo(section)}")
+    return dict(axes)
+
+
+def _check_axes(classes, file_axes, mesh, fail) -> None:
+    """Every axis a class uses is in the mesh (the one given, else the file's own), and the
+    file's mesh section agrees with the mesh given."""
+    given = None if mesh is None else dict(mesh.shape)
+    if given is not None and file_axes is not None and file_axes != given:
+        fail(f"the plan was saved for mesh {_axes_text(file_axes)} but is loaded for mesh "
+             f"{_axes_text(given)}; load it with the mesh it was made for, or search a plan "
+             f"for this one")
+    axes = given if given is not None else file_axes
+    if axes is None:
+        return
+    for name, used in classes.items():
+        missing = [a for a in used if a not in axes]
+        if missing:
+            fail(f"class {echo(name)} is sharded over {echo(missing[0])}, which mesh "
+                 f"{_axes_text(axes)} does not have (axes: {', '.join(axes)}); fix the axis name "
+                 f"in the file's \"classes\" section")
+
+
+def _axes_text(axes: dict) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in axes.items()) + ")"

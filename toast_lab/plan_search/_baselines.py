@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from ._tracker import Tracker, budget_left, setup
+from ._tracker import Tracker, budget_left, check_budget, setup
 
 EXHAUSTIVE_LIMIT = 100_000
 
@@ -39,6 +39,7 @@ def exhaustive(analysis, mesh, pins: Mapping | None = None, memory_cap: float | 
                limit: int = EXHAUSTIVE_LIMIT, callback: Callable | None = None,
                stop: threading.Event | None = None):
     """Evaluates every plan in the space (refuses spaces over `limit` plans)."""
+    check_budget(None, None, stop, callback)
     model, space, cap = setup(analysis, mesh, pins, memory_cap, None)
     if space.size > limit:
         raise ValueError(f"the space holds {space.size:.3g} plans, over the exhaustive limit of "
@@ -57,6 +58,9 @@ def random_search(analysis, mesh, pins: Mapping | None = None, budget_s: float |
                   memory_cap: float | None = None, callback: Callable | None = None,
                   stop: threading.Event | None = None):
     """Uniformly random plans from the space, with the same budget rules as search()."""
+    check_budget(budget_s, simulations, stop, callback)
+    if budget_s is None and simulations is None and stop is None:
+        raise ValueError("random_search needs a budget: budget_s, simulations or a stop event")
     model, space, cap = setup(analysis, mesh, pins, memory_cap, None)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..cost import CostModel
 from . import _mcts
-from ._tracker import SearchResult, Tracker, budget_left, setup
+from ._tracker import (SearchResult, Tracker, budget_left, check_budget, setup,
+                       warm_start_plans)
 from ._tree import Tree
 
 # Rewards: log(reference step / step). A plan over the memory cap loses INFEASIBLE_PENALTY
@@ -41,8 +42,10 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     and once at the end. warm_start: {name: Plan} whose choices seed the incumbent (e.g. the
     expert strategies); by default the search starts from the pinned, otherwise replicated plan.
     """
+    check_budget(budget_s, simulations, stop, callback, callback_every_s)
     if budget_s is None and simulations is None and stop is None:
         raise ValueError("search needs a budget: budget_s, simulations or a stop event")
+    warm = warm_start_plans(warm_start, analysis, mesh)
     model, space, cap = setup(analysis, mesh, pins, memory_cap, cost_model)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
@@ -52,7 +55,7 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     tracker = Tracker(space, model, cap, callback, callback_every_s, "mcts")
     tracker.record(incumbent, ref_step, ref_peak)  # never an empty answer
     best_reward = reward(ref_step, ref_peak, cap, ref_step)
-    for plan in (warm_start or {}).values():
+    for plan in warm:
         ch = space.choices_of(plan)
         ch = np.where(space.pinned >= 0, space.pinned, ch)
         step, peak = model.step_and_peak(*space.arrays(ch))

@@ -6,8 +6,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
 
 from ..cost import CostModel, Estimate, cost_model
+from ..plan import Plan, PlanError, format_bytes
 from ._space import Space
 
 
@@ -51,12 +55,12 @@ class SearchResult:
         if self.plan is not None:
             return (f"{self.method}: {self.simulations} plans in {self.elapsed_s:.2f} s; best "
                     f"{self.estimate.step_time_s * 1e3:.3f} ms/step, peak "
-                    f"{self.estimate.peak_memory_bytes / 2**30:.2f} GiB")
+                    f"{format_bytes(self.estimate.peak_memory_bytes)}")
         peak = self.closest_estimate.peak_memory_bytes if self.closest_estimate else float("nan")
-        return (f"no plan fits the memory cap of {self.memory_cap_bytes / 2**30:.2f} GiB after "
-                f"{self.simulations} plans; the smallest peak reached is {peak / 2**30:.2f} GiB, "
-                f"by {self.closest!r}. Use more devices, a larger memory cap, rematerialization "
-                f"or a smaller batch.")
+        return (f"no plan fits the memory cap of {format_bytes(self.memory_cap_bytes)} (per "
+                f"device) after {self.simulations} plans; the smallest peak reached is "
+                f"{format_bytes(peak)}, by {self.closest!r}. Use more devices, a larger memory "
+                f"cap, rematerialization or a smaller batch.")
 
     def __repr__(self) -> str:
         return f"SearchResult({self.plan!r}; {self.message})"
@@ -114,12 +118,63 @@ class Tracker:
 
 
 def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None):
+    if memory_cap is not None:
+        _check_number("memory_cap", memory_cap, "bytes per device, e.g. 16 * 2**30")
     model = model or cost_model(analysis, mesh)
     space = Space(analysis, mesh, pins)
     cap = float(mesh.device.memory_bytes if memory_cap is None else memory_cap)
     if not cap > 0:
         raise ValueError(f"memory_cap must be a positive number of bytes, got {memory_cap!r}")
     return model, space, cap
+
+
+def check_budget(budget_s, simulations, stop=None, callback=None, callback_every_s=0.1) -> None:
+    """TypeError / ValueError naming the argument, for a budget a search cannot run on."""
+    if budget_s is not None:
+        _check_number("budget_s", budget_s, "seconds, e.g. budget_s=10")
+    if simulations is not None:
+        if isinstance(simulations, bool) or not isinstance(simulations, (int, np.integer)):
+            raise TypeError(f"simulations must be an int (a number of plans to evaluate) or "
+                            f"None, got {type(simulations).__name__} {simulations!r}")
+        if simulations <= 0:
+            raise ValueError(f"simulations must be positive, got {simulations}")
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise TypeError(f"stop must be a threading.Event, got {type(stop).__name__}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable (it receives a SearchProgress), got "
+                        f"{type(callback).__name__}")
+    _check_number("callback_every_s", callback_every_s, "seconds between progress reports",
+                  allow_zero=True)
+
+
+def _check_number(name, value, what, allow_zero=False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number ({what}), got {type(value).__name__} "
+                        f"{value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a positive, finite number ({what}), got {value!r}")
+
+
+def warm_start_plans(warm_start, analysis, mesh) -> list:
+    """The warm-start plans, each checked to be a Plan of this analysis that fits the mesh."""
+    if warm_start is None:
+        return []
+    if not isinstance(warm_start, Mapping):
+        raise TypeError(f"warm_start must map names to Plans (e.g. tl.strategies.expert(an, "
+                        f"mesh)), got {type(warm_start).__name__}")
+    plans = []
+    for name, plan in warm_start.items():
+        if not isinstance(plan, Plan):
+            raise TypeError(f"warm_start[{name!r}] is a {type(plan).__name__}, not a Plan")
+        if plan.analysis is not analysis:
+            raise PlanError(f"warm_start[{name!r}] was made for another analysis "
+                            f"({plan.analysis!r}); build it from the analysis you search")
+        try:
+            plan.validate(mesh)
+        except PlanError as err:
+            raise PlanError(f"warm_start[{name!r}]: {err}") from None
+        plans.append(plan)
+    return plans
 
 
 def budget_left(tracker, budget_s, simulations, stop) -> bool:

@@ -50,6 +50,23 @@ def as_function(program: Program, transform: Transform | None = None,
     return fn
 
 
+def _bind(primitive, args, params) -> list:
+    """The results of one equation, as a list: `eval_jaxpr`'s re-bind.
+
+    Some primitives keep sub-jaxprs in their params in a form `bind` does not take
+    (`shard_map`'s body, call primitives): `get_bind_params` turns them back into what `bind`
+    expects (jax/_src/core.py `eval_jaxpr`). Since jax 0.8 it returns the bind params with the
+    sub-functions under 'subfuns'; before, a (subfuns, params) pair.
+    """
+    bind_params = primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+        outs = primitive.bind(*subfuns, *args, **bind_params)
+    else:
+        outs = primitive.bind(*args, **bind_params)
+    return list(outs) if primitive.multiple_results else [outs]
+
+
 class _Runner:
     def __init__(self, program, transform, transform_values, use_transform=None,
                  use_targets=frozenset()):
@@ -85,9 +102,7 @@ class _Runner:
                 outs = self._region(op, args)
                 i = op.body_ops[1]
             else:
-                outs = op.jax_primitive.bind(*args, **op.params)
-                if not op.jax_primitive.multiple_results:
-                    outs = [outs]
+                outs = _bind(op.jax_primitive, args, op.params)
                 i += 1
             for vid, x in zip(op.results, outs):
                 self.write(env, vid, x)
@@ -96,8 +111,7 @@ class _Runner:
         params: Mapping = op.params
         if op.id in self.rebuild:
             params = dict(params, **self._rebuilt_bodies(op))
-        outs = op.jax_primitive.bind(*args, **params)
-        return outs if op.jax_primitive.multiple_results else [outs]
+        return _bind(op.jax_primitive, args, params)
 
     def _rebuilt_bodies(self, op) -> dict:
         """New body jaxprs for a region op, with the transform applied inside."""

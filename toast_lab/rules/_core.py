@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 Shape = tuple[int, ...]
@@ -67,6 +67,9 @@ class OpRule:
     kinds: tuple[FactorKind, ...]
     boundary: tuple[DimFactors, ...] = ()
     fallback: bool = False  # True for the conservative rule given to unknown primitives
+    # Why a registered rule fell back (its shapes or params were unexpected): the analysis
+    # puts it in the warning. Not part of the rule's identity.
+    reason: str = field(default="", compare=False)
 
     @property
     def num_factors(self) -> int:
@@ -150,7 +153,8 @@ class RuleBuilder:
                       tuple(self._kinds), freeze(self._body), fallback)
 
 
-def conservative_rule(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> OpRule:
+def conservative_rule(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                      reason: str = "") -> OpRule:
     """The rule for a primitive we know nothing about: every dim needs replication.
 
     Every dim gets its own need-replication factor, so sharding anything there costs an
@@ -163,4 +167,6 @@ def conservative_rule(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -
     for j, shape in enumerate(out_shapes):
         for d, n in enumerate(shape):
             b.factor(n, NEED_REPLICATION, results={j: d})
-    return b.build(fallback=True)
+    rule = b.build(fallback=True)
+    return rule if not reason else OpRule(rule.operands, rule.results, rule.sizes, rule.kinds,
+                                          rule.boundary, True, reason)

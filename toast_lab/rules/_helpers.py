@@ -1,7 +1,9 @@
 """Helpers every rule module shares: fail-and-fall-back, and factor patterns that recur.
 
 A rule raises `Unmappable` (through `expect`) for shapes or params it cannot map; `guarded`
-turns that into the conservative rule.
+turns that into the conservative rule, marked as a fallback with the reason, so that the
+analysis warns about it (naming the primitive and the user's source line) exactly as it does
+for a primitive without a rule, and `analyze(strict=True)` raises.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ class Unmappable(Exception):
     conservative rule."""
 
 
-def expect(condition: bool) -> None:
+def expect(condition: bool, why: str = "") -> None:
     if not condition:
-        raise Unmappable
+        raise Unmappable(why)
 
 
 def guarded(rule):
@@ -27,15 +29,20 @@ def guarded(rule):
     A jaxpr from a JAX release we have not seen may carry params or shapes a rule does not
     expect; DESIGN.md §2 says such an op is never a crash. Any exception (not only Unmappable) is
     caught on purpose: a rule's bug then shows as a fallback in the golden tests, not as a
-    traceback in a user's notebook.
+    traceback in a user's notebook. The fallback is never silent: it carries `reason`, and the
+    analysis warns once per primitive (or raises under strict=True) and lists it in the summary.
     """
 
     @functools.wraps(rule)
     def safe(ins, outs, params):
         try:
             return rule(ins, outs, params)
-        except Exception:  # noqa: BLE001 -- see docstring
-            return conservative_rule(ins, outs)
+        except Unmappable as err:
+            why = str(err) or "its shapes or params are not the ones the rule maps"
+            return conservative_rule(ins, outs, reason=why)
+        except Exception as err:  # noqa: BLE001 -- see docstring
+            return conservative_rule(ins, outs,
+                                     reason=f"the rule raised {type(err).__name__}: {err}")
 
     return safe
 

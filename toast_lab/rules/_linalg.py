@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._core import NEED_REPLICATION, REDUCTION, RuleBuilder
+from ._core import NEED_REPLICATION, PASS_THROUGH, REDUCTION, RuleBuilder
 from ._helpers import expect, guarded, resized_dim, tie_same_shape
 from ._table import register
 
@@ -42,6 +42,67 @@ def dot_general_rule(ins, outs, params):
         o = len(lb) + len(lfree) + k
         expect(y[o] == w[d])
         b.factor(w[d], operands={1: d}, results={0: o})
+    return b.build()
+
+
+@register("ragged_dot_general")
+@guarded
+def ragged_dot_general_rule(ins, outs, params):
+    """Grouped matmuls (mixture-of-experts layers): lhs rows come in groups of
+    `group_sizes`, each multiplied by its group's rhs matrix. As in Shardy's rule for
+    ragged_dot:
+
+    - ragged non-contracting dim (lhs [m, k], rhs [g, k, n], group_sizes [g] -> [m, n]): m
+      needs replication (which rows belong to which group depends on every group size before
+      them), the group dim g of rhs and group_sizes needs replication, k is a reduction, n and
+      the batch dims pass through.
+    - ragged contracting dim (lhs [m, k], rhs [k, n], group_sizes [g] -> [g, m, n]): k needs
+      replication, g is a result dim tied to group_sizes (need-replication), m and n pass
+      through.
+
+    Factors are numbered lhs dims first, then rhs's, then the group dim, like Shardy's printout.
+    """
+    dn = params["ragged_dot_dimension_numbers"]
+    (lc, rc), (lb, rb) = dn.dot_dimension_numbers
+    lragged, rgroup = tuple(dn.lhs_ragged_dimensions), tuple(dn.rhs_group_dimensions)
+    x, w, gs = ins
+    (y,) = outs
+    expect(len(lragged) == 1 and len(lc) == len(rc) and len(lb) == len(rb))
+    ragged = lragged[0]
+    expect(ragged not in lb)  # ragged batch dims: no rule yet
+    contracting_mode = ragged in lc
+    expect(len(rgroup) == (0 if contracting_mode else 1))
+    g = gs[-1]
+    expect(len(gs) == len(lb) + 1)  # group_sizes: [*batch, g]
+    lfree = [d for d in range(len(x)) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(w)) if d not in rc and d not in rb and d not in rgroup]
+    lead = 1 if contracting_mode else 0  # the result's leading group dim
+    expect(len(y) == lead + len(lb) + len(lfree) + len(rfree))
+    b = RuleBuilder(ins, outs)
+    for d, n in enumerate(x):
+        if d in lb:
+            k = lb.index(d)
+            expect(w[rb[k]] == n == y[lead + k] == gs[k])
+            b.factor(n, operands={0: d, 1: rb[k], 2: k}, results={0: lead + k})
+        elif d in lc:
+            r = rc[lc.index(d)]
+            expect(w[r] == n)
+            b.factor(n, NEED_REPLICATION if d == ragged else REDUCTION, operands={0: d, 1: r})
+        else:
+            o = lead + len(lb) + lfree.index(d)
+            expect(y[o] == n)
+            b.factor(n, NEED_REPLICATION if d == ragged else PASS_THROUGH,
+                     operands={0: d}, results={0: o})
+    for k, d in enumerate(rfree):
+        o = lead + len(lb) + len(lfree) + k
+        expect(y[o] == w[d])
+        b.factor(w[d], operands={1: d}, results={0: o})
+    if contracting_mode:
+        expect(y[0] == g)
+        b.factor(g, NEED_REPLICATION, operands={2: len(gs) - 1}, results={0: 0})
+    else:
+        expect(w[rgroup[0]] == g)
+        b.factor(g, NEED_REPLICATION, operands={1: rgroup[0], 2: len(gs) - 1})
     return b.build()
 
 

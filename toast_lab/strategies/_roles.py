@@ -1,26 +1,42 @@
-"""What each class is for, read off the program's structure (not off the zoo's names).
+"""What each class is for, read off the program's structure (not off the zoo's names, nor off
+any library's parameter paths: Keras's lists of variables, haiku's `module/~/submodule` dicts
+and equinox's modules with `None` leaves all look the same here).
 
 - state inputs: arguments that the step returns updated (parameters, optimizer moments): an
   output with the same shape and dtype, matched in order. If the function returns none, the
-  leaves of its first argument (a forward pass's parameters).
-- batch: the class of the data inputs that touches no state and has the most bytes at stake.
+  leaves of its first argument (a forward pass's parameters). Scalars are never state.
+- data inputs: every other argument leaf (tokens, labels, images, masks, PRNG keys).
+- batch: the *leading* dim of the data inputs — data parallelism splits examples, and every
+  library puts the example dim first. Each data input votes with its bytes for the class of its
+  dim 0 (dim 1 where dim 0 is the scanned dim of a `lax.scan`, as in time-major inputs); a class
+  that touches state cannot be the batch. Not the class with the most bytes: a sequence or an
+  image's height often has more.
 - sequence: a data class other than batch that two data inputs share (tokens and labels); it
   may touch state (learned positions).
-- width: the class on the most state values (the residual stream's `embed`): tensor
-  parallelism leaves it alone, FSDP shards it first.
-- tensor-parallel classes: state classes other than those, chosen greedily by bytes so that no
-  parameter has two of them (Megatron: heads, MLP hidden, vocabulary — one per weight).
+- feature classes: classes on a result dim of a contraction (dot_general, a convolution, a
+  grouped matmul) that is not contracted there — what tensor parallelism can split: a
+  layer's output features or channels, attention heads, the vocabulary. A convolution's window
+  dims and a dead input's own dims are never among them.
+- width: the feature class on the most state values (the residual stream's `embed`, a
+  convnet's widest channel stage): tensor parallelism leaves it alone, FSDP shards it first.
+- tensor-parallel classes: feature classes of state other than batch, sequence and width,
+  chosen greedily by bytes so that no parameter has two of them (Megatron: heads, MLP hidden,
+  vocabulary — one per weight; a conv's output channels, which are the next conv's input
+  channels).
 - FSDP classes: state classes chosen greedily, widest first then by the parameter bytes they
   cover, until every parameter has one (a bias's hidden dim, once the weights are covered).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from ..program import state_inputs
-from ..rules import NEED_REPLICATION
+from ..rules import NEED_REPLICATION, PASS_THROUGH
+
+# Ops whose free (non-contracted) result dims are features that tensor parallelism splits.
+CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot_general"})
 
 
 @dataclass(frozen=True)
@@ -51,26 +67,28 @@ def find_roles(an) -> Roles:
 
     state_classes = classes_of(state)
     data_classes = classes_of(data)
-    by_bytes = sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
-    batch = next((c for c in by_bytes if c not in state_classes), None)
-    # A sequence runs from the inputs to the targets: tokens and labels share it (an MLP's
-    # features, an image's height, stop at the first layer).
-    shared = Counter(c for v in data for c in set(vc[v]) if c >= 0)
-    sequence = next((c for c in by_bytes if c != batch and shared[c] >= 2), None)
     # The scanned dim of a layer stack: sharding it is pipelining, not FSDP or Megatron.
     loops = {c for op, rule, classes in zip(prog.ops, an.op_rules, an.op_factor_classes)
              if op.primitive == "scan"
              for c, kind in zip(classes, rule.kinds) if kind is NEED_REPLICATION and c >= 0}
+    batch = _batch(an, data, state_classes, loops)
+    by_bytes = sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
+    # A sequence runs from the inputs to the targets: tokens and labels share it (an MLP's
+    # features, an image's height, stop at the first layer).
+    shared = Counter(c for v in data for c in set(vc[v]) if c >= 0)
+    sequence = next((c for c in by_bytes if c != batch and shared[c] >= 2), None)
+    features = feature_classes(an)
 
     params_of: dict[int, set[int]] = {c: set() for c in state_classes}
     for v in state:
         for c in vc[v]:
             if c >= 0:
                 params_of[c].add(v)
-    width = max(params_of, key=lambda c: (len(params_of[c]), -c), default=None)
+    width = max((c for c in params_of if c in features and c != batch),
+                key=lambda c: (len(params_of[c]), -c), default=None)
 
     skip = {batch, sequence, width} | loops
-    candidates = sorted((c for c in state_classes if c not in skip),
+    candidates = sorted((c for c in state_classes if c not in skip and c in features),
                         key=lambda c: (-an.classes[c].bytes, c))
     taken: set[int] = set()
     tensor_parallel = []
@@ -90,3 +108,34 @@ def find_roles(an) -> Roles:
             fsdp.append(c)
             covered |= params_of[c]
     return Roles(state, batch, sequence, width, tuple(tensor_parallel), tuple(fsdp))
+
+
+def _batch(an, data, state_classes, loops) -> int | None:
+    """The class of the data inputs' leading dim, by bytes voted (see the module docstring)."""
+    prog = an.program
+    votes: dict[int, int] = defaultdict(int)
+    for v in data:
+        dims = an.value_classes[v]
+        lead = [c for c in dims[:2]]
+        if lead and lead[0] in loops and len(lead) > 1:  # time-major: [T, B, ...]
+            lead = lead[1:]
+        if lead and lead[0] >= 0 and lead[0] not in state_classes and lead[0] not in loops:
+            votes[lead[0]] += max(prog.values[v].nbytes, 1)
+    if votes:
+        return max(votes, key=lambda c: (votes[c], -c))
+    # No data input has a usable leading dim: the data class with the most bytes at stake.
+    data_classes = {c for v in data for c in an.value_classes[v] if c >= 0}
+    return next((c for c in sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
+                 if c not in state_classes and c not in loops), None)
+
+
+def feature_classes(an) -> frozenset[int]:
+    """Classes on a pass-through result dim of a contraction (see the module docstring)."""
+    out = set()
+    for op, rule, classes in zip(an.program.ops, an.op_rules, an.op_factor_classes):
+        if op.primitive not in CONTRACTIONS or rule.fallback:
+            continue
+        on_result = {f for t in rule.results for dim in t for f in dim}
+        out.update(classes[f] for f in on_result
+                   if rule.kinds[f] is PASS_THROUGH and classes[f] >= 0)
+    return frozenset(out)

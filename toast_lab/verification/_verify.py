@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import ml_dtypes
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ._compiled import CompiledStats, read_compiled
 
@@ -45,6 +46,15 @@ TOLERANCES: Mapping[str, float] = {
     "bfloat16": 5e-2,
 }
 _LOW_PRECISION_TOLERANCE = 2e-1  # float8 / float4 kinds
+
+# Differences below NOISE_FLOOR x (the largest RMS over the floating outputs) are float noise:
+# a leaf is compared relative to max(its own 2-norm, NOISE_FLOOR x that scale x sqrt(size)).
+# Without it a leaf that is itself noise fails on any correct plan: Keras's multi-head attention
+# has a key bias whose exact gradient is zero (softmax ignores a constant per query), so after
+# one Adam step the zero-initialised bias holds ~1e-6 of rounding noise and two correct builds
+# differ by 70% of it. With float32's tolerance of 1e-2 this lets through differences below
+# 1e-6 of the step's scale; a real sharding error is as large as the values it touches.
+NOISE_FLOOR = 1e-4
 
 # Standard deviation of the floats that `concrete_args` draws (like a small weight init).
 ARG_SCALE = 0.02
@@ -78,6 +88,10 @@ def concrete_args(args, seed: int = 0):
     def make(x):
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
+        if _is_key(x):  # new-style PRNG keys: random key words of the key's implementation
+            impl = x.dtype._impl  # jax/_src/prng.py KeyTy; `jax.random.key_impl` needs a key
+            words = rng.integers(0, 2**32, (*x.shape, *impl.key_shape), dtype=np.uint32)
+            return jax.random.wrap_key_data(words, impl=str(impl.name))
         dtype = np.dtype(x.dtype)
         if not _is_inexact(dtype):
             return np.zeros(x.shape, dtype)
@@ -87,6 +101,17 @@ def concrete_args(args, seed: int = 0):
         return rng.normal(0.0, ARG_SCALE, x.shape).astype(dtype)
 
     return jax.tree.map(make, args)
+
+
+def _is_key(x) -> bool:
+    """A new-style PRNG key array or ShapeDtypeStruct (dtype key<impl>)."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _key_data(tree):
+    """Keys as their uint32 words (which NumPy can hold and compare); other leaves as they are."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
 
 def _is_inexact(dtype: np.dtype) -> bool:
@@ -134,25 +159,41 @@ def compare_outputs(out, ref, tolerance: float | None = None) -> tuple[LeafCheck
 
     tolerance: one tolerance for every floating leaf instead of TOLERANCES.
     """
-    out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out)
-    ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(ref)
+    out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(_key_data(out))
+    ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(_key_data(ref))
     if out_tree != ref_tree:
         raise ValueError(f"outputs are shaped differently: {out_tree} vs the unsharded {ref_tree}")
-    checks = []
+    pairs = []
     for (path, a), (_, b) in zip(out_leaves, ref_leaves):
         a, b = np.asarray(a), np.asarray(b)
         name = jax.tree_util.keystr(path)
         if a.shape != b.shape or a.dtype != b.dtype:
             raise ValueError(f"output {name}: {a.dtype}{list(a.shape)} vs the unsharded "
                              f"{b.dtype}{list(b.shape)}")
+        pairs.append((name, a, b))
+    scale = _output_scale(b for _, _, b in pairs)
+    checks = []
+    for name, a, b in pairs:
         tol = tolerance_of(b.dtype)
         if tolerance is not None and tol:
             tol = float(tolerance)
-        checks.append(LeafCheck(name, b.dtype.name, b.shape, _leaf_error(a, b), tol))
+        checks.append(LeafCheck(name, b.dtype.name, b.shape, _leaf_error(a, b, scale), tol))
     return tuple(checks)
 
 
-def _leaf_error(out: np.ndarray, ref: np.ndarray) -> float:
+def _output_scale(refs) -> float:
+    """The largest root-mean-square value over the floating output leaves (finite entries)."""
+    scale = 0.0
+    for b in refs:
+        if b.size and _is_inexact(b.dtype):
+            x = np.abs(b.astype(np.complex128 if b.dtype.kind == "c" else np.float64))
+            x = x[np.isfinite(x)]
+            if x.size:
+                scale = max(scale, float(np.sqrt(np.mean(np.square(x)))))
+    return scale
+
+
+def _leaf_error(out: np.ndarray, ref: np.ndarray, scale: float = 0.0) -> float:
     if out.size == 0:
         return 0.0
     if not _is_inexact(ref.dtype):
@@ -171,7 +212,11 @@ def _leaf_error(out: np.ndarray, ref: np.ndarray) -> float:
         if not np.all((np.isnan(a) & np.isnan(b)) | (a == b)):
             return math.inf
         out, ref = out[finite], ref[finite]
-    return float(np.linalg.norm(out - ref) / (np.linalg.norm(ref) + tiny))
+    # A leaf whose values are float noise next to the step's other outputs (the gradient of a
+    # key bias, which softmax cancels, is ~1e-9; Adam turns it into an update of a zero-initialised
+    # bias) is compared at the step's scale, not at its own: see NOISE_FLOOR.
+    floor = NOISE_FLOOR * scale * math.sqrt(ref.size)
+    return float(np.linalg.norm(out - ref) / (max(np.linalg.norm(ref), floor) + tiny))
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -354,7 +399,8 @@ def _estimated_collectives(estimate) -> dict[tuple[str, tuple[str, ...]], float]
 
 def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed: int = 0,
            estimate: Any = None, tolerance: float | None = None,
-           compiler_options: Mapping[str, Any] | None = None) -> VerifyReport:
+           compiler_options: Mapping[str, Any] | None = None,
+           kwargs: Mapping[str, Any] | None = None) -> VerifyReport:
     """Compile `plan` for `mesh` on simulated CPU devices, run it, and check it.
 
     fn: the function the plan's analysis traced (None: the traced function itself).
@@ -367,6 +413,7 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
         collective_bytes = {(kind, axes): bytes} from it when present).
     tolerance: one relative error for every floating output leaf instead of TOLERANCES.
     compiler_options: XLA options for both compiles (default FAST_COMPILE).
+    kwargs: the keyword arguments the function was traced with, if any.
 
     The sharded step and the unsharded `jax.jit(fn)` run on the same concrete arguments; every
     output leaf is compared (module docstring). Returns a VerifyReport; it raises only where
@@ -375,27 +422,39 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"tl.verify: args must be the tuple of positional arguments, e.g. "
                         f"(params, opt_state, batch); got {type(args).__name__}")
+    prog = plan.analysis.program
+    kwargs = dict(kwargs or {})
+    check_args(prog, tuple(args), kwargs)
     args = tuple(concrete_args(tuple(args), seed))
+    kwargs = concrete_args(kwargs, seed + 1)
     plan.validate(mesh)
     devices = _cpu_devices()
     jax_mesh = mesh.jax_mesh(devices)  # says how to simulate more devices when too few
-    prog = plan.analysis.program
     fn = prog.fn if fn is None else fn
     options = dict(FAST_COMPILE if compiler_options is None else compiler_options)
 
     step = plan.jit(fn, jax_mesh, constraints=constraints, compiler_options=options)
     in_shardings, _ = plan.shardings(jax_mesh)
     placed = jax.device_put(args, in_shardings)
+    placed_kw = jax.device_put(kwargs, NamedSharding(jax_mesh, PartitionSpec()))
     start = time.perf_counter()
-    compiled = step.lower(*placed).compile()
+    compiled = step.lower(*placed, **placed_kw).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(*placed))
+    out = jax.block_until_ready(compiled(placed, placed_kw) if kwargs else compiled(*placed))
     run_s = time.perf_counter() - start
 
-    reference = jax.jit(fn, compiler_options=options)
-    ref = reference(*jax.device_put(args, devices[0]))
-    checks = compare_outputs(jax.device_get(out), jax.device_get(ref), tolerance)
+    if any(op.primitive == "shard_map" for op in prog.ops):
+        # a shard_map inside the step runs on its own mesh's devices: replicate over the mesh
+        # (every device computes the whole step, as one device would) instead of one device
+        replicated = NamedSharding(jax_mesh, PartitionSpec())
+        reference = jax.jit(fn, compiler_options=options)
+        ref = reference(*jax.device_put(args, replicated), **jax.device_put(kwargs, replicated))
+    else:
+        reference = jax.jit(fn, compiler_options=options)
+        ref = reference(*jax.device_put(args, devices[0]), **jax.device_put(kwargs, devices[0]))
+    checks = compare_outputs(jax.device_get(_key_data(out)), jax.device_get(_key_data(ref)),
+                             tolerance)
     worst = max(checks, key=lambda c: (c.ratio, c.error), default=None)
     return VerifyReport(
         numerics_ok=all(c.ok for c in checks),
@@ -410,6 +469,46 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
         mesh=mesh,
         estimate=estimate,
     )
+
+
+def check_args(prog, args: tuple, kwargs: Mapping | None = None) -> None:
+    """Raises ValueError naming the first argument leaf whose structure, shape or dtype is not
+    the traced program's (a plan for one model applied to another model's sample)."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path((args, dict(kwargs or {})))
+    if tree != prog.in_tree:
+        raise ValueError(
+            f"tl.verify: the arguments are not shaped like those {prog.fn_name!r} was traced "
+            f"with ({len(leaves)} leaves vs {len(prog.inputs)}): expected a pytree like "
+            f"{_short(str(prog.in_tree))}, got {_short(str(tree))}. Pass the arguments (or "
+            f"ShapeDtypeStructs) the analysis traced.")
+    for (path, leaf), v, name in zip(leaves, prog.inputs, prog.input_names):
+        val = prog.values[v]
+        shape = tuple(np.shape(leaf))
+        # Python scalars take the traced dtype (weak typing): only their shape counts
+        dtype = getattr(leaf, "dtype", None) or val.dtype
+        if shape != val.shape or not _same_dtype(dtype, val.dtype):
+            raise ValueError(
+                f"tl.verify: argument {name or jax.tree_util.keystr(path)} is "
+                f"{_dtype_name(dtype)}{list(shape)} but the plan's program "
+                f"({prog.fn_name!r}) was traced with {_dtype_name(val.dtype)}{list(val.shape)}. "
+                f"Pass the arguments the analysis traced (for a zoo model, tl.zoo.sample(name, "
+                f"...) with the same config), or analyse these arguments and plan for them.")
+
+
+def _same_dtype(a, b) -> bool:
+    """Equal after JAX's canonicalization (float64 NumPy arrays trace as float32 without x64)."""
+    try:
+        return jax.dtypes.canonicalize_dtype(a) == jax.dtypes.canonicalize_dtype(b)
+    except (TypeError, ValueError):  # extended dtypes (PRNG keys)
+        return str(a) == str(b)
+
+
+def _dtype_name(dtype) -> str:
+    return getattr(dtype, "name", str(dtype))
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _cpu_devices() -> list:

@@ -1,0 +1,180 @@
+"""Readable, unique, deterministic class names (DESIGN.md §3), for any library's argument trees.
+
+A class is named, in order of preference:
+1. by the logical dim name given for an input in it (`dim_names`, the zoo's `batch`, `embed`);
+2. by the path of the first input in it and the dim: `attn/wq[1]`. Paths are cleaned of what
+   says nothing — the argument's own name, haiku's `~` separators, flax.nnx's trailing `value`
+   — and a long path is cut to its shortest suffix (two parts at least) that no other class
+   shares: haiku's `res_net18/~/block_group_3/~/block_0/~/conv_0/w[3]` becomes
+   `block_group_3/block_0/conv_0/w[3]`, or `conv_0/w[3]` where that is unique.
+   A path of list indices only (Keras passes variables as lists: `state/0/8`) names a
+   parameter by the name scope of the op that first reads it and the parameter's part in it:
+   `multi_head_attention/query/kernel[1]`; a data input keeps its argument's name
+   (`data/0[0]`), since the first op to read token ids is a bounds check, not a role.
+3. by the op where the class first appears (its scope, primitive and dim).
+"""
+
+from __future__ import annotations
+
+from ..program import NO_OP, state_inputs
+
+# The part an input plays in the first op that reads it, by (primitive, operand index).
+_ROLE_BY_OPERAND = {
+    ("dot_general", 1): "kernel", ("conv_general_dilated", 1): "kernel",
+    ("ragged_dot_general", 1): "kernel", ("dot_general", 0): "input",
+    ("conv_general_dilated", 0): "input", ("gather", 0): "table", ("gather", 1): "indices",
+}
+_ROLE_BY_PRIMITIVE = {"add": "bias", "add_any": "bias", "sub": "bias", "mul": "scale",
+                      "div": "scale"}
+# Ops that only pass a value on (a cast for mixed precision, a copy): look past them.
+_PASS_ON = frozenset({"convert_element_type", "copy", "reshape", "broadcast_in_dim", "squeeze",
+                      "transpose", "reduce_precision", "pjit", "device_put",
+                      "sharding_constraint"})
+_MIN_PARTS = 2  # a shortened path keeps at least this many parts
+
+
+def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple, str]]:
+    """(name, aliases, origin) per class; names not yet made unique across the analysis
+    (`unique_name` does that for the rare op-labelled duplicates)."""
+    input_index = {v: i for i, v in enumerate(program.inputs)}
+    state = state_inputs(program)
+    drafts = [_draft(program, mem, input_index, first, state)
+              for mem, first in zip(members_by_class, first_parts)]
+    # Shortest unique suffix of the path parts, per class named by a path.
+    suffix_count: dict[tuple, int] = {}
+    for kind, parts, dim, *_ in drafts:
+        if kind == "path":
+            for k in range(1, len(parts) + 1):
+                key = (tuple(parts[-k:]), dim)
+                suffix_count[key] = suffix_count.get(key, 0) + 1
+    out = []
+    for kind, parts, dim, aliases, origin in drafts:
+        if kind != "path":
+            out.append((parts, aliases, origin))
+            continue
+        k = min(_MIN_PARTS, len(parts))
+        while k < len(parts) and suffix_count[(tuple(parts[-k:]), dim)] > 1:
+            k += 1
+        out.append([parts[-k:], dim, aliases, origin])
+    # Where the part that tells two classes apart sits far from the end, elide the middle:
+    # block_group_3/block_0/shortcut_batchnorm/mean_ema/average[3] ->
+    # block_group_3/../mean_ema/average[3], when no other class would read the same.
+    elided = [_elide(e[0]) if isinstance(e, list) else None for e in out]
+    count: dict[tuple, int] = {}
+    for e, short in zip(out, elided):
+        if isinstance(e, list):
+            key = (short or "/".join(e[0]), e[1])
+            count[key] = count.get(key, 0) + 1
+    names = []
+    for e, short in zip(out, elided):
+        if not isinstance(e, list):
+            names.append(e)
+            continue
+        parts, dim, aliases, origin = e
+        path = short if short and count[(short, dim)] == 1 else "/".join(parts)
+        names.append((f"{path}[{dim}]", aliases, origin))
+    return names
+
+
+def _elide(parts: list[str]) -> str | None:
+    """'first/../last2' for paths of more than _MIN_PARTS + 2 parts, else None."""
+    if len(parts) <= _MIN_PARTS + 2:
+        return None
+    return "/".join([parts[0], "..", *parts[-_MIN_PARTS:]])
+
+
+def _draft(program, members, input_index, first_part, state):
+    """(kind, parts or name, dim, aliases, origin): kind "hint", "path" or "op"."""
+    hints = []
+    first_input = None
+    for v, d in members:
+        i = input_index.get(v)
+        if i is None:
+            continue
+        names = program.dim_names[i]
+        if names is not None and names[d] is not None and names[d] not in hints:
+            hints.append(names[d])
+        if first_input is None:
+            first_input = (v, d)
+    if first_input is not None:
+        v, d = first_input
+        origin = f"{program.values[v].name}[{d}]"
+    elif members:
+        v, d = members[0]
+        origin = op_label(program, v, d)
+    else:  # only compound parts: named after the reshape that made them
+        v, d, k = first_part
+        origin = op_label(program, v, d) + f".{k}"
+    if hints:
+        return "hint", hints[0], None, tuple(hints[1:]), origin
+    if first_input is not None:
+        v, d = first_input
+        return "path", input_parts(program, v, v in state), d, (), origin
+    # named after the op: its user scope and primitive, shortened like a path
+    k = None if first_input is not None or members else first_part[2]
+    return "path", op_parts(program, v), d if k is None else f"{d}.{k}", (), origin
+
+
+def input_parts(program, v: int, is_state: bool = True) -> list[str]:
+    """The readable parts of an input's path (see the module docstring)."""
+    path = program.values[v].name.split("/")
+    arg, rest = path[0], path[1:]
+    if len(rest) > 1 and rest[-1] == "value":  # flax.nnx Variables: params/dense/kernel/value
+        rest = rest[:-1]
+    rest = [p for p in rest if p not in ("~", "")]  # haiku: module/~/submodule
+    if not rest:  # a bare array argument: its name is the path (`x`)
+        return [arg]
+    if any(not p.isdigit() for p in rest):
+        return rest
+    reader = reader_label(program, v) if is_state else ""
+    if reader:
+        return reader.split("/")
+    return [arg, *rest] if arg else rest
+
+
+def reader_label(program, v: int, depth: int = 4) -> str:
+    """'scope/role' of the first op that reads `v` under a name scope, looking past casts and
+    copies (mixed precision reads bf16 copies of float32 parameters); '' if none."""
+    frontier = [v]
+    for _ in range(depth):
+        nxt = []
+        for u in frontier:
+            for o in program.users(u):
+                op = program.ops[o]
+                scope = user_scope(op.name_scope)
+                if scope:
+                    t = op.operands.index(u) if u in op.operands else -1
+                    role = (_ROLE_BY_OPERAND.get((op.primitive, t))
+                            or _ROLE_BY_PRIMITIVE.get(op.primitive) or op.primitive)
+                    return f"{scope}/{role}"
+                if op.primitive in _PASS_ON:
+                    nxt.extend(op.results)
+        frontier = nxt
+        if not frontier:
+            break
+    return ""
+
+
+def user_scope(name_scope: str) -> str:
+    """The user's part of a name scope: without the names of the jitted jax.numpy helpers
+    inlined into it (`embedding/_take` -> `embedding`; einsum's `abc,cde->abde`)."""
+    return "/".join(p for p in name_scope.split("/")
+                    if p and not p.startswith("_") and "->" not in p and "," not in p)
+
+
+def op_parts(program, v) -> list[str]:
+    val = program.values[v]
+    if val.producer == NO_OP:  # a constant the function captured
+        return [f"const%{v}"]
+    op = program.ops[val.producer]
+    scope = user_scope(op.name_scope)
+    return [*scope.split("/"), op.primitive] if scope else [op.primitive]
+
+
+def op_label(program, v, d) -> str:
+    val = program.values[v]
+    if val.producer == NO_OP:  # a constant the function captured
+        return f"const%{v}[{d}]"
+    op = program.ops[val.producer]
+    scope = f"{op.name_scope}/" if op.name_scope else ""
+    return f"{scope}{op.primitive}[{d}]"

@@ -1,0 +1,41 @@
+"""Rules for ops whose insides toast-lab does not partition: `shard_map` bodies (manual SPMD,
+written by the user for one shard) and the uninitialised buffers JAX and equinox allocate.
+
+`shard_map` fixes its own shardings: its body sees one shard of each operand as its in_specs
+say and returns results laid out as its out_specs say. From outside, what the body computes
+between the two is unknown, so no dim is tied through it and every dim needs replication:
+a plan that shards an operand pays an all-gather before the shard_map (which then slices its
+shard locally), the same charge as the conservative rule. Unlike an unknown primitive this is
+not a guess about a missing rule: it is what a hand-partitioned region means to a planner.
+"""
+
+from __future__ import annotations
+
+from ._core import NEED_REPLICATION, RuleBuilder
+from ._table import register
+
+
+@register("shard_map")
+def shard_map_rule(ins, outs, params):
+    """Every operand and result dim its own need-replication factor (see the module
+    docstring); `params` (mesh, in_specs, out_specs) change nothing from outside."""
+    b = RuleBuilder(ins, outs)
+    for i, shape in enumerate(ins):
+        for d, n in enumerate(shape):
+            b.factor(n, NEED_REPLICATION, operands={i: d})
+    for j, shape in enumerate(outs):
+        for d, n in enumerate(shape):
+            b.factor(n, NEED_REPLICATION, results={j: d})
+    return b.build()
+
+
+@register("empty", "empty2")
+def empty_rule(ins, outs, params):
+    """An uninitialised buffer (`lax.empty`; `empty2`, the scalar that JAX's AD and scan
+    broadcast to make zero-like buffers): no operand, and each device may allocate its own
+    shard, so every result dim is a free result-only factor (like iota)."""
+    b = RuleBuilder(ins, outs)
+    for j, shape in enumerate(outs):
+        for d, n in enumerate(shape):
+            b.factor(n, results={j: d})
+    return b.build()
