@@ -19,7 +19,7 @@ from . import rules, strategies, zoo
 from .analysis import (REPLICATE, Analysis, Conflict, ConflictSide, DimClass, ToastWarning,
                        UnknownPrimitiveError, analyze)
 from .cost import CostModel, Estimate, IncrementalEstimator, cost_model, estimate
-from .lab import Lab
+from .lab import Lab, PlanDiff, diff
 from .plan import (DeviceSpec, Link, Mesh, Plan, PlanError, PlanFileError, devices, get_device,
                    random_plan)
 from .plan_search import SearchProgress, SearchResult, exhaustive, random_search, search
@@ -34,5 +34,5 @@ __all__ = [
     "zoo", "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
     "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
     "IncrementalEstimator", "search", "exhaustive", "random_search", "SearchResult",
-    "SearchProgress", "verify", "VerifyReport", "Lab",
+    "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff",
 ]

@@ -171,7 +171,9 @@ export class LabGraphView implements PanelHost {
       s.running ? h('span', { className: 'tl-spinner' }) : null,
       s.simulations > 0 || s.running
         ? `${s.running ? 'searching' : 'searched'} · ${s.simulations.toLocaleString()} sims · ${s.elapsed_s.toFixed(1)} s · ${Math.round(s.sims_per_s).toLocaleString()}/s · best ${fmt.seconds(s.best_step_time_s)}`
-        : 'not searched yet'
+        : this.interactive
+          ? 'not searched yet'
+          : '' // a saved plan: how it was found is not in it
     );
     const controls = this.interactive
       ? h(

@@ -74,6 +74,24 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def lab_server(chromium_path, tmp_path_factory) -> LabServer:
+    base = tmp_path_factory.mktemp("lab")
+    root = base / "root"
+    root.mkdir()
+    yield from _serve(base, root)
+
+
+@pytest.fixture(scope="session")
+def kernelless_lab_server(lab_server, tmp_path_factory) -> LabServer:
+    """A second JupyterLab on the same files with no kernel to start (no kernel specs): what
+    a reader without toast-lab's Python (or any kernel) sees of saved plans and notebooks."""
+    base = tmp_path_factory.mktemp("lab-no-kernel")
+    yield from _serve(base, lab_server.root, ["--KernelSpecManager.ensure_native_kernel=False",
+                                              "--KernelSpecManager.allowed_kernelspecs=none"])
+
+
+def _serve(base: Path, root: Path, extra_args=()):
+    """Starts JupyterLab on `root` (settings and runtime files under `base`), yields its
+    LabServer, and stops it."""
     try:
         import jupyterlab  # noqa: F401
     except ImportError:
@@ -81,9 +99,6 @@ def lab_server(chromium_path, tmp_path_factory) -> LabServer:
     ext = built_extension()
     if ext is None:
         unavailable("the toast-lab extension is not built: run `pip install .` or `npm run build`")
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "root"
-    root.mkdir()
     # This checkout's extension first on JUPYTER_PATH, so the tests see the code they test.
     share = base / "share"
     (share / "labextensions").mkdir(parents=True)
@@ -105,7 +120,7 @@ def lab_server(chromium_path, tmp_path_factory) -> LabServer:
            f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}",
            "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--ServerApp.terminals_enabled=False"]
+           "--ServerApp.terminals_enabled=False", *extra_args]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log = base / "jupyterlab.log"

@@ -82,6 +82,15 @@ def first_decision_note(analysis, plan, cls, axes, shared: Counter) -> str | Non
     return "; ".join(notes) or None
 
 
+def unpriced_choice(value, current: bool = True) -> ChoiceView:
+    """A class's axes or a conflict's resolution shown without a price (no mesh to price it
+    on); a class without a mesh offers only its current axes."""
+    label = value if isinstance(value, str) else axes_label(value)
+    return ChoiceView(label=label, value=value if isinstance(value, str) else tuple(value),
+                      current=current, valid=True, reason=None, step_time_s=None,
+                      peak_memory_bytes=None)
+
+
 def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, price: bool
                   ) -> tuple[ChoiceView, ...]:
     """The options of class `cls` with their prices from `plan` (current: its (step, peak))."""

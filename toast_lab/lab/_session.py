@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -29,9 +28,10 @@ from typing import Callable
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError
+from ..plan._planfile import write as write_plan_file
 from ..plan_search import search as run_search
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
-from ._viewmodel import Selection
+from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
 
@@ -109,8 +109,7 @@ class Session:
         if plan.analysis is not analysis:
             raise ValueError("the plan is for another analysis; build it from this one "
                              "(Plan.load(path, session.analysis))")
-        plan.validate(mesh)
-        self._plan = plan
+        self._plan = plan.with_mesh(mesh)
         self._estimate = self.model.estimate(plan)
         self.error: str | None = None       # the last refusal or failure, readable
         self.notice: str | None = None      # what the last action did besides the obvious
@@ -216,7 +215,7 @@ class Session:
         if plan.analysis is not self.analysis:
             raise PlanError("the plan is for another analysis; load it with "
                             "Plan.load(path, session.analysis)")
-        plan.validate(self.mesh)
+        plan = plan.with_mesh(self.mesh)
         stopped = self._stop_for_change()
         with self.lock:
             self._set_plan(plan)
@@ -376,14 +375,18 @@ class Session:
     # --- export -------------------------------------------------------------------------------
 
     def export(self, path, extra: dict | None = None) -> Path:
-        """Writes the current plan as a plan file with its estimate (and `extra` keys, e.g. the
-        view model); `Plan.load(path, analysis)` gives the same plan back."""
+        """Writes the current plan as a plan file with its estimate, the expert strategies and
+        a view model, for JupyterLab to draw with no kernel; `Plan.load(path, analysis)` gives
+        the same plan back. extra: sections added to the file; its "view" (the Lab's view
+        model, as drawn) is the file's view, without the moment's error, notice and selection
+        (without one, the view a Lab on this plan would show first)."""
         with self.lock:
-            doc = self._plan.to_dict(self.mesh, self._estimate.to_dict())
-        doc.update(extra or {})
-        path = Path(path)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        return path
+            plan, est = self._plan, self._estimate.to_dict()
+        extra = dict(extra or {})
+        view = extra.pop("view", None)
+        doc = plan.to_dict(self.mesh, est, saved_view(view) if view is not None else None)
+        doc.update(extra)
+        return write_plan_file(doc, path)
 
     # --- listeners ----------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Iterable, Mapping
 
 from ..analysis import REPLICATE, Conflict, DimClass
-from . import _export, _planfile
+from . import _display, _export, _planfile
 
 Axes = tuple[str, ...]
 
@@ -48,19 +48,24 @@ class Plan:
     classes meet on one value and want the same axis. Classes not listed are replicated.
     resolutions: (conflict id, resolution) — `keep_dimK` or `replicate`; unlisted conflicts
     keep their first side. pinned: names of the classes and conflicts a person fixed.
+    mesh: the Mesh the plan was made for, when one was (search, the expert strategies, the
+    Lab, `with_mesh`, a plan file with a mesh section); `save` and `display(plan)` price the
+    plan on it. It is not part of the plan's identity (equal plans may remember other meshes).
     """
 
     analysis: object = field(repr=False)
     assignments: tuple[tuple[int, Axes], ...] = ()
     resolutions: tuple[tuple[int, str], ...] = ()
     pinned: frozenset[str] = frozenset()
+    mesh: object = field(default=None, repr=False, compare=False)
 
     # --- construction ---------------------------------------------------------------------
 
     @classmethod
-    def replicated(cls, analysis) -> "Plan":
-        """Every class replicated: the unsharded program on every device."""
-        return cls(analysis)
+    def replicated(cls, analysis, mesh=None) -> "Plan":
+        """Every class replicated: the unsharded program on every device (for `mesh`, when
+        given)."""
+        return cls(analysis, mesh=mesh)
 
     @classmethod
     def from_decisions(cls, analysis, classes: Mapping | Iterable = (),
@@ -204,19 +209,33 @@ class Plan:
 
     # --- plan files (see _planfile.py) ------------------------------------------------------
 
-    def save(self, path, mesh=None, estimate: dict | None = None):
-        """Writes this plan as versioned JSON; returns the path."""
-        return _planfile.write(self.to_dict(mesh, estimate), path)
+    def save(self, path, mesh=None, estimate: dict | None = None, view: dict | None = None):
+        """Writes this plan as versioned JSON; returns the path.
 
-    def to_dict(self, mesh=None, estimate: dict | None = None) -> dict:
-        return _planfile.plan_to_dict(self, mesh, estimate)
+        mesh: what the plan is for (default: the mesh it remembers). With one, the file also
+        carries the estimate, the expert strategies on the same cost model and the view model
+        that JupyterLab draws when the file is opened, with no kernel. estimate / view: ones
+        already built, written instead (the Lab passes the view it shows).
+        """
+        return _planfile.write(self.to_dict(mesh, estimate, view), path)
+
+    def to_dict(self, mesh=None, estimate: dict | None = None, view: dict | None = None) -> dict:
+        """The plan file's document (see `save`)."""
+        mesh = self.mesh if mesh is None else mesh
+        if view is None:
+            shown = _display.display_of(self, mesh)
+        else:  # the Lab's: the estimate and expert rows it shows are in it
+            shown = _display.PlanDisplay(view, view.get("estimate"), view.get("experts") or [])
+        return _planfile.plan_to_dict(self, mesh, shown.estimate if estimate is None else estimate,
+                                      shown.experts, shown.view)
 
     @classmethod
     def load(cls, path, analysis, check_fingerprint: bool = True, mesh=None) -> "Plan":
         """Reads a plan file for `analysis`; never executes code from the file.
 
         mesh: the Mesh the plan will run on; the file's mesh section and every axis it names
-        are checked against it (without it, against the file's own mesh section).
+        are checked against it (without it, against the file's own mesh section). The plan
+        remembers `mesh`, else the file's mesh when its device is a preset (`tl.devices()`).
         """
         return cls.from_dict(_planfile.read(path), analysis, source=str(path),
                              check_fingerprint=check_fingerprint, mesh=mesh)
@@ -229,11 +248,27 @@ class Plan:
                                                          check_fingerprint, mesh)
         try:
             plan = cls.from_decisions(analysis, classes, conflicts, pinned)
-            return plan if mesh is None else plan.validate(mesh)
+            if mesh is not None:
+                return plan.with_mesh(mesh)
         except PlanError as err:
             raise _planfile.PlanFileError(f"{source}: {_planfile.shorten(str(err))}") from None
+        return _remember_file_mesh(plan, doc)
+
+    # --- display (see _display.py) ----------------------------------------------------------
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        """`display(plan)`: the graph coloured by this plan, its decisions, the estimate and the
+        expert strategies, drawn by the JupyterLab extension from the output alone (no kernel
+        or widget needed to show it again); text for everything else."""
+        return _display.mime_bundle(self)
 
     # --- validation -----------------------------------------------------------------------
+
+    def with_mesh(self, mesh) -> "Plan":
+        """This plan, remembering `mesh` (what `save` and `display(plan)` price it on). Raises
+        PlanError when the plan does not fit the mesh."""
+        self.validate(mesh)
+        return self if self.mesh is mesh else replace(self, mesh=mesh)
 
     def validate(self, mesh) -> "Plan":
         """Raises PlanError when the plan does not fit `mesh`; returns self otherwise."""
@@ -326,3 +361,17 @@ def _not_divisible(an, c: DimClass, axes: Axes, ways: int) -> str:
     return (f"class {c.name!r} has size {c.size}{example}, which is not divisible by the "
             f"{ways} devices of mesh axes {axes}; choose axes whose sizes multiply to a "
             f"divisor of {c.size}, or replicate it")
+
+
+def _remember_file_mesh(plan: Plan, doc: dict) -> Plan:
+    """`plan` remembering the mesh of the file's mesh section when it names a preset device and
+    the plan fits it; unchanged otherwise (a custom device's numbers are not in the file)."""
+    from ._hardware import get_device
+    from ._mesh import Mesh
+
+    section = doc.get("mesh")
+    try:
+        mesh = Mesh(dict(section["axes"]), device=get_device(section["device"]))
+        return plan.with_mesh(mesh)
+    except (TypeError, KeyError, ValueError):  # no section, a custom device, a bad section
+        return plan

@@ -126,7 +126,7 @@ class Space:
                            ((d.index, c) for d, c in decisions if d.kind == CONFLICT))
 
     def plan(self, choices) -> Plan:
-        plan = Plan.replicated(self.analysis)
+        plan = Plan.replicated(self.analysis, self.mesh)
         pinned = []
         for d, c in zip(self.decisions, choices):
             if d.pinned >= 0:

@@ -90,7 +90,7 @@ def expert(an, mesh) -> Strategies:
         if b.placed == 0:
             skipped[name] = "no class divides over the mesh"
             return
-        plans[name] = b.plan.validate(mesh)
+        plans[name] = b.plan.with_mesh(mesh)
 
     has_batch = (roles.batch is not None, "the program has no batch-like class")
     has_seq = (roles.sequence is not None, "the program has no sequence class")
