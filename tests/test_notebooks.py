@@ -232,6 +232,8 @@ def test_expert_in_the_loop(execute):
     assert "does not fit" in cf
     why = ex.tagged("check-explain")
     assert "batch" in why and "model" in why
+    diff = ex.tagged("check-tl-diff")  # tl.diff's text: the classes that differ and the price
+    assert "dp+tp" in diff and "completed" in diff and "step" in diff, diff
 
 
 @pytest.mark.slow
