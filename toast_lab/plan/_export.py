@@ -7,11 +7,15 @@ from typing import Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..analysis import domains
 from ..program import as_function, trace
 from ..rules import NEED_REPLICATION, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
-#   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those);
+#   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those),
+#                and, in a plan with per-domain overrides, the values on both sides of every
+#                op that crosses domains (a weight read by a matmul, the update read by the
+#                parameter step): where the plan reshards, XLA must too;
 #   "compute":   also every result of an op with a contracting (reduction) factor — matmuls,
 #                convolutions, reductions — so XLA follows the plan where the flops are;
 #   "all":       every value (slow to compile; for debugging the cost model);
@@ -58,10 +62,12 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
     if policy == "all":
         return frozenset(v.id for v in prog.values if v.origin == "result" and v.ndim)
     out: set[int] = set()
-    sharded = {k for k, axes in plan.assignments if axes}
+    active = plan.conflict_resolutions
     for c in an.conflicts:
-        if c.class_id in sharded:
+        if c.name in active:
             out.update(c.values)
+    if plan.overrides:
+        out.update(domain_boundaries(plan))
     if policy == "compute":
         for op, rule in zip(prog.ops, an.op_rules):
             if op.body or REDUCTION not in rule.kinds:
@@ -70,6 +76,27 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
     # Region outputs are constrained by their bodies; inputs by in_shardings.
     return frozenset(v for v in out if prog.values[v].origin == "result"
                      and not prog.ops[prog.values[v].producer].body)
+
+
+def domain_boundaries(plan) -> set[int]:
+    """The values on either side of the ops that read one domain and write another (see
+    analysis/_domains.py): the results, and the operands from the other domain."""
+    an = plan.analysis
+    prog = an.program
+    of = domains(an).of_value
+    out: set[int] = set()
+    for op in prog.ops:
+        if op.body:
+            continue
+        results = [r for r in op.results if prog.values[r].ndim]
+        if not results:
+            continue
+        there = of[results[0]]
+        crossing = [u for u in op.operands if prog.values[u].ndim and of[u] != there]
+        if crossing:
+            out.update(results)
+            out.update(crossing)
+    return out
 
 
 def gathered_operands(plan) -> dict[tuple[int, int], object]:
@@ -143,14 +170,19 @@ def _check_same_program(fn, prog) -> None:
             f"{prog.fingerprint()}); trace and analyse it first")
 
 
-def logical_axis_rules(plan) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+def logical_axis_rules(plan, domain: str | None = None
+                       ) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
     """(class name, mesh axes) pairs in the style of flax's logical axis rules, every class
-    listed (None for replicated), in decision order first."""
+    listed (None for replicated), in decision order first. domain: the axes the classes take
+    in that domain (a MaxText-style plan has one set of rules for the weights, "parameters",
+    and one for the activations, "compute")."""
     an = plan.analysis
     rules = []
     seen = set()
     for k, axes in plan.assignments:
         seen.add(k)
+        if domain is not None:
+            axes = plan.axes_of(k, domain)
         rules.append((an.classes[k].name, None if not axes else axes[0] if len(axes) == 1
                       else tuple(axes)))
     rules += [(c.name, None) for c in an.classes if c.id not in seen]

@@ -11,8 +11,14 @@ program, and carries the program's fingerprint so a plan for another program fai
      "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
+     "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
      "pinned": ["batch"],
      "estimate": {...}}                                             # optional, informative
+
+Format 2 adds "overrides" (a class's axes in one domain of the step, see plan/_plan.py). A plan
+without overrides is still written as format 1, which every version reads; one with overrides
+is format 2, which a toast-lab that cannot apply them refuses (rather than silently dropping
+them).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..analysis import DOMAINS
+
 FORMAT = "toast-lab-plan"
-VERSION = 1
+VERSION = 2
 
 
 class PlanFileError(ValueError):
@@ -43,6 +51,14 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any
         "conflicts": plan.conflict_resolutions,
         "pinned": sorted(plan.pinned),
     }
+    if plan.overrides:
+        doc["version"] = 2
+        overrides: dict[str, dict[str, list[str]]] = {}
+        for k, domain, axes in plan.overrides:
+            overrides.setdefault(an.classes[k].name, {})[domain] = list(axes)
+        doc["overrides"] = overrides
+    else:
+        doc["version"] = 1  # readable by every toast-lab
     if estimate is not None:
         doc["estimate"] = estimate
     return doc
@@ -67,6 +83,28 @@ def read(path) -> dict:
         raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
                             f"{err.msg}); the file is corrupted or was not written by toast-lab"
                             ) from None
+
+
+def overrides(doc, source: str = "<dict>") -> list[tuple[str, str, tuple[str, ...]]]:
+    """[(class name, domain, axes)] of a plan document's "overrides" section (none in format
+    1 files). Call after `decisions`, which checks the rest of the document."""
+    section = doc.get("overrides", {}) if isinstance(doc, dict) else {}
+    ok = isinstance(section, dict) and all(
+        isinstance(k, str) and isinstance(v, dict) and all(
+            isinstance(d, str) and isinstance(a, list) and all(isinstance(x, str) for x in a)
+            for d, a in v.items()) for k, v in section.items())
+    if not ok:
+        raise PlanFileError(f"{source}: \"overrides\" must map class names to {{domain: list "
+                            f"of mesh axis names}}, e.g. {{\"embed\": {{\"parameters\": "
+                            f"[\"fsdp\"]}}}}")
+    out = []
+    for name, by_domain in section.items():
+        for domain, axes in by_domain.items():
+            if domain not in DOMAINS:
+                raise PlanFileError(f"{source}: override of class {name!r} names domain "
+                                    f"{domain!r}; domains are {list(DOMAINS)}")
+            out.append((name, domain, tuple(axes)))
+    return out
 
 
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True):
