@@ -336,3 +336,20 @@ def test_lab_prices_choices_from_a_plan_with_overrides_exactly():
                 priced += 1
     assert priced > 20
     assert plan.axes_of("embed@parameters") == ("fsdp",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [{"data": 4, "model": 2}, {"data": 2, "fsdp": 2, "model": 2}])
+@pytest.mark.parametrize("name", tl.zoo.names())
+def test_random_plans_with_overrides_match_the_unsharded_step(name, shape):
+    """tests/test_property.py for plans whose classes take other axes in some domains: export
+    reshards where the domains meet, and the step is still the unsharded step."""
+    from toast_lab.verification import verify
+
+    fn, _, an = analysed(name)
+    mesh = tl.Mesh(shape)
+    seed = (tl.zoo.names().index(name), len(shape), 7)
+    plan = tl.random_plan(an, mesh, np.random.default_rng(seed), override_prob=0.6)
+    assert plan.overrides, plan
+    rep = verify(fn, tl.zoo.sample(name), plan, mesh)
+    assert rep.ok, (plan, rep.worst_error, rep.worst_leaf)

@@ -9,13 +9,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis import domains
 from ..program import as_function, trace
-from ..rules import NEED_REPLICATION, REDUCTION
+from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
 #   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those),
 #                and, in a plan with per-domain overrides, the values on both sides of every
 #                op that crosses domains (a weight read by a matmul, the update read by the
-#                parameter step): where the plan reshards, XLA must too;
+#                parameter step) and the operand as that op reads it (boundary_reads): where
+#                the plan reshards, XLA must too;
 #   "compute":   also every result of an op with a contracting (reduction) factor — matmuls,
 #                convolutions, reductions — so XLA follows the plan where the flops are;
 #   "all":       every value (slow to compile; for debugging the cost model);
@@ -99,6 +100,73 @@ def domain_boundaries(plan) -> set[int]:
     return out
 
 
+def read_axes(plan, op, rule, t: int) -> tuple[tuple[str, ...], ...]:
+    """Per dim of operand `t` of `op`: the mesh axes the op reads it in, as the cost model
+    charges it (cost/_static.py's rows): a dim whose factor maps to a result dim like that
+    result dim, a contracted dim (or one only operands share) on the axes all its operands
+    share, a dim the op needs whole on none; other dims as the operand is. Where that would use
+    an axis twice, a contracted dim keeps it (its partial sums are reduce-scattered into the
+    result instead)."""
+    on_result: dict[int, tuple[int, int, bool]] = {}
+    for j, dims in enumerate(rule.results):
+        for e, factors in enumerate(dims):
+            for k, f in enumerate(factors):
+                on_result.setdefault(f, (op.results[j], e, k == 0))
+    own = plan.value_axes(op.operands[t])
+    want = list(own)
+    follow = []
+    for d, factors in enumerate(rule.operands[t]):
+        if not factors:
+            continue
+        f = factors[0]  # a compound dim is sharded like its major factor
+        kind = rule.kinds[f]
+        if kind is NEED_REPLICATION:
+            want[d] = ()
+        elif kind is PASS_THROUGH and f in on_result:
+            r, e, major = on_result[f]
+            want[d] = ()
+            if major:
+                follow.append((d, plan.value_axes(r)[e]))
+        else:
+            shared = set(own[d])
+            for s, dims in enumerate(rule.operands):
+                for d2, fs in enumerate(dims):
+                    if fs and fs[0] == f:
+                        shared &= set(plan.value_axes(op.operands[s])[d2])
+            want[d] = tuple(a for a in own[d] if a in shared)
+    used = {a for axes in want for a in axes}
+    for d, axes in follow:
+        want[d] = tuple(a for a in axes if a not in used)
+        used.update(want[d])
+    return tuple(want)
+
+
+def boundary_reads(plan) -> dict[tuple[int, int], object]:
+    """{(op, operand index): PartitionSpec} for the operands an op reads from another domain
+    than its results' (a weight read by a matmul, a gradient by the optimizer, the update by
+    the parameter step), where the plan reshards them: the spec the op reads them in. Without
+    it XLA picks its own way between the two shardings, which costs what the plan does not
+    say — and on some convolutions computes wrong gradients (jax 0.10.2: a conv whose kernel's
+    input features are sharded over the axes of the input's batch and height)."""
+    an = plan.analysis
+    prog = an.program
+    of = domains(an).of_value
+    out = {}
+    for op, rule in zip(prog.ops, an.op_rules):
+        if op.body or rule.fallback:
+            continue
+        results = [r for r in op.results if prog.values[r].ndim]
+        if not results:
+            continue
+        for t, u in enumerate(op.operands):
+            if not prog.values[u].ndim or of[u] == of[results[0]]:
+                continue
+            spec = spec_of(read_axes(plan, op, rule, t))
+            if spec != plan.partition_spec(u):
+                out[(op.id, t)] = spec
+    return out
+
+
 def gathered_operands(plan) -> dict[tuple[int, int], object]:
     """{(op, operand index): PartitionSpec} where the op needs a sharded dim whole.
 
@@ -137,6 +205,8 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
         return jax.lax.with_sharding_constraint(x, sharding)
 
     uses = gathered_operands(plan) if policy != "none" else {}
+    if policy != "none" and plan.overrides:
+        uses.update(boundary_reads(plan))
 
     def gather(op_id, t, x):
         return jax.lax.with_sharding_constraint(x, NamedSharding(jax_mesh, uses[(op_id, t)]))
