@@ -191,3 +191,22 @@ def test_search_takes_pins_of_overrides():
     plain = search(an, mesh, simulations=300, budget_s=None, seed=0, warm_start={})
     assert plain.simulations == 300
     assert np.isfinite(plain.estimate.step_time_s)
+
+
+def test_search_beats_published_plans_it_was_not_started_from():
+    """Held out: published recipes that are not expert strategies (Megatron-SP with plain data
+    parallelism, ZeRO-1 with Megatron-SP, MaxText without sharded optimizer state)."""
+    _, _, an = analysed("gpt", size="gpt2-small", layers=2)
+    mesh = tl.Mesh({"data": 2, "fsdp": 2, "tensor": 2}, device="h100")
+    dp = tl.Plan.replicated(an).with_axes("batch", ("data", "fsdp"))
+    tp = dp.with_axes("heads", "tensor").with_axes("mlp", "tensor").with_axes("vocab", "tensor")
+    held_out = {
+        "dp+tp+sp": tp.with_axes("seq", "tensor"),
+        "zero1+tp+sp": tp.with_axes("seq", "tensor").with_axes("embed", ("data", "fsdp"),
+                                                               domain=OPTIMIZER),
+        "maxtext, replicated optimizer state": tp.with_axes("embed", "tensor").with_axes(
+            "embed", "fsdp", domain=PARAMETERS),
+    }
+    res = search(an, mesh, simulations=1500, budget_s=None, seed=0)
+    for name, plan in held_out.items():
+        assert res.estimate.step_time_s <= tl.estimate(an, plan, mesh).step_time_s, name
