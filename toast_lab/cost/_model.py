@@ -27,7 +27,7 @@ from ..plan import Plan
 from ..program import state_inputs
 from . import _kernel
 from ._estimate import CollectiveCost, Estimate
-from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
+from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
 from ._static import static_tables
 from ._tables import INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
 from ._types import build_types
@@ -130,12 +130,14 @@ class CostModel:
     # --- plan -> arrays -----------------------------------------------------------------------
 
     def plan_arrays(self, plan) -> PlanArrays:
-        """(class masks, class ranks, conflict resolution indices) of a Plan."""
+        """(split-class masks, ranks, conflict resolution indices) of a Plan."""
         an = self.analysis
         masks = ((k, sum(self.axis_bit[a] for a in axes)) for k, axes in plan.assignments)
         resolutions = ((c.id, list(c.resolutions).index(plan.resolution_of(c)))
                        for c in an.conflicts)
-        return plan_arrays(an, masks, resolutions)
+        overrides = ((k, d, sum(self.axis_bit[a] for a in axes))
+                     for k, d, axes in plan.overrides)
+        return plan_arrays(an, masks, resolutions, overrides)
 
     # --- evaluation -----------------------------------------------------------------------------
 
@@ -221,6 +223,9 @@ class IncrementalEstimator:
 
         inc = model.incremental(plan)
         step_s, peak_bytes = inc.set_axes(class_id, ("data",))
+        step_s, peak_bytes = inc.set_axes(class_id, ("fsdp",), domain="parameters")
+
+    mask, rank and res are the kernel's arrays (per split class, see _plan_arrays.py).
     """
 
     def __init__(self, model: CostModel, plan=None):
@@ -230,20 +235,43 @@ class IncrementalEstimator:
             plan = Plan.replicated(an)
         self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
         self._next_rank = len(plan.assignments)
+        self._split = split_classes(an)
+        # Per class: its own mask, whether it holds a place in the decision order, and which
+        # of its split classes an override sets (they keep their mask when the class changes).
+        self._own = np.zeros(len(an.classes), np.int64)
+        for k, axes in plan.assignments:
+            self._own[k] = sum(model.axis_bit[a] for a in axes)
+        self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
+                            if (k, d) in self._split.index}
+        self._held = {k for k, _, _ in plan.overrides}
         self._vmask = np.zeros(len(model.ty.tables.value_classes), np.int64)
         self._delta = np.zeros(model.st.num_ops + 2)  # the temporaries, all replicated
         _kernel.fill_temps(self._delta, self._vmask, model.mesh_table, model._memory)
         self.result = self._update()
 
-    def set_axes(self, cls: int, axes) -> tuple[float, float]:
-        """Shards class id `cls` over `axes` (names) — decided after every earlier decision."""
+    def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
+        """Shards class id `cls` over `axes` (names) — decided after every earlier decision
+        if it was not decided yet — or, with `domain`, only that domain's values of it (an
+        override; its class keeps or takes a place in the decision order)."""
         m = 0
         for a in axes:
             m |= self.model.axis_bit[a]
-        if m and not self.mask[cls]:
-            self.rank[cls] = self._next_rank
+        splits = self._split.splits_of[cls]
+        was = bool(self._own[cls]) or cls in self._held
+        if domain is None:
+            self._own[cls] = m
+            for s in splits:
+                if s not in self._overridden:
+                    self.mask[s] = m
+        else:
+            self._held.add(cls)
+            s = self._split.index.get((cls, domain))
+            if s is not None:  # else the class has no value there: nothing changes
+                self._overridden.add(s)
+                self.mask[s] = m
+        if not was and (self._own[cls] or cls in self._held):
+            self.rank[list(splits)] = self._next_rank
             self._next_rank += 1
-        self.mask[cls] = m
         self.result = self._update()
         return self.result
 

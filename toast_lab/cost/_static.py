@@ -3,7 +3,8 @@
 Everything the estimate needs that does not depend on the plan lives here as numpy arrays, so
 evaluating a plan is a handful of vectorized passes (DESIGN.md §6):
 
-- slots      [V, D]  class of dim d of value v (-1: size 1, or padding past its rank)
+- slots      [V, D]  split class (class in the value's domain, see _plan_arrays.py) of dim d
+                     of value v (-1: size 1, or padding past its rank)
 - rows               one per (op, operand dim) that a factor maps: where the op needs that
                      dim sharded like a result dim ("result" rows), like the other operands of
                      a contraction ("group" rows, reduction and operand-only factors), or
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+from ._plan_arrays import split_classes
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
 
@@ -78,6 +80,7 @@ class Static:
     input_values: np.ndarray    # [I] int32
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
+    conflict_class: np.ndarray  # [C] int64: the split class of each conflict (_plan_arrays.py)
     io_op: np.ndarray           # every (op, value with dims) an op reads or writes
     io_val: np.ndarray
 
@@ -123,7 +126,8 @@ def build_static(an) -> Static:
     V, N = len(values), len(ops)
     width = max((v.ndim for v in values), default=0) or 1
     slot_class = np.full((V, width), -1, np.int32)
-    for v, classes in enumerate(an.value_classes):
+    split = split_classes(an)  # a class per domain: see _plan_arrays.py
+    for v, classes in enumerate(split.value_classes):
         if classes:
             slot_class[v, :len(classes)] = classes
     nbytes = np.array([v.nbytes for v in values], np.float64)
@@ -211,7 +215,7 @@ def build_static(an) -> Static:
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
         value_classes=an.value_classes, io_op=np.array(io_op, np.int32),
-        io_val=np.array(io_val, np.int32))
+        io_val=np.array(io_val, np.int32), conflict_class=split.conflict_class)
 
 
 def _liveness(prog):

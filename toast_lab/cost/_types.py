@@ -195,7 +195,7 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
     tables = TypeTables(
         value_classes=value_classes, value_tags=value_tags,
         tag_conflict=np.array(tag_conflict, _I), tag_dropped=tag_dropped,
-        conflict_class=np.array([c.class_id for c in an.conflicts], _I),
+        conflict_class=st.conflict_class,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, shared_values=shared_values,

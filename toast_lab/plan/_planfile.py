@@ -11,15 +11,17 @@ program, and carries the program's fingerprint so a plan for another program fai
      "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
+     "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
      "pinned": ["batch"],
      "estimate": {...},                                             # optional, informative
      "experts": [{"name": "dp", "step_time_s": ..., ...}],          # v2, optional, informative
      "view": {"format": "toast-lab-view", ...}}                     # v2, optional, for display
 
-Version 2 added "experts" and "view": what the JupyterLab extension draws without a kernel
-(notes/VIEWMODEL.md). Both are informative: loading a plan never reads them, and skips the
-view's text without parsing it (_skip.py), so no size or nesting depth there can break a load.
-Version 1 files load unchanged.
+Version 2 added "overrides" (a class's axes in one domain of the step, see plan/_plan.py; only
+present when a plan has some) and "experts" and "view": what the JupyterLab extension draws
+without a kernel (notes/VIEWMODEL.md). Those two are informative: loading a plan never reads
+them, and skips the view's text without parsing it (_skip.py), so no size or nesting depth there
+can break a load. Version 1 files load unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..analysis import DOMAINS
 from . import _skip
 
 FORMAT = "toast-lab-plan"
@@ -54,6 +57,11 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None, experts: list | 
         "conflicts": plan.conflict_resolutions,
         "pinned": sorted(plan.pinned),
     }
+    if plan.overrides:
+        overrides: dict[str, dict[str, list[str]]] = {}
+        for k, domain, axes in plan.overrides:
+            overrides.setdefault(an.classes[k].name, {})[domain] = list(axes)
+        doc["overrides"] = overrides
     if estimate is not None:
         doc["estimate"] = estimate
     if experts:
@@ -140,6 +148,28 @@ def read(path) -> dict:
     except ValueError as err:  # Python's limit on integer digits (CVE-2020-10735)
         raise PlanFileError(f"{path}: a number in the file is too long to read "
                             f"({str(err).split(';')[0]}); the file is corrupted") from None
+
+
+def overrides(doc, source: str = "<dict>") -> list[tuple[str, str, tuple[str, ...]]]:
+    """[(class name, domain, axes)] of a plan document's "overrides" section (none in format
+    1 files). Call after `decisions`, which checks the rest of the document."""
+    section = doc.get("overrides", {}) if isinstance(doc, dict) else {}
+    ok = isinstance(section, dict) and all(
+        isinstance(k, str) and isinstance(v, dict) and all(
+            isinstance(d, str) and isinstance(a, list) and all(isinstance(x, str) for x in a)
+            for d, a in v.items()) for k, v in section.items())
+    if not ok:
+        raise PlanFileError(f"{source}: \"overrides\" must map class names to {{domain: list "
+                            f"of mesh axis names}}, e.g. {{\"embed\": {{\"parameters\": "
+                            f"[\"fsdp\"]}}}}")
+    out = []
+    for name, by_domain in section.items():
+        for domain, axes in by_domain.items():
+            if domain not in DOMAINS:
+                raise PlanFileError(f"{source}: override of class {name!r} names domain "
+                                    f"{domain!r}; domains are {list(DOMAINS)}")
+            out.append((name, domain, tuple(axes)))
+    return out
 
 
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,
