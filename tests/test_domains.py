@@ -285,7 +285,7 @@ def test_plan_files_keep_overrides_and_old_files_still_load(tmp_path):
     assert back.value_axes(an.program.inputs[0]) == plan.value_axes(an.program.inputs[0])
     plain = tl.Plan.replicated(an).with_axes("batch", "data")
     doc = json.loads(plain.save(tmp_path / "dp.json").read_text())
-    assert doc["version"] == 1 and "overrides" not in doc  # what older readers read
+    assert doc["version"] == 2 and "overrides" not in doc  # the section only when needed
     assert tl.Plan.load(tmp_path / "dp.json", an) == plain
     bad = json.loads(path.read_text())
     bad["overrides"] = {"embed": {"weights": ["fsdp"]}}

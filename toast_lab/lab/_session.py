@@ -30,6 +30,7 @@ from ..cost import cost_model
 from ..plan import Plan, PlanError
 from ..plan._planfile import write as write_plan_file
 from ..plan_search import search as run_search
+from ..strategies import expert as expert_strategies
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
 from ._viewmodel import Selection, saved_view
 
@@ -116,6 +117,7 @@ class Session:
         self.selected: Selection | None = None
         self._search = SearchState()
         self._generation = 0                # which search may publish
+        self._expert_plans: dict | None = None  # the expert strategies, built at first search
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._future: concurrent.futures.Future | None = None
@@ -254,7 +256,9 @@ class Session:
 
     def search(self, budget_s: float | None = 10.0, *, background: bool = True,
                simulations: int | None = None, seed: int | None = None):
-        """Runs MCTS over the decisions that are not pinned, starting from the current plan.
+        """Runs MCTS over the decisions that are not pinned, starting from the best of the
+        current plan and the expert strategies (the answer is never worse than any of them
+        under the same pins).
 
         background=True: returns a Future of the SearchResult at once; the best plan so far
         becomes the current plan as it improves (listeners hear "plan"), and `stop()` ends it.
@@ -288,7 +292,7 @@ class Session:
                     callback=lambda p: self._progress(generation, p),
                     callback_every_s=self.progress_every_s,
                     cost_model=_LockedModel(self.model, self.lock),
-                    warm_start={"current": start})
+                    warm_start={**self._experts(), "current": start})
             except BaseException as err:  # noqa: BLE001 - shown to the person, never lost
                 self._search_failed(generation, err)
                 future.set_exception(err)
@@ -302,6 +306,13 @@ class Session:
         self._thread = threading.Thread(target=run, name="toast-lab search", daemon=True)
         self._thread.start()
         return future
+
+    def _experts(self) -> dict:
+        """The expert strategies of this analysis and mesh (built once, on the search thread)."""
+        with self.lock:
+            if self._expert_plans is None:
+                self._expert_plans = dict(expert_strategies(self.analysis, self.mesh))
+            return self._expert_plans
 
     def stop(self, timeout: float = 5.0):
         """Ends a running search (within one simulation) and waits for it; the best plan found

@@ -92,7 +92,7 @@ def plan_text(doc: dict, note: str | None = None) -> str:
     rows = sorted((r for r in doc.get("experts", []) if r["feasible"]),
                   key=lambda r: r["step_time_s"])
     if rows:
-        lines.append(f"  experts:   " + ", ".join(
+        lines.append("  experts:   " + ", ".join(
             f"{r['name']} {r['step_time_s'] * 1e3:.3f} ms" for r in rows[:4]))
     if note:
         lines.append(f"  ({note})")
