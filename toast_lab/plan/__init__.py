@@ -9,11 +9,11 @@
 """
 
 from ._export import CONSTRAINT_POLICIES, spec_of
-from ._hardware import DeviceSpec, Link, devices, get_device
+from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh
 from ._plan import Axes, Plan, PlanError
 from ._planfile import PlanFileError
 from ._random_plan import random_plan
 
-__all__ = ["Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
+__all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan", "PlanError",
            "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES"]
