@@ -14,8 +14,9 @@ from ._model import CostModel, IncrementalEstimator, cost_model
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
-def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) -> Estimate:
-    """Step time and peak memory per device of `plan` on `mesh` (see CostModel)."""
+def estimate(analysis, plan, mesh, donate: bool = True, overlap: bool = False) -> Estimate:
+    """Step time and peak memory per device of `plan` on `mesh` (see CostModel). donate: the
+    step donates its training state, as plan.jit does by default."""
     return cost_model(analysis, mesh, donate, overlap).estimate(plan)
 
 

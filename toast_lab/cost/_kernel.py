@@ -261,7 +261,7 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
-    return totals, coll, op_compute, op_comm, gathered, vmask, gdelta
+    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta
 
 
 @njit(cache=True)
@@ -276,7 +276,7 @@ def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
     """
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
-    totals, coll, op_compute, op_comm, gathered, vmask, gdelta = evaluate_types(
+    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta = evaluate_types(
         PlanArrays(*plan), tables, mesh, memory_bandwidth)
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
@@ -284,7 +284,7 @@ def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
-    arguments_and_outputs(totals, vmask, mesh, memory)
+    arguments_and_outputs(totals, eff, vmask, mesh, memory)
     return totals, coll, op_compute, op_comm, vmask
 
 
@@ -332,7 +332,7 @@ def peak_live(delta, gdelta, gathered, op_type):
 
 
 @njit(cache=True, inline="always")
-def arguments_and_outputs(totals, vmask, mesh, memory):
+def arguments_and_outputs(totals, eff, vmask, mesh, memory):
     arg = 0.0
     state = 0.0
     for i in range(memory.inputs.shape[0]):
@@ -341,15 +341,21 @@ def arguments_and_outputs(totals, vmask, mesh, memory):
         if memory.inputs[i].is_state:
             state += b
     out = 0.0
-    fresh = 0.0
     outputs = memory.outputs
     for i in range(outputs.shape[0]):
-        b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
-        out += b
-        if not outputs[i].is_input:
-            fresh += b
+        out += outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
     totals[T_ARG] = arg
     # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
     totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
     totals[T_STATE] = state
-    totals[T_ALIAS] = min(arg, fresh) if memory.donate else 0.0
+    # a donated buffer holds its output where both are sharded alike, dim for dim
+    alias = 0.0
+    for i in range(memory.aliases.shape[0]):
+        pair = memory.aliases[i]
+        same = True
+        for d in range(eff.shape[1]):
+            if eff[pair.input_type, d] != eff[pair.output_type, d]:
+                same = False
+        if same:
+            alias += pair.nbytes / mesh[vmask[pair.input_type]].ways
+    totals[T_ALIAS] = alias

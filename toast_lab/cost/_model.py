@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan import Plan
+from ..plan import Plan, donated_arguments
 from ..program import state_inputs
 from . import _kernel
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
 from ._static import static_tables
-from ._tables import INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
+from ._tables import ALIAS, INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
 from ._types import build_types
 
-def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "CostModel":
+def cost_model(analysis, mesh, donate: bool = True, overlap: bool = False) -> "CostModel":
     """The CostModel of `analysis` on `mesh`, built once and kept with the analysis (the Lab's
     UI and search threads share it; building is thread-safe)."""
     return analysis.derived(("cost.model", mesh, donate, overlap),
@@ -42,11 +42,12 @@ def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "
 class CostModel:
     """Estimates for one analysis on one mesh. Build once, evaluate many plans.
 
-    donate: the step donates its arguments (XLA may reuse their memory for the outputs).
+    donate: the step donates its training-state arguments, as training loops and plan.jit do
+        (XLA writes the new state into their buffers); False keeps both copies.
     overlap: communication overlaps compute perfectly (step = max) instead of adding up.
     """
 
-    def __init__(self, analysis, mesh, donate: bool = False, overlap: bool = False):
+    def __init__(self, analysis, mesh, donate: bool = True, overlap: bool = False):
         self.analysis = analysis
         self.mesh = mesh
         self.donate = donate
@@ -118,13 +119,16 @@ class CostModel:
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
-        outputs["is_input"] = st.is_input[outs]
+        pairs = _aliases(prog) if self.donate else []
+        aliases = np.zeros(len(pairs), ALIAS)
+        for i, (u, v) in enumerate(pairs):
+            aliases[i] = (ty.value_type[u], ty.value_type[v], st.nbytes[u])
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
             op_type=ty.op_type, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
-            inputs=inputs, outputs=outputs, donate=self.donate)
+            inputs=inputs, outputs=outputs, aliases=aliases)
         self._memory = tuple(self.memory)
 
     # --- plan -> arrays -----------------------------------------------------------------------
@@ -256,3 +260,24 @@ class IncrementalEstimator:
         totals, _, _, _, self._vmask = self.model._run((self.mask, self.rank, self.res),
                                                        self._delta, self._vmask)
         return self.model._step_and_peak(totals)
+
+
+def _aliases(prog) -> list[tuple[int, int]]:
+    """(donated input, output) value pairs, matched as jax does (mlir._set_up_aliases): each
+    output, in order, takes the first unused donated input of its shape and dtype."""
+    donated = set(donated_arguments(prog))
+    args = prog.in_tree.children()[0]
+    free: dict[tuple, list[int]] = {}
+    first = 0
+    for i, arg in enumerate(args.children()):
+        if i in donated:
+            for u in prog.inputs[first:first + arg.num_leaves]:
+                key = (prog.values[u].shape, prog.values[u].dtype)
+                free.setdefault(key, []).append(u)
+        first += arg.num_leaves
+    pairs = []
+    for v in prog.outputs:
+        waiting = free.get((prog.values[v].shape, prog.values[v].dtype))
+        if waiting:
+            pairs.append((waiting.pop(0), v))
+    return pairs

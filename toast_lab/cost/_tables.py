@@ -80,7 +80,10 @@ MESH = record(ways=_F, bandwidth=_F, latency=_F)
 # Temporaries: live over positions [start, end) of program order.
 TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
-OUTPUT = record(nbytes=_F, value_type=_I, is_input=np.bool_)
+OUTPUT = record(nbytes=_F, value_type=_I)
+# A donated input and the output XLA may write into its buffer (same shape and dtype); the
+# buffer is shared when both are sharded alike.
+ALIAS = record(input_type=_I, output_type=_I, nbytes=_F)
 
 
 class MemoryTables(NamedTuple):
@@ -90,4 +93,4 @@ class MemoryTables(NamedTuple):
     temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
     inputs: np.ndarray          # INPUT records
     outputs: np.ndarray         # OUTPUT records (an output returned twice counts twice)
-    donate: bool
+    aliases: np.ndarray         # ALIAS records (none unless the model donates)

@@ -8,12 +8,12 @@
   versioned JSON plan file (`plan.save`, `Plan.load`), which never executes code when read.
 """
 
-from ._export import CONSTRAINT_POLICIES, spec_of
+from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh
 from ._plan import Axes, Plan, PlanError
 from ._planfile import PlanFileError
 from ._random_plan import random_plan
 
-__all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan", "PlanError",
+__all__ = ["donated_arguments", "Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan", "PlanError",
            "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES"]

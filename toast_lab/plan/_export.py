@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..program import as_function, trace
+from ..program import as_function, state_inputs, trace
 from ..rules import NEED_REPLICATION, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
@@ -117,17 +117,38 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
     return as_function(plan.analysis.program, constrain, targets, gather, frozenset(uses))
 
 
-def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit_kwargs):
+def donated_arguments(program) -> tuple[int, ...]:
+    """The positional arguments a training loop donates: those holding training state (the
+    parameters and optimizer state the step returns updated), so that XLA may write the new
+    state into their buffers. The cost model's `donate` and `plan.jit` agree on these."""
+    state = state_inputs(program)
+    args = program.in_tree.children()[0]  # in_tree is the treedef of (args, kwargs)
+    out, first = [], 0
+    for i, arg in enumerate(args.children()):
+        leaves = program.inputs[first:first + arg.num_leaves]
+        if any(v in state for v in leaves):
+            out.append(i)
+        first += arg.num_leaves
+    return tuple(out)
+
+
+def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", donate: bool = True,
+        **jit_kwargs):
     """jax.jit of the plan's function with its in/out shardings and sharding constraints.
 
     fn: the function that was traced (checked against the program's fingerprint), or None to
-    use the traced program itself. Extra keyword arguments go to jax.jit (e.g. donate_argnums).
+    use the traced program itself. donate: donate the training-state arguments
+    (`donated_arguments`), as training loops do and as the cost model assumes by default; the
+    arrays passed for them are consumed by the call. Extra keyword arguments go to jax.jit
+    (an explicit donate_argnums or donate_argnames wins over `donate`).
     """
     prog = plan.analysis.program
     if fn is not None and fn is not prog.fn:
         _check_same_program(fn, prog)
     in_sh, out_sh = shardings(plan, jax_mesh)
     body = constrained(plan, jax_mesh, constraints)
+    if donate and "donate_argnums" not in jit_kwargs and "donate_argnames" not in jit_kwargs:
+        jit_kwargs["donate_argnums"] = donated_arguments(prog)
     return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
 
 

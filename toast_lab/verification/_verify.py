@@ -385,7 +385,9 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
 
     step = plan.jit(fn, jax_mesh, constraints=constraints, compiler_options=options)
     in_shardings, _ = plan.shardings(jax_mesh)
-    placed = jax.device_put(args, in_shardings)
+    # Copies: plan.jit donates the training state, and device_put may reuse a buffer of
+    # `args` as a shard (jax 0.10.2 does so even with may_alias=False), which the caller keeps.
+    placed = jax.device_put(jax.tree.map(lambda x: x.copy(), args), in_shardings)
     start = time.perf_counter()
     compiled = step.lower(*placed).compile()
     compile_s = time.perf_counter() - start
