@@ -1,5 +1,7 @@
 """The cost model: internal consistency, and agreement with what XLA compiled."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -202,3 +204,33 @@ def test_kernel_masks_agree_with_plan_value_axes(name):
             got = tuple(frozenset(a for i, a in enumerate(names) if row[d] >> i & 1)
                         for d in range(v.ndim))
             assert got == want, (seed, v, plan)
+
+
+def _matmul_compute_s(m, n, k, device, dtype="bfloat16"):
+    def f(x, w):
+        return x @ w
+
+    an = tl.analyze(tl.trace(f, jax.ShapeDtypeStruct((m, k), dtype),
+                             jax.ShapeDtypeStruct((k, n), dtype)))
+    return tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=device)).compute_s
+
+
+def test_matmuls_run_at_the_measured_ceiling_with_tile_and_wave_quantization():
+    h100 = tl.get_device("h100")
+    peak, eff = h100.peak_flops["bfloat16"], h100.efficiency
+    # 8192^3: 64 x 64 tiles of 128 x 128 run in ceil(4096 / 132) = 32 waves of 132 SMs.
+    flops = 2.0 * 8192**3
+    want = flops / (peak * eff.matmul * 4096 / (32 * 132))
+    assert _matmul_compute_s(8192, 8192, 8192, "h100") == pytest.approx(want, rel=1e-9)
+    # one more row than a tile: the second row of tiles is computed almost empty
+    full, ragged = (_matmul_compute_s(m, 4096, 4096, "h100") for m in (1024, 1025))
+    assert ragged > 1.1 * full
+    # a TPU v6e pads N and K to its 256 x 256 MXU: N = 128 costs what N = 256 costs (with
+    # HBM fast enough that the flops decide)
+    v6e = dataclasses.replace(tl.get_device("tpu-v6e"), memory_bandwidth=1e18)
+    assert _matmul_compute_s(4096, 128, 4096, v6e) == pytest.approx(
+        _matmul_compute_s(4096, 256, 4096, v6e))
+    # the CPU stand-in has no losses: the roofline at its peak
+    cpu = tl.get_device("cpu")
+    assert _matmul_compute_s(512, 512, 512, "cpu", "float32") == pytest.approx(
+        2.0 * 512**3 / cpu.peak_flops["float32"])

@@ -5,7 +5,8 @@ read by field name); `add_temps` / `move_temps` and `peak_live` do the liveness 
 `MemoryTables`, and `arguments_and_outputs` the argument and output bytes. `run` strings them
 together in one call from Python (each such call pays for checking its arguments' types). The
 model itself is documented in _model.py. Masks are integers with one bit per mesh axis; the
-`mesh` table (MESH records: ways, bandwidth, latency) is indexed by mask.
+`mesh` table (MESH records: ways, bandwidth, latency) is indexed by mask; `device` is one
+DEVICE record.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from ._plan_arrays import PlanArrays
-from ._static import ROW_GROUP, ROW_RESULT
+from ._static import DIM_BATCH, DIM_M, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, TypeTables
 
 AR, AG, RS, A2A = 0, 1, 2, 3
@@ -62,6 +63,34 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t)
     return seconds, moved
+
+
+@njit(cache=True, inline="always")
+def _tiles(size, tile):
+    return np.ceil(size / tile)
+
+
+@njit(cache=True, inline="always")
+def _matmul_efficiency(op, dims, eff, psum, mesh, dev):
+    """The fraction of peak a matmul reaches at its per-device shape: the device's large-
+    matmul ceiling, times the useful share of the tiles it computes (M, N and K padded to
+    whole tiles; the M x N tiles of a batch run in waves of `units` at a time)."""
+    m = 1.0
+    n = 1.0
+    batch = 1.0
+    for i in range(op.dims_start, op.dims_end):
+        size = dims[i].size / mesh[eff[op.result_type, dims[i].dim]].ways
+        if dims[i].role == DIM_BATCH:
+            batch *= size
+        elif dims[i].role == DIM_M:
+            m *= size
+        else:
+            n *= size
+    k = op.matmul_k / mesh[psum].ways
+    tiles = _tiles(m, dev.tile_m) * _tiles(n, dev.tile_n) * batch
+    waves = np.ceil(tiles / dev.units)
+    computed = waves * dev.units * dev.tile_m * dev.tile_n * _tiles(k, dev.tile_k) * dev.tile_k
+    return dev.matmul * m * n * batch * k / computed
 
 
 @njit(cache=True, inline="always")
@@ -117,8 +146,9 @@ def value_type_masks(plan, tables):
 
 
 @njit(cache=True, inline="always")
-def evaluate_types(plan, tables, mesh, memory_bandwidth):
+def evaluate_types(plan, tables, mesh, device):
     """Everything but the liveness sweep: per type, so cheap whatever the depth."""
+    dev = device[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
@@ -212,10 +242,13 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
                     ptime += t
                     _charge(coll, RS, rs, w, partial, t)
         flops = op.flops / mesh[res_mask | psum].ways
+        rate = op.peak
+        if op.matmul_k > 0.0:
+            rate *= _matmul_efficiency(op, tables.op_dims, eff, psum, mesh, dev)
         traffic = 0.0
         for i in range(op.io_start, op.io_end):
             traffic += tables.op_io[i].nbytes / mesh[vmask[tables.op_io[i].value_type]].ways
-        compute = max(flops / op.peak, traffic / memory_bandwidth) * w
+        compute = max(flops / rate, traffic / dev.memory_bandwidth) * w
         op_compute[p] = compute
         op_comm[p] = (gtime + ptime) * w
         totals[T_COMPUTE] += compute
@@ -265,7 +298,7 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
 
 
 @njit(cache=True)
-def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
+def run(plan, tables, mesh, device, memory, delta, old_vmask, fresh):
     """One plan, whole: (totals, collectives, per-op-type compute and communication s,
     value-type masks). plan, tables and memory: PlanArrays, TypeTables and MemoryTables as
     plain tuples (see _tables.py).
@@ -277,7 +310,7 @@ def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta = evaluate_types(
-        PlanArrays(*plan), tables, mesh, memory_bandwidth)
+        PlanArrays(*plan), tables, mesh, device)
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
         add_temps(delta, vmask, mesh, memory)

@@ -29,7 +29,7 @@ from . import _kernel
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
 from ._static import static_tables
-from ._tables import ALIAS, INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
+from ._tables import ALIAS, DEVICE, INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
 from ._types import build_types
 
 def cost_model(analysis, mesh, donate: bool = True, overlap: bool = False) -> "CostModel":
@@ -92,6 +92,9 @@ class CostModel:
                     cache[dt] = dev.peak_flops_for("float32")
             peak[op.id] = cache[dt]
         self.memory_bandwidth = float(dev.memory_bandwidth)
+        e = dev.efficiency
+        self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
+                                       self.memory_bandwidth)], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -193,7 +196,7 @@ class CostModel:
         fresh = delta is None
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
-        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.memory_bandwidth,
+        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
                            self._memory, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:

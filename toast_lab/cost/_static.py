@@ -24,6 +24,9 @@ from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
+# What a result dim of a matmul is to the hardware: a batch of independent matmuls, the rows
+# (M, from the lhs) or the columns (N, from the rhs) of one.
+DIM_BATCH, DIM_M, DIM_N = 0, 1, 2
 
 # Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
 _MOVEMENT = frozenset({
@@ -70,6 +73,7 @@ class Static:
     op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
     op_results: tuple           # per op: its result value ids
     op_is_region: np.ndarray    # [N] bool
+    op_matmul: tuple            # per op: None, or (K, ((result dim, DIM_*, size), ...))
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -110,6 +114,31 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def _matmul_shape(op, values):
+    """(K, ((result dim, role, size), ...)) of a dot_general or convolution: the contraction
+    length and what each result dim is to the matmul unit; None for other ops. A convolution
+    is an implicit GEMM: batch and spatial dims are rows, output features columns, and input
+    features (of one group) times the window the contraction."""
+    if op.body or not op.results:
+        return None
+    out = values[op.results[0]].shape
+    if op.primitive == "dot_general":
+        (lc, _), (lb, _) = op.params["dimension_numbers"]
+        lhs = values[op.operands[0]].shape
+        k = float(np.prod([lhs[d] for d in lc], dtype=np.float64))
+        n_lhs_free = len(lhs) - len(lc) - len(lb)
+        roles = [DIM_BATCH if e < len(lb) else DIM_M if e < len(lb) + n_lhs_free else DIM_N
+                 for e in range(len(out))]
+        return k, tuple((e, r, out[e]) for e, r in enumerate(roles))
+    if op.primitive == "conv_general_dilated":
+        _, rhs_spec, out_spec = op.params["dimension_numbers"]
+        rhs = values[op.operands[1]].shape
+        k = float(rhs[rhs_spec[1]]) * float(np.prod([rhs[d] for d in rhs_spec[2:]]))
+        return k, tuple((e, DIM_N if e == out_spec[1] else DIM_M, out[e])
+                        for e in range(len(out)))
+    return None
 
 
 def static_tables(an) -> Static:
@@ -207,6 +236,7 @@ def build_static(an) -> Static:
         operand_value=np.array(operand_value, np.int32),
         num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
+        op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),

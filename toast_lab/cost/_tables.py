@@ -5,7 +5,7 @@ its fields below) gathered in named tuples.
   groups, operand rows, operands, op types and shared reads. A type's list of members (an op's
   operands, a group's dims) is a contiguous run `[start, end)` of a member table.
 - `MemoryTables`: temporaries with their live ranges, arguments and outputs (liveness sweep).
-- `MESH`: one record per mesh-axis mask.
+- `MESH`: one record per mesh-axis mask; `DEVICE`: the device, one record.
 - `PlanArrays` (_plan_arrays.py): the plan.
 
 Python passes each named tuple to the kernel as a plain tuple, which numba's dispatcher types
@@ -38,10 +38,14 @@ ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, grou
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]).
 OPERAND = record(value_type=_I, start=_I, end=_I)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
-# dtype; result_type -1 when no result has dims; groups, io and operands are member runs.
+# dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
+# matmul_k > 0 for matmuls and convolutions: their contraction length, and dims (a run of
+# op_dims) says what each result dim is to the matmul unit.
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
-            operands_end=_I)
+            operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I)
+# A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
+OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op reads and writes (bytes 0 where XLA fuses the value away), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
 # An op's operands that are not shared reads: operand type and whole-tensor bytes.
@@ -70,6 +74,7 @@ class TypeTables(NamedTuple):
     op_groups: np.ndarray       # int64: the reduction groups of each op (indices into groups)
     op_io: np.ndarray           # OP_IO records
     op_operands: np.ndarray     # OP_OPERAND records
+    op_dims: np.ndarray         # OP_DIM records
     shared_values: np.ndarray   # SPAN records: the reads of each shared value
     shared_reads: np.ndarray    # SHARED_READ records
     num_ops: int
@@ -77,6 +82,9 @@ class TypeTables(NamedTuple):
 
 # One record per mesh-axis mask: devices, and the slowest link's bandwidth (B/s) and latency (s).
 MESH = record(ways=_F, bandwidth=_F, latency=_F)
+# The device, one record: its Efficiency (plan/_hardware.py) and HBM bandwidth (B/s).
+DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
+                memory_bandwidth=_F)
 # Temporaries: live over positions [start, end) of program order.
 TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
-    GROUP, GROUP_MEMBER, OP, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN, TypeTables,
+    GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
+    TypeTables,
 )
 
 _I, _F = np.int64, np.float64
@@ -165,7 +166,8 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
                tuple(sorted((int(value_type[v]), 0.0 if st.fused[v] else float(st.nbytes[v]))
                             for v in io_of_op[n])),
                tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]))
-                            for o in operands_of_op[n])))
+                            for o in operands_of_op[n])),
+               st.op_matmul[n] or (0.0, ()))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     keys = list(ptypes)
     count = np.bincount(op_type, minlength=len(keys)).astype(_F)
@@ -173,12 +175,15 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
     g_start, g_end, op_groups = _runs([k[2] for k in keys])
     io_start, io_end, io = _runs([k[6] for k in keys])
     o_start, o_end, opnds = _runs([k[7] for k in keys])
+    d_start, d_end, dims = _runs([k[8][1] for k in keys])
     ops = _records(OP, weight=count * column(4), count=count, flops=column(3), peak=column(5),
                    result_type=column(0, _I), result_nbytes=column(1), groups_start=g_start,
                    groups_end=g_end, io_start=io_start, io_end=io_end,
-                   operands_start=o_start, operands_end=o_end)
+                   operands_start=o_start, operands_end=o_end,
+                   matmul_k=[k[8][0] for k in keys], dims_start=d_start, dims_end=d_end)
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
+    op_dims = np.array(dims, OP_DIM)
 
     # --- shared reads -------------------------------------------------------------------------
     inst = np.nonzero(shared)[0]
@@ -198,6 +203,6 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
         conflict_class=np.array([c.class_id for c in an.conflicts], _I),
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
-        op_io=op_io, op_operands=op_operands, shared_values=shared_values,
+        op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, num_ops=N)
     return Types(value_type, op_type, tables)
