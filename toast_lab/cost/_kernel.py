@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from ._plan_arrays import PlanArrays
+from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE
 from ._static import DIM_BATCH, DIM_M, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, TypeTables
 
@@ -27,13 +28,22 @@ MAX_SHARDINGS = 16
 
 
 @njit(cache=True, inline="always")
-def _ring(nbytes, mask, mesh, factor):
-    """Seconds of `factor` ring passes of nbytes over the axes of `mask`."""
-    link = mesh[mask]
-    n = link.ways
-    if nbytes <= 0.0 or n <= 1.0:
+def _gather_time(nbytes, mask, mesh):
+    """Seconds of an all-gather producing, or a reduce-scatter consuming, a buffer of nbytes
+    per device over the axes of `mask` (an all-reduce is one of each)."""
+    cost = mesh[mask]
+    if nbytes <= 0.0 or cost.ways <= 1.0:
         return 0.0
-    return factor * ((n - 1.0) / n * nbytes / link.bandwidth + (n - 1.0) * link.latency)
+    return nbytes * cost.gather_beta + cost.gather_alpha
+
+
+@njit(cache=True, inline="always")
+def _a2a_time(nbytes, mask, mesh):
+    """Seconds of an all-to-all of a shard of nbytes per device over the axes of `mask`."""
+    cost = mesh[mask]
+    if nbytes <= 0.0 or cost.ways <= 1.0:
+        return 0.0
+    return nbytes * cost.a2a_beta + cost.gather_alpha
 
 
 @njit(cache=True, inline="always")
@@ -53,12 +63,12 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
     moved = 0.0
     if gather != 0:
         b = nbytes * mesh[gather].ways
-        t = _ring(b, gather, mesh, 1.0)
+        t = _gather_time(b, gather, mesh)
         seconds += t
         moved += b
         _charge(coll, AG, gather, weight, b, t)
     if a2a != 0:
-        t = _ring(nbytes, a2a, mesh, 1.0)
+        t = _a2a_time(nbytes, a2a, mesh)
         seconds += t
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t)
@@ -187,9 +197,18 @@ def evaluate_types(plan, tables, mesh, device):
             add |= added[operand_rows[i]]
         gather[o] = rem & ~add
         a2a[o] = rem & add
-    # Op types.
+    # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
+    op_psum = np.zeros(P, np.int64)
+    op_res = np.zeros(P, np.int64)
+    for p in range(P):
+        for i in range(ops[p].groups_start, ops[p].groups_end):
+            g = tables.op_groups[i]
+            if groups[g].is_reduction:
+                op_psum[p] |= consensus[g]
+        if ops[p].result_type >= 0:
+            op_res[p] = vmask[ops[p].result_type]
     op_compute = np.zeros(P)
     op_comm = np.zeros(P)
     gathered = np.zeros(P)
@@ -205,45 +224,39 @@ def evaluate_types(plan, tables, mesh, device):
             gtime += t
             gbytes += b
         gathered[p] = gbytes
-        psum = 0
-        for i in range(op.groups_start, op.groups_end):
-            g = tables.op_groups[i]
-            if groups[g].is_reduction:
-                psum |= consensus[g]
-        res_mask = 0
-        if op.result_type >= 0:
-            res_mask = vmask[op.result_type]
+        psum = op_psum[p]
+        res_mask = op_res[p]
         ptime = 0.0
-        if psum != 0:
-            # One collective per sharded contraction factor, as XLA emits them: a weight
-            # gradient contracted over batch (on `data`) and sequence (on `model`) is reduced
-            # over `data`, then over `model`.
+        lead = op.sum_leader
+        if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
+            # (an op whose partial sums are added to its leader's, sharded alike, is reduced
+            # there, once: XLA's AllReduceReassociate)
             result_bytes = op.result_nbytes / mesh[res_mask].ways
             partial = result_bytes * mesh[psum & res_mask].ways
             # before a reduce-scatter the partial sums are whole on the scattered dims: a
             # temporary larger than the result, at this op
             gathered[p] += partial - result_bytes
-            done = 0
-            for i in range(op.groups_start, op.groups_end):
-                g = tables.op_groups[i]
-                m = consensus[g]
-                if not groups[g].is_reduction or m == 0 or m & done == m:
-                    continue
-                m &= ~done
-                done |= m
-                rs = m & res_mask
-                ar = m & ~res_mask
-                if ar != 0:
-                    t = _ring(partial, ar, mesh, 2.0)
-                    ptime += t
-                    _charge(coll, AR, ar, w, partial, t)
-                if rs != 0:
-                    t = _ring(partial, rs, mesh, 1.0)
-                    ptime += t
-                    _charge(coll, RS, rs, w, partial, t)
+            # Reduce-scatter over the axes the result is sharded on, then all-reduce only the
+            # shard over the others (the gradient over a slow data-parallel axis), as NCCL's
+            # and XLA's hierarchical reductions do.
+            rs = psum & res_mask
+            ar = psum & ~res_mask
+            if rs != 0:
+                t = _gather_time(partial, rs, mesh)
+                ptime += t
+                _charge(coll, RS, rs, w, partial, t)
+            if ar != 0:
+                shard = partial / mesh[rs].ways
+                t = 2.0 * _gather_time(shard, ar, mesh)
+                ptime += t
+                _charge(coll, AR, ar, w, shard, t)
         flops = op.flops / mesh[res_mask | psum].ways
         rate = op.peak
-        if op.matmul_k > 0.0:
+        if op.kernel == KERNEL_ATTENTION:
+            rate *= dev.attention / op.flop_scale
+        elif op.kernel == KERNEL_INSIDE:
+            rate = np.inf  # runs inside a fused kernel, charged with its matmuls
+        elif op.matmul_k > 0.0:
             rate *= _matmul_efficiency(op, tables.op_dims, eff, psum, mesh, dev)
         traffic = 0.0
         for i in range(op.io_start, op.io_end):

@@ -26,10 +26,12 @@ import numpy as np
 from ..plan import Plan, donated_arguments
 from ..program import state_inputs
 from . import _kernel
+from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
 from ._static import static_tables
-from ._tables import ALIAS, DEVICE, INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
+from ._fusion import fused_live_ends, memory_traffic
+from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables
 from ._types import build_types
 
 def cost_model(analysis, mesh, donate: bool = True, overlap: bool = False) -> "CostModel":
@@ -61,22 +63,10 @@ class CostModel:
     def _mesh_tables(self, mesh):
         names = tuple(mesh.axis_names)
         self.axis_bit = axis_bits(mesh)
-        n = 1 << len(names)
-        ways = np.ones(n, np.float64)
-        bandwidth = np.full(n, np.inf)
-        latency = np.zeros(n)
-        for m in range(1, n):
-            for i, a in enumerate(names):
-                if m >> i & 1:
-                    link = mesh.link(a)
-                    ways[m] *= mesh.axis_size(a)
-                    bandwidth[m] = min(bandwidth[m], link.bandwidth)
-                    latency[m] = max(latency[m], link.latency)
-        self.mesh_table = np.zeros(n, MESH)
-        self.mesh_table["ways"], self.mesh_table["bandwidth"] = ways, bandwidth
-        self.mesh_table["latency"] = latency
-        self.ways = ways
-        self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1) for m in range(n)]
+        self.mesh_table, self.axis_shares = collective_costs(mesh)
+        self.ways = self.mesh_table["ways"]
+        self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1)
+                          for m in range(len(self.ways))]
 
     def _device_tables(self, an, mesh):
         prog, st = an.program, self.st
@@ -103,13 +93,22 @@ class CostModel:
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-        self.ty = build_types(st, an, peak)
+        # Fusion follows the device's compiler: attention kernels fuse on GPUs and TPUs.
+        fused, kernel = st.fused, np.zeros(st.num_ops, np.int8)
+        if dev.fuses_attention:
+            fused, kernel = st.fused | st.attention_inside, st.op_kernel
+        self.fused = fused
+        leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
+            np.full(st.num_ops, -1, np.int64)
+        self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
+                              st.op_flop_scale, leaders)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.
-        temp = np.nonzero(~st.is_input & ~st.is_output & ~st.fused & (st.nbytes > 0))[0]
+        temp = np.nonzero(~st.is_input & ~st.is_output & ~fused & (st.nbytes > 0))[0]
         temps = np.zeros(len(temp), TEMP)
-        temps["start"], temps["end"] = st.live_start[temp], st.live_end[temp]
+        live_end = fused_live_ends(prog, st.live_end, fused)
+        temps["start"], temps["end"] = st.live_start[temp], live_end[temp]
         temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))

@@ -22,28 +22,12 @@ import numpy as np
 
 from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+from ._fusion import MOVEMENT, attention_kernels, fused_values
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
 # What a result dim of a matmul is to the hardware: a batch of independent matmuls, the rows
 # (M, from the lhs) or the columns (N, from the rhs) of one.
 DIM_BATCH, DIM_M, DIM_N = 0, 1, 2
-
-# Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
-_MOVEMENT = frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
-    "copy", "rev", "iota", "select_n", "clamp", "concatenate", "pad", "slice",
-    "dynamic_slice", "dynamic_update_slice", "stop_gradient", "reduce_precision",
-    "sharding_constraint", "integer_pow", "square", "pow",
-})
-_NOT_FUSIBLE = frozenset({
-    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter-mul",
-    "scatter-min", "scatter-max", "scatter-sub", "sort", "top_k", "cumsum", "cumprod",
-    "cummax", "cummin", "cumlogsumexp", "argmax", "argmin", "scan", "while", "cond",
-    "custom_linear_solve", "rng_bit_generator", "threefry2x32", "optimization_barrier",
-    "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",
-    "select_and_scatter_add", "select_and_gather_add",
-})
-
 
 @dataclass(frozen=True, eq=False)
 class Static:
@@ -51,7 +35,8 @@ class Static:
     width: int                  # D: the largest rank
     slot_class: np.ndarray      # [V, D] int32
     nbytes: np.ndarray          # [V] float64, whole-tensor bytes
-    fused: np.ndarray           # [V] bool: an intermediate XLA would fuse away
+    fused: np.ndarray           # [V] bool: an elementwise intermediate XLA fuses away
+    attention_inside: np.ndarray  # [V] bool: a score-shaped value of a fused attention kernel
     # rows
     row_op: np.ndarray          # [R] int32
     row_value: np.ndarray       # [R] int32
@@ -82,8 +67,9 @@ class Static:
     input_values: np.ndarray    # [I] int32
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
-    io_op: np.ndarray           # every (op, value with dims) an op reads or writes
-    io_val: np.ndarray
+    op_sum_leader: np.ndarray   # [N] int: the op that reduces this op's partial sums (-1: itself)
+    op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
+    op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
 
 def _flops(op, values) -> float:
@@ -102,7 +88,7 @@ def _flops(op, values) -> float:
         rhs_spec = dn.rhs_spec  # (out feature, in feature, *spatial)
         window = size(tuple(rhs[d] for d in rhs_spec[2:]))
         return 2.0 * size(out[0]) * window * rhs[rhs_spec[1]]
-    if name in _MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
+    if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
                                      "broadcast_in_dim", "iota", "rng_bit_generator"):
         return 0.0
     if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
@@ -216,17 +202,12 @@ def build_static(an) -> Static:
     is_input = np.array([v.origin == INPUT for v in values])
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
-    fused = _fused(prog, an)
-    io_op, io_val = [], []
-    for op in ops:
-        if not op.body:
-            for v in sorted(set(op.operands) | set(op.results)):
-                if values[v].ndim:
-                    io_op.append(op.id)
-                    io_val.append(v)
+    fused = fused_values(prog)
+    attention_inside, op_kernel, op_flop_scale = attention_kernels(prog)
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
+        attention_inside=attention_inside,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
         row_src_dim=arr("src_dim"), row_group=arr("group"),
@@ -240,8 +221,9 @@ def build_static(an) -> Static:
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes, io_op=np.array(io_op, np.int32),
-        io_val=np.array(io_val, np.int32))
+        value_classes=an.value_classes, op_kernel=op_kernel, op_flop_scale=op_flop_scale,
+        op_sum_leader=_sum_leaders(prog, {group_op[g] for g in range(len(group_op))
+                                          if group_is_reduction[g]}))
 
 
 def _liveness(prog):
@@ -272,22 +254,57 @@ def _liveness(prog):
     return start, end
 
 
-def _fused(prog, an) -> np.ndarray:
-    """Values XLA would not write to memory: made by a fusible op and read by exactly one
-    fusible op (or a reduction, which takes elementwise producers as an input fusion)."""
+# Ops a partial sum passes through unchanged in value (up to layout and precision).
+_LINEAR = frozenset({"convert_element_type", "reshape", "transpose", "squeeze", "expand_dims",
+                     "copy"})
+
+
+def _sum_leaders(prog, reducers) -> np.ndarray:
+    """[N]: for an op leaving partial sums that are only added to other such ops' (q, k and v
+    input gradients, add_any of a tied weight's gradients), the last op of that sum: XLA adds
+    the partial sums and reduces once there (AllReduceReassociate). -1 elsewhere."""
     values, ops = prog.values, prog.ops
-    fused = np.zeros(len(values), bool)
-    outputs = set(prog.outputs)
-    for v in values:
-        if v.producer == NO_OP or v.id in outputs or v.ndim == 0:
+    parent = {}
+
+    def find(i):
+        while parent.get(i, i) != i:
+            i = parent[i]
+        return i
+
+    def sources(v):
+        """The reducers whose partial sums reach v through single-reader linear ops and adds."""
+        p = values[v].producer
+        if p == NO_OP:
+            return None
+        op = ops[p]
+        if p in reducers:
+            return [p]
+        if op.primitive in _LINEAR or op.primitive in ("add", "add_any"):
+            found = []
+            for u in op.operands:
+                if len(prog.users(u)) != 1:
+                    return None
+                more = sources(u)
+                if more is None:
+                    return None
+                found += more
+            return found
+        return None
+
+    for op in ops:
+        if op.primitive not in ("add", "add_any") or op.body:
             continue
-        op = ops[v.producer]
-        if op.body or op.primitive in _NOT_FUSIBLE or v.id not in op.results:
-            continue
-        users = prog.users(v.id)
-        # One reader: XLA fuses the producer into it. With several readers it usually keeps
-        # the value (it duplicates only the cheapest producers), so we count it.
-        if len(users) == 1 and not ops[users[0]].body and \
-                ops[users[0]].primitive not in _NOT_FUSIBLE and ops[users[0]].region == op.region:
-            fused[v.id] = True
-    return fused
+        found = sources(op.results[0])
+        if found and len(found) > 1:
+            root = find(found[0])
+            for q in found[1:]:
+                parent[find(q)] = root
+    leader = np.full(len(ops), -1, np.int64)
+    members: dict[int, list[int]] = {}
+    for q in parent:
+        members.setdefault(find(q), []).append(q)
+    for root, group in members.items():
+        group = sorted(set(group) | {root})
+        for q in group[:-1]:
+            leader[q] = group[-1]
+    return leader

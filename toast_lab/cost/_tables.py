@@ -40,13 +40,16 @@ OPERAND = record(value_type=_I, start=_I, end=_I)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
 # dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
 # matmul_k > 0 for matmuls and convolutions: their contraction length, and dims (a run of
-# op_dims) says what each result dim is to the matmul unit.
+# op_dims) says what each result dim is to the matmul unit; kernel: _fusion.KERNEL_* (a fused
+# attention's matmul, or an op inside such a kernel), flop_scale the share of flops it runs;
+# sum_leader: the op type that reduces this one's partial sums with its own (-1: none).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
-            operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I)
+            operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
+            flop_scale=_F, sum_leader=_I)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
-# What an op reads and writes (bytes 0 where XLA fuses the value away), by value type.
+# What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
 # An op's operands that are not shared reads: operand type and whole-tensor bytes.
 OP_OPERAND = record(operand_type=_I, nbytes=_F)
@@ -80,8 +83,10 @@ class TypeTables(NamedTuple):
     num_ops: int
 
 
-# One record per mesh-axis mask: devices, and the slowest link's bandwidth (B/s) and latency (s).
-MESH = record(ways=_F, bandwidth=_F, latency=_F)
+# One record per mesh-axis mask: its devices, and what a collective over its axes costs
+# (_collectives.py): seconds per byte of the whole buffer of an all-gather or reduce-scatter,
+# their latency (s), and seconds per byte of a device's shard in an all-to-all.
+MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F)
 # The device, one record: its Efficiency (plan/_hardware.py) and HBM bandwidth (B/s).
 DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
                 memory_bandwidth=_F)

@@ -35,6 +35,9 @@ import numpy as np
 
 GiB = 2**30
 
+# The XLA backends a device can have.
+PLATFORMS = ("gpu", "tpu", "cpu")
+
 # The dtype names every preset must state a rate for.
 REQUIRED_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -145,8 +148,8 @@ class DeviceSpec:
         share each device's links.
     torus_wrap: the smallest torus side with wraparound links; a shorter ring is a line, with
         half the bandwidth.
-    reassociates_all_reduce: XLA for this device adds partial sums before reducing them
-        (AllReduceReassociate runs in the GPU and TPU pipelines, not in XLA:CPU's).
+    platform: "gpu", "tpu" or "cpu": the XLA backend that compiles for it, whose passes the
+        cost model follows (see `reassociates_all_reduce`, `fuses_attention`).
     """
 
     name: str
@@ -160,9 +163,12 @@ class DeviceSpec:
     efficiency: Efficiency = IDEAL
     torus_dims: int = 0
     torus_wrap: int = 0
-    reassociates_all_reduce: bool = True
+    platform: str = "gpu"
 
     def __post_init__(self) -> None:
+        if self.platform not in PLATFORMS:
+            raise ValueError(f"DeviceSpec {self.name!r}: platform must be one of {PLATFORMS}, "
+                             f"got {self.platform!r}.")
         flops = {_canonical_dtype_name(k): float(v) for k, v in dict(self.peak_flops).items()}
         missing = [d for d in REQUIRED_DTYPES if d not in flops]
         if missing:
@@ -198,7 +204,7 @@ class DeviceSpec:
                 self.efficiency,
                 self.torus_dims,
                 self.torus_wrap,
-                self.reassociates_all_reduce,
+                self.platform,
             )
         )
 
@@ -218,9 +224,21 @@ class DeviceSpec:
                 self.efficiency,
                 self.torus_dims,
                 self.torus_wrap,
-                self.reassociates_all_reduce,
+                self.platform,
             ),
         )
+
+    @property
+    def reassociates_all_reduce(self) -> bool:
+        """XLA adds partial sums before reducing them (AllReduceReassociate runs in the GPU and
+        TPU pipelines; XLA:CPU's has no such pass and decomposes reduce-scatters)."""
+        return self.platform != "cpu"
+
+    @property
+    def fuses_attention(self) -> bool:
+        """jax.nn.dot_product_attention runs as one flash-attention kernel (cuDNN on GPUs; a
+        Pallas kernel such as splash on TPUs); XLA:CPU runs its ops unfused."""
+        return self.platform != "cpu"
 
     def __repr__(self) -> str:
         return (
@@ -349,6 +367,7 @@ def _tpu(
                               collectives=0.82),
         torus_dims=torus_dims,
         torus_wrap=torus_wrap,
+        platform="tpu",
     )
 
 
@@ -577,7 +596,7 @@ CPU = DeviceSpec(
     "(--xla_force_host_platform_device_count): a few cores' worth of SIMD per device, a share "
     "of DRAM bandwidth, and memcpy-speed links; every simulated device is on one node. "
     "XLA:CPU adds no partial sums across collectives (no AllReduceReassociate in its pipeline).",
-    reassociates_all_reduce=False,
+    platform="cpu",
 )
 
 _PRESETS = (TPU_V4, TPU_V5E, TPU_V5P, TPU_V6E, A100_80GB, H100_80GB, H100_96GB, H200, B200,
