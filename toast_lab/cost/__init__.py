@@ -10,15 +10,17 @@ plan a decision at a time.
 from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._model import CostModel, IncrementalEstimator, cost_model
+from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
-def estimate(analysis, plan, mesh, donate: bool = True, overlap: bool = False) -> Estimate:
+def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> Estimate:
     """Step time and peak memory per device of `plan` on `mesh` (see CostModel). donate: the
-    step donates its training state, as plan.jit does by default."""
+    step donates its training state, as plan.jit does by default; overlap: how communication
+    and compute add up (OVERLAP_MODES)."""
     return cost_model(analysis, mesh, donate, overlap).estimate(plan)
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "COLLECTIVE_KINDS", "PlanArrays", "axis_bits", "plan_arrays"]
+           "CollectiveCost", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
+           "plan_arrays"]

@@ -17,12 +17,14 @@ from numba import njit
 from ._plan_arrays import PlanArrays
 from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE
 from ._static import DIM_BATCH, DIM_M, ROW_GROUP, ROW_RESULT
-from ._tables import MemoryTables, TypeTables
+from ._tables import MemoryTables, ScheduleTables, TypeTables
 
 AR, AG, RS, A2A = 0, 1, 2, 3
-# totals[...] layout
-T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE = range(8)
-NUM_TOTALS = 8
+# totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
+# them (see `schedule`), T_EXPOSED the communication it leaves on the critical path.
+T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE, T_SCHEDULED, T_EXPOSED, \
+    T_FLOPS_ONCE = range(11)
+NUM_TOTALS = 11
 # The most distinct shardings one shared value is gathered to (more are charged, not kept).
 MAX_SHARDINGS = 16
 
@@ -83,13 +85,16 @@ def _tiles(size, tile):
 @njit(cache=True, inline="always")
 def _matmul_efficiency(op, dims, eff, psum, mesh, dev):
     """The fraction of peak a matmul reaches at its per-device shape: the device's large-
-    matmul ceiling, times the useful share of the tiles it computes (M, N and K padded to
-    whole tiles; the M x N tiles of a batch run in waves of `units` at a time)."""
+    matmul ceiling, times the useful share of the blocks it computes. M, N and K are padded
+    to whole tiles, and the tile x K-step blocks run in waves of `units` at a time: Hopper's
+    cuBLAS and CUTLASS split K across SMs when M x N has too few tiles (stream-K, Osama et al.
+    2023, arXiv 2301.03598). Before a reduce-scatter the partial result is whole on the
+    scattered dims, so those count whole."""
     m = 1.0
     n = 1.0
     batch = 1.0
     for i in range(op.dims_start, op.dims_end):
-        size = dims[i].size / mesh[eff[op.result_type, dims[i].dim]].ways
+        size = dims[i].size / mesh[eff[op.result_type, dims[i].dim] & ~psum].ways
         if dims[i].role == DIM_BATCH:
             batch *= size
         elif dims[i].role == DIM_M:
@@ -97,9 +102,9 @@ def _matmul_efficiency(op, dims, eff, psum, mesh, dev):
         else:
             n *= size
     k = op.matmul_k / mesh[psum].ways
-    tiles = _tiles(m, dev.tile_m) * _tiles(n, dev.tile_n) * batch
-    waves = np.ceil(tiles / dev.units)
-    computed = waves * dev.units * dev.tile_m * dev.tile_n * _tiles(k, dev.tile_k) * dev.tile_k
+    blocks = _tiles(m, dev.tile_m) * _tiles(n, dev.tile_n) * batch * _tiles(k, dev.tile_k)
+    waves = np.ceil(blocks / dev.units)
+    computed = waves * dev.units * dev.tile_m * dev.tile_n * dev.tile_k
     return dev.matmul * m * n * batch * k / computed
 
 
@@ -212,18 +217,31 @@ def evaluate_types(plan, tables, mesh, device):
     op_compute = np.zeros(P)
     op_comm = np.zeros(P)
     gathered = np.zeros(P)
+    # per execution of each op type: operand reshards of early values (prefetchable), of
+    # others, and the reduction of its partial sums after it
+    pre_early = np.zeros(P)
+    pre_late = np.zeros(P)
+    post = np.zeros(P)
+    reduced = np.zeros(P)
     for p in range(P):
         op = ops[p]
         w = op.weight
         gtime = 0.0
         gbytes = 0.0
         for i in range(op.operands_start, op.operands_end):
-            ot = tables.op_operands[i].operand_type
-            pdb = tables.op_operands[i].nbytes / mesh[vmask[operands[ot].value_type]].ways
+            member = tables.op_operands[i]
+            ot = member.operand_type
+            pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
             t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh)
             gtime += t
             gbytes += b
+            if member.early:
+                pre_early[p] += t
+            else:
+                pre_late[p] += t
         gathered[p] = gbytes
+        if op.workspace > 0.0:
+            gathered[p] += op.workspace / mesh[vmask[op.workspace_type]].ways
         psum = op_psum[p]
         res_mask = op_res[p]
         ptime = 0.0
@@ -236,20 +254,34 @@ def evaluate_types(plan, tables, mesh, device):
             # before a reduce-scatter the partial sums are whole on the scattered dims: a
             # temporary larger than the result, at this op
             gathered[p] += partial - result_bytes
-            # Reduce-scatter over the axes the result is sharded on, then all-reduce only the
-            # shard over the others (the gradient over a slow data-parallel axis), as NCCL's
-            # and XLA's hierarchical reductions do.
-            rs = psum & res_mask
-            ar = psum & ~res_mask
-            if rs != 0:
-                t = _gather_time(partial, rs, mesh)
-                ptime += t
-                _charge(coll, RS, rs, w, partial, t)
-            if ar != 0:
-                shard = partial / mesh[rs].ways
-                t = 2.0 * _gather_time(shard, ar, mesh)
-                ptime += t
-                _charge(coll, AR, ar, w, shard, t)
+            # One collective per sharded contraction factor, as XLA emits them (a weight
+            # gradient contracted over batch on `data` and sequence on `model` is reduced over
+            # `data`, then over `model`); the reduce-scatters over the axes the result is
+            # sharded on first, so that the all-reduces over the others (a slow data-parallel
+            # axis) carry only the shard, as NCCL's and XLA's hierarchical reductions do.
+            size = partial
+            done = 0
+            for scatter in (True, False):
+                for i in range(op.groups_start, op.groups_end):
+                    g = tables.op_groups[i]
+                    if not groups[g].is_reduction:
+                        continue
+                    m = consensus[g] & ~done & (res_mask if scatter else ~res_mask)
+                    if m == 0:
+                        continue
+                    done |= m
+                    if scatter:
+                        t = _gather_time(size, m, mesh)
+                        _charge(coll, RS, m, w, size, t)
+                        if dev.reduce_scatter:
+                            size /= mesh[m].ways
+                        else:  # XLA:CPU: an all-reduce of it all, then a slice
+                            reduced[p] += size
+                    else:
+                        t = 2.0 * _gather_time(size, m, mesh)
+                        _charge(coll, AR, m, w, size, t)
+                        reduced[p] += size  # the all-reduce writes a new buffer
+                    ptime += t
         flops = op.flops / mesh[res_mask | psum].ways
         rate = op.peak
         if op.kernel == KERNEL_ATTENTION:
@@ -264,12 +296,16 @@ def evaluate_types(plan, tables, mesh, device):
         compute = max(flops / rate, traffic / dev.memory_bandwidth) * w
         op_compute[p] = compute
         op_comm[p] = (gtime + ptime) * w
+        post[p] = ptime
         totals[T_COMPUTE] += compute
         totals[T_COMM] += op_comm[p]
         totals[T_FLOPS] += flops * w
+        totals[T_FLOPS_ONCE] += flops * op.count
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     gdelta = np.zeros(tables.num_ops + 2)
+    pos_early = np.zeros(tables.num_ops)
+    pos_late = np.zeros(tables.num_ops)
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
@@ -297,6 +333,10 @@ def evaluate_types(plan, tables, mesh, device):
             t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
             op_comm[read.op_type] += t * read.trip
             totals[T_COMM] += t * read.trip
+            if read.early:
+                pos_early[read.position] += t
+            else:
+                pos_late[read.position] += t
             if nk < MAX_SHARDINGS:
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
@@ -307,14 +347,82 @@ def evaluate_types(plan, tables, mesh, device):
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
-    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta
+    reshards = (pre_early, pre_late, post, pos_early, pos_late)
+    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced
+
+
+@njit(cache=True, inline="always")
+def schedule(sched, ops, op_compute, reshards):
+    """The step's length with collectives overlapping compute the way XLA's latency-hiding
+    scheduler runs them: asynchronously, one at a time on a communication stream, each
+    started as soon as its data and the stream allow.
+
+    - A reshard of a value known before any compute (a parameter: FSDP's all-gathers) is
+      prefetched: it starts as soon as the stream is free (XLA's latency-hiding scheduler
+      moves such collectives as early as its memory limit allows; that limit is not modelled).
+    - A reshard of a computed value starts once the op making it has finished.
+    - An op waits for its operands' reshards; a reduction of partial sums (a gradient's
+      reduce-scatter or all-reduce) starts after its op and is waited for only by the first
+      op reading the result (the optimizer, for a gradient), so later compute hides it.
+    - A loop body is walked twice: the first iteration, then one in the steady state (whose
+      prefetches overlap the iteration before), which stands for the remaining ones.
+    Returns the step's seconds.
+    """
+    pre_early, pre_late, post, pos_early, pos_late = reshards
+    N = sched.op_type.shape[0]
+    finish = np.zeros(N)
+    wait = np.zeros(N + 1)
+    clock = 0.0     # when the next op may start
+    stream = 0.0    # when the communication stream is free
+    loop_start = 0      # the first op of the loop body being walked
+    second = False      # walking its steady-state iteration
+    loop_clock = 0.0
+    loop_stream = 0.0
+    n = 0
+    while n < N:
+        p = sched.op_type[n]
+        if sched.body_first[n] and not second:
+            loop_start = n
+        if wait[n] > clock:
+            clock = wait[n]
+        start = clock
+        t = pre_early[p] + pos_early[n]
+        if t > 0.0:
+            stream += t
+            start = max(start, stream)
+        t = pre_late[p] + pos_late[n]
+        if t > 0.0:
+            r = sched.ready[n]
+            stream = max(stream, finish[r] if r >= 0 else 0.0) + t
+            start = max(start, stream)
+        w = ops[p].weight
+        clock = start + (op_compute[p] / w if w > 0.0 else 0.0)
+        finish[n] = clock
+        if post[p] > 0.0:
+            stream = max(stream, clock) + post[p]
+            d = sched.deadline[n]
+            if stream > wait[d]:
+                wait[d] = stream
+        trip = sched.body_last_trip[n]
+        if trip > 1.0:
+            if not second:  # walk the body again, in the steady state
+                second = True
+                loop_clock = clock
+                loop_stream = stream
+                n = loop_start
+                continue
+            second = False
+            clock = loop_clock + (clock - loop_clock) * (trip - 1.0)
+            stream = max(stream, loop_stream + (stream - loop_stream) * (trip - 1.0))
+        n += 1
+    return max(clock, wait[N], stream)
 
 
 @njit(cache=True)
-def run(plan, tables, mesh, device, memory, delta, old_vmask, fresh):
+def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     """One plan, whole: (totals, collectives, per-op-type compute and communication s,
     value-type masks). plan, tables and memory: PlanArrays, TypeTables and MemoryTables as
-    plain tuples (see _tables.py).
+    plain tuples (see _tables.py), and sched a ScheduleTables.
 
     fresh: size the temporaries from scratch (delta and old_vmask are not read). Otherwise
     delta holds the live-range deltas of the temporaries sized under `old_vmask`; they are
@@ -322,16 +430,44 @@ def run(plan, tables, mesh, device, memory, delta, old_vmask, fresh):
     """
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
-    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta = evaluate_types(
-        PlanArrays(*plan), tables, mesh, device)
+    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
+        evaluate_types(PlanArrays(*plan), tables, mesh, device)
+    step = schedule(ScheduleTables(*sched), tables.ops, op_compute, reshards)
+    totals[T_SCHEDULED] = step
+    totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
         add_temps(delta, vmask, mesh, memory)
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
-    totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
-    arguments_and_outputs(totals, eff, vmask, mesh, memory)
+    reduced_buffers(gdelta, gathered, reduced, memory)
+    free = np.zeros(tables.num_ops + 2)
+    arguments_and_outputs(totals, eff, vmask, mesh, memory, free)
+    totals[T_TEMP] = peak_live(delta, gdelta, free, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
+
+
+@njit(cache=True, inline="always")
+def reduced_buffers(gdelta, gathered, reduced, memory):
+    """An all-reduce writes its result to a new buffer, its input (the partial sums) still
+    live. XLA:CPU combines every all-reduce of the step into one, after the last: each
+    op's partial sums stay live until then; elsewhere (GPU, TPU) both buffers meet at the op."""
+    last = -1
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            if memory.combine_all_reduces:
+                span = memory.instances_by_type[p]
+                last = max(last, memory.instances[span.end - 1])
+            else:
+                gathered[p] += reduced[p]
+    if last < 0:
+        return
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                gdelta[memory.instances[i]] += reduced[p]
+                gdelta[last + 1] -= reduced[p]
 
 
 @njit(cache=True)
@@ -365,20 +501,26 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
 
 
 @njit(cache=True, inline="always")
-def peak_live(delta, gdelta, gathered, op_type):
-    """The largest live temporary bytes at any op, gathered buffers included."""
+def peak_live(delta, gdelta, free, gathered, op_type):
+    """The largest live temporary bytes at any op, gathered buffers included, less the output
+    buffers not yet written there (XLA's buffer assignment places temporaries in them)."""
     live = 0.0
+    unwritten = 0.0
     peak = 0.0
     for n in range(op_type.shape[0]):
         live += delta[n] + gdelta[n]
-        here = live + gathered[op_type[n]]
+        unwritten += free[n]
+        here = live + gathered[op_type[n]] - unwritten
         if here > peak:
             peak = here
     return peak
 
 
 @njit(cache=True, inline="always")
-def arguments_and_outputs(totals, eff, vmask, mesh, memory):
+def arguments_and_outputs(totals, eff, vmask, mesh, memory, free):
+    """Argument, output, state and aliased bytes into totals; into `free`, the deltas of the
+    output space not yet written (an output's buffer is free from the start until the op
+    that writes it, unless a donated argument holds it)."""
     arg = 0.0
     state = 0.0
     for i in range(memory.inputs.shape[0]):
@@ -388,12 +530,7 @@ def arguments_and_outputs(totals, eff, vmask, mesh, memory):
             state += b
     out = 0.0
     outputs = memory.outputs
-    for i in range(outputs.shape[0]):
-        out += outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
-    totals[T_ARG] = arg
-    # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
-    totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
-    totals[T_STATE] = state
+    aliased = np.zeros(outputs.shape[0], np.bool_)
     # a donated buffer holds its output where both are sharded alike, dim for dim
     alias = 0.0
     for i in range(memory.aliases.shape[0]):
@@ -404,4 +541,15 @@ def arguments_and_outputs(totals, eff, vmask, mesh, memory):
                 same = False
         if same:
             alias += pair.nbytes / mesh[vmask[pair.input_type]].ways
+            aliased[pair.output] = True
+    for i in range(outputs.shape[0]):
+        b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
+        out += b
+        if not aliased[i] and outputs[i].position > 0:
+            free[0] += b
+            free[outputs[i].position] -= b
+    totals[T_ARG] = arg
+    # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
+    totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
+    totals[T_STATE] = state
     totals[T_ALIAS] = alias

@@ -31,12 +31,27 @@ from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
 from ._static import static_tables
 from ._fusion import fused_live_ends, memory_traffic
-from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables
+from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
 from ._types import build_types
 
-def cost_model(analysis, mesh, donate: bool = True, overlap: bool = False) -> "CostModel":
+# How communication and compute add up: "scheduled" overlaps collectives with compute the way
+# XLA's scheduler runs them (_kernel.schedule), "none" adds them, "perfect" takes their max.
+OVERLAP_MODES = ("scheduled", "none", "perfect")
+
+
+def overlap_mode(overlap) -> str:
+    """One of OVERLAP_MODES; True and False mean "perfect" and "none" (the old switch)."""
+    if overlap is True or overlap is False:
+        return "perfect" if overlap else "none"
+    if overlap not in OVERLAP_MODES:
+        raise ValueError(f"overlap={overlap!r}: choose one of {OVERLAP_MODES}")
+    return overlap
+
+
+def cost_model(analysis, mesh, donate: bool = True, overlap="scheduled") -> "CostModel":
     """The CostModel of `analysis` on `mesh`, built once and kept with the analysis (the Lab's
     UI and search threads share it; building is thread-safe)."""
+    overlap = overlap_mode(overlap)
     return analysis.derived(("cost.model", mesh, donate, overlap),
                             lambda: CostModel(analysis, mesh, donate=donate, overlap=overlap))
 
@@ -46,14 +61,15 @@ class CostModel:
 
     donate: the step donates its training-state arguments, as training loops and plan.jit do
         (XLA writes the new state into their buffers); False keeps both copies.
-    overlap: communication overlaps compute perfectly (step = max) instead of adding up.
+    overlap: "scheduled" (collectives overlap compute as XLA schedules them), "none" (they add
+        up) or "perfect" (step = max of the two); see OVERLAP_MODES.
     """
 
-    def __init__(self, analysis, mesh, donate: bool = True, overlap: bool = False):
+    def __init__(self, analysis, mesh, donate: bool = True, overlap="scheduled"):
         self.analysis = analysis
         self.mesh = mesh
         self.donate = donate
-        self.overlap = overlap
+        self.overlap = overlap_mode(overlap)
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
@@ -84,7 +100,7 @@ class CostModel:
         self.memory_bandwidth = float(dev.memory_bandwidth)
         e = dev.efficiency
         self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
-                                       self.memory_bandwidth)], DEVICE)
+                                       self.memory_bandwidth, dev.platform != "cpu")], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -100,8 +116,10 @@ class CostModel:
         self.fused = fused
         leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
+        # workspace XLA:CPU allocates inside ops (other compilers' kernels need none here)
+        workspace = st.op_workspace if dev.platform == "cpu" else np.zeros(st.num_ops)
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
-                              st.op_flop_scale, leaders)
+                              st.op_flop_scale, leaders, workspace)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.
@@ -121,17 +139,29 @@ class CostModel:
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
+        outputs["position"] = [max(prog.values[v].producer, 0) for v in outs]
         pairs = _aliases(prog) if self.donate else []
         aliases = np.zeros(len(pairs), ALIAS)
-        for i, (u, v) in enumerate(pairs):
-            aliases[i] = (ty.value_type[u], ty.value_type[v], st.nbytes[u])
+        for i, (u, o) in enumerate(pairs):
+            aliases[i] = (ty.value_type[u], ty.value_type[outs[o]], st.nbytes[u], o)
+        # the instances of each op type, in program order
+        counts = np.bincount(ty.op_type, minlength=len(ty.tables.ops))
+        ends = np.cumsum(counts)
+        instances_by_type = np.zeros(len(counts), SPAN)
+        instances_by_type["start"], instances_by_type["end"] = ends - counts, ends
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
             op_type=ty.op_type, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
-            inputs=inputs, outputs=outputs, aliases=aliases)
+            inputs=inputs, outputs=outputs, aliases=aliases,
+            instances_by_type=instances_by_type,
+            instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
+            combine_all_reduces=dev.platform == "cpu")
         self._memory = tuple(self.memory)
+        self._schedule = tuple(ScheduleTables(
+            op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
+            body_first=st.body_first, body_last_trip=st.body_last_trip))
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
@@ -156,7 +186,13 @@ class CostModel:
         arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
         temp, alias = float(totals[_kernel.T_TEMP]), float(totals[_kernel.T_ALIAS])
         state = float(totals[_kernel.T_STATE])
-        collectives, by_scope = {}, {}
+        collectives, by_scope, by_axis = {}, {}, {}
+        if self.overlap == "scheduled":
+            exposed = float(totals[_kernel.T_EXPOSED])
+        elif self.overlap == "perfect":
+            exposed = max(0.0, comm_s - compute_s)
+        else:
+            exposed = comm_s
         if details:
             for kind_index, kind in ((_kernel.AR, "all-reduce"), (_kernel.AG, "all-gather"),
                                      (_kernel.RS, "reduce-scatter"), (_kernel.A2A, "all-to-all")):
@@ -164,6 +200,8 @@ class CostModel:
                     c = coll[kind_index, m]
                     collectives[(kind, self.mask_axes[m])] = CollectiveCost(
                         float(c[0]), float(c[1]), float(c[2]))
+                    for axis, share in self.axis_shares[m].items():
+                        by_axis[axis] = by_axis.get(axis, 0.0) + share * float(c[2])
             per_op = self.ty.op_type  # each instance carries its type's share
             n = len(self.scope_names)
             sc = np.bincount(self.op_scope, weights=(op_compute / self.op_count)[per_op],
@@ -173,13 +211,16 @@ class CostModel:
             by_scope = {k: (float(a), float(b)) for k, a, b in zip(self.scope_names, sc, sm)}
         return Estimate(
             step_time_s=step, compute_s=compute_s, communication_s=comm_s,
-            flops=float(totals[_kernel.T_FLOPS]), peak_memory_bytes=arg + out + temp - alias,
+            flops=float(totals[_kernel.T_FLOPS]),
+            flops_loop_bodies_once=float(totals[_kernel.T_FLOPS_ONCE]),
+            peak_memory_bytes=arg + out + temp - alias,
             argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
             memory_capacity_bytes=self.capacity, collectives=collectives,
             memory_breakdown={"parameters and optimizer state": state,
                               "other arguments": arg - state, "outputs": out,
                               "temporaries (peak)": temp, "aliased": -alias},
-            by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name)
+            by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name,
+            exposed_communication_s=exposed, communication_by_axis=by_axis)
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
@@ -196,11 +237,16 @@ class CostModel:
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
         return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
-                           self._memory, delta, old_vmask, fresh)
+                           self._memory, self._schedule, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
         compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
-        step = max(compute, comm) if self.overlap else compute + comm
+        if self.overlap == "scheduled":
+            step = totals[_kernel.T_SCHEDULED]
+        elif self.overlap == "perfect":
+            step = max(compute, comm)
+        else:
+            step = compute + comm
         peak = (totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + totals[_kernel.T_TEMP]
                 - totals[_kernel.T_ALIAS])
         return float(step), float(peak)
@@ -265,8 +311,8 @@ class IncrementalEstimator:
 
 
 def _aliases(prog) -> list[tuple[int, int]]:
-    """(donated input, output) value pairs, matched as jax does (mlir._set_up_aliases): each
-    output, in order, takes the first unused donated input of its shape and dtype."""
+    """(donated input value, output index) pairs, matched as jax does (mlir._set_up_aliases):
+    each output, in order, takes the first unused donated input of its shape and dtype."""
     donated = set(donated_arguments(prog))
     args = prog.in_tree.children()[0]
     free: dict[tuple, list[int]] = {}
@@ -278,8 +324,8 @@ def _aliases(prog) -> list[tuple[int, int]]:
                 free.setdefault(key, []).append(u)
         first += arg.num_leaves
     pairs = []
-    for v in prog.outputs:
+    for o, v in enumerate(prog.outputs):
         waiting = free.get((prog.values[v].shape, prog.values[v].dtype))
         if waiting:
-            pairs.append((waiting.pop(0), v))
+            pairs.append((waiting.pop(0), o))
     return pairs

@@ -59,6 +59,8 @@ class Static:
     op_results: tuple           # per op: its result value ids
     op_is_region: np.ndarray    # [N] bool
     op_matmul: tuple            # per op: None, or (K, ((result dim, DIM_*, size), ...))
+    op_workspace: np.ndarray    # [N] bytes XLA:CPU allocates inside the op (whole tensors)
+    op_workspace_value: np.ndarray  # [N] the value whose sharding divides that workspace
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -68,6 +70,12 @@ class Static:
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
     op_sum_leader: np.ndarray   # [N] int: the op that reduces this op's partial sums (-1: itself)
+    # scheduling (the overlap of collectives with compute)
+    early: np.ndarray           # [V] bool: known before any compute (inputs, and casts of them)
+    op_ready: np.ndarray        # [N] int: the latest op making a non-early operand (-1: none)
+    op_deadline: np.ndarray     # [N] int: the first op reading a result (N: none, an output)
+    body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
+    body_last_trip: np.ndarray  # [N]: the trip count at the last op of a top-level loop body
     op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
@@ -204,6 +212,8 @@ def build_static(an) -> Static:
     is_output[list(prog.outputs)] = True
     fused = fused_values(prog)
     attention_inside, op_kernel, op_flop_scale = attention_kernels(prog)
+    leaders = _sum_leaders(prog, {group_op[g] for g in range(len(group_op))
+                                  if group_is_reduction[g]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
@@ -218,12 +228,12 @@ def build_static(an) -> Static:
         num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
+        **_workspace(prog),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
         value_classes=an.value_classes, op_kernel=op_kernel, op_flop_scale=op_flop_scale,
-        op_sum_leader=_sum_leaders(prog, {group_op[g] for g in range(len(group_op))
-                                          if group_is_reduction[g]}))
+        op_sum_leader=leaders, **_schedule(prog, leaders))
 
 
 def _liveness(prog):
@@ -308,3 +318,78 @@ def _sum_leaders(prog, reducers) -> np.ndarray:
         for q in group[:-1]:
             leader[q] = group[-1]
     return leader
+
+
+def _real_readers(prog, v: int, outputs, through) -> list:
+    """The ops that need v's reduced data: a reduction of partial sums commutes with layout
+    changes, casts and sums (`through`), so it can wait past them, to the first op that
+    needs whole values; None stands for the step's end (v reaches an output)."""
+    if v in outputs:
+        return [None]
+    out = []
+    for r in prog.users(v):
+        op = prog.ops[r]
+        if op.primitive in through and len(op.results) == 1:
+            out += _real_readers(prog, op.results[0], outputs, through)
+        else:
+            out.append(r)
+    return out
+
+
+_COMMUTES = _LINEAR | {"reduce_sum"}
+
+
+def _schedule(prog, sum_leader) -> dict:
+    """What the overlap of collectives with compute needs to know of program order."""
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    early = np.zeros(len(values), bool)
+    for v in values:
+        if v.producer == NO_OP:
+            early[v.id] = v.origin != "body"
+    for op in ops:  # program order: operands come first
+        if op.primitive == "scan":  # a scanned parameter slice is as early as the stack
+            for u, b in zip(op.operands, op.body):
+                early[b] = early[u] and values[b].origin == "body"
+        elif not op.body and op.primitive in MOVEMENT and all(early[u] for u in op.operands):
+            early[list(op.results)] = True
+    ready = np.full(N, -1, np.int64)
+    deadline = np.full(N, N, np.int64)
+    grouped = set(np.nonzero(sum_leader >= 0)[0]) | set(sum_leader[sum_leader >= 0])
+    outputs = set(prog.outputs)
+    for op in ops:
+        made = [values[u].producer for u in op.operands
+                if not early[u] and values[u].producer != NO_OP]
+        ready[op.id] = max(made, default=-1)
+        # partial sums added before their reduction (sum_leader) wait past the adds too
+        through = _COMMUTES | {"add", "add_any"} if op.id in grouped else _COMMUTES
+        readers = [r for v in op.results for r in _real_readers(prog, v, outputs, through)]
+        if readers and None not in readers:
+            deadline[op.id] = min(readers)
+    body_first = np.zeros(N, bool)
+    body_last_trip = np.zeros(N)
+    for op in ops:
+        if op.body and op.region == NO_OP and op.body_ops[1] > op.body_ops[0]:
+            body_first[op.body_ops[0]] = True
+            body_last_trip[op.body_ops[1] - 1] = float(ops[op.body_ops[0]].trip_count)
+    return dict(early=early, op_ready=ready, op_deadline=deadline, body_first=body_first,
+                body_last_trip=body_last_trip)
+
+
+def _workspace(prog) -> dict:
+    """Workspace XLA:CPU allocates inside an op. Its SelectAndScatterExpander rewrites a
+    max-pool gradient (select_and_scatter_add) as: an s32 iota per operand dim, a reduce-window
+    carrying the window maxima and their rank indices, their concatenation, and a scatter
+    (seen in its buffer assignment: rank x operand + (2 rank + 1) x window-output 4-byte
+    elements live together)."""
+    values, ops = prog.values, prog.ops
+    workspace = np.zeros(len(ops))
+    value = np.zeros(len(ops), np.int64)
+    for op in ops:
+        if op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:
+            source, operand = op.operands[0], op.operands[1]
+            rank = values[operand].ndim
+            numel = lambda v: float(np.prod(values[v].shape))  # noqa: E731
+            workspace[op.id] = 4.0 * (rank * numel(operand) + (2 * rank + 1) * numel(source))
+            value[op.id] = operand
+    return dict(op_workspace=workspace, op_workspace_value=value)

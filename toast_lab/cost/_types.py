@@ -54,10 +54,12 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
 
 
 def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
-                flop_scale: np.ndarray, sum_leader: np.ndarray) -> Types:
+                flop_scale: np.ndarray, sum_leader: np.ndarray,
+                workspace: np.ndarray) -> Types:
     """The types of `an` for one device: `peak` FLOP/s per op, `io` the (op, value) pairs that
     move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
-    op that reduces each op's partial sums (-1: itself; _static._sum_leaders)."""
+    op that reduces each op's partial sums (-1: itself; _static._sum_leaders), and the bytes
+    the compiler allocates inside each op (sharded like st.op_workspace_value)."""
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
     tags = _Interner()
@@ -168,9 +170,10 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                tuple(sorted(groups_of_op[n])), float(st.op_flops[n]), float(st.op_trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
-               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]))
-                            for o in operands_of_op[n])),
-               st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]))
+               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
+                             bool(st.early[st.operand_value[o]])) for o in operands_of_op[n])),
+               st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
+               float(workspace[n]), int(value_type[st.op_workspace_value[n]]))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -193,7 +196,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    groups_end=g_end, io_start=io_start, io_end=io_end,
                    operands_start=o_start, operands_end=o_end,
                    matmul_k=[k[8][0] for k in keys], dims_start=d_start, dims_end=d_end,
-                   kernel=column(9, _I), flop_scale=column(10), sum_leader=leader_type)
+                   kernel=column(9, _I), flop_scale=column(10), sum_leader=leader_type,
+                   workspace=column(11), workspace_type=column(12, _I))
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
     op_dims = np.array(dims, OP_DIM)
@@ -208,7 +212,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     shared_values = _records(SPAN, start=ptr[:-1], end=ptr[1:])
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
-                            trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]])
+                            trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
+                            early=st.early[st.operand_value[inst]])
 
     tables = TypeTables(
         value_classes=value_classes, value_tags=value_tags,

@@ -15,5 +15,6 @@ from ._plan import Axes, Plan, PlanError
 from ._planfile import PlanFileError
 from ._random_plan import random_plan
 
-__all__ = ["donated_arguments", "Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan", "PlanError",
-           "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES"]
+__all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
+           "PlanError", "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES",
+           "donated_arguments"]
