@@ -304,8 +304,7 @@ def evaluate_types(plan, tables, mesh, device):
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     gdelta = np.zeros(tables.num_ops + 2)
-    pos_early = np.zeros(tables.num_ops)
-    pos_late = np.zeros(tables.num_ops)
+    read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
@@ -333,10 +332,7 @@ def evaluate_types(plan, tables, mesh, device):
             t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
             op_comm[read.op_type] += t * read.trip
             totals[T_COMM] += t * read.trip
-            if read.early:
-                pos_early[read.position] += t
-            else:
-                pos_late[read.position] += t
+            read_time[j] = t
             if nk < MAX_SHARDINGS:
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
@@ -347,12 +343,12 @@ def evaluate_types(plan, tables, mesh, device):
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
-    reshards = (pre_early, pre_late, post, pos_early, pos_late)
+    reshards = (pre_early, pre_late, post, read_time)
     return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced
 
 
 @njit(cache=True, inline="always")
-def schedule(sched, ops, op_compute, reshards):
+def schedule(sched, ops, reads, op_compute, reshards):
     """The step's length with collectives overlapping compute the way XLA's latency-hiding
     scheduler runs them: asynchronously, one at a time on a communication stream, each
     started as soon as its data and the stream allow.
@@ -368,35 +364,56 @@ def schedule(sched, ops, op_compute, reshards):
       prefetches overlap the iteration before), which stands for the remaining ones.
     Returns the step's seconds.
     """
-    pre_early, pre_late, post, pos_early, pos_late = reshards
+    pre_early, pre_late, post, read_time = reshards
+    P = op_compute.shape[0]
+    run = np.empty(P)  # seconds of one execution
+    busy = np.zeros(P, np.bool_)  # the type has collectives of its own
+    for p in range(P):
+        w = ops[p].weight
+        run[p] = op_compute[p] / w if w > 0.0 else 0.0
+        busy[p] = pre_early[p] > 0.0 or pre_late[p] > 0.0 or post[p] > 0.0
+    order = sched.reads_in_order
     N = sched.op_type.shape[0]
-    finish = np.zeros(N)
+    finish = np.empty(N)
     wait = np.zeros(N + 1)
     clock = 0.0     # when the next op may start
     stream = 0.0    # when the communication stream is free
-    loop_start = 0      # the first op of the loop body being walked
-    second = False      # walking its steady-state iteration
+    k = 0           # the next shared read, in program order
+    loop_start = 0  # the loop body being walked: its first op and shared read
+    loop_k = 0
+    second = False  # walking its steady-state iteration
     loop_clock = 0.0
     loop_stream = 0.0
     n = 0
     while n < N:
         p = sched.op_type[n]
-        if sched.body_first[n] and not second:
-            loop_start = n
         if wait[n] > clock:
             clock = wait[n]
+        if not (busy[p] or sched.event[n]):
+            clock += run[p]
+            finish[n] = clock
+            n += 1
+            continue
+        if sched.body_first[n] and not second:
+            loop_start = n
+            loop_k = k
+        early = pre_early[p]
+        late = pre_late[p]
+        while k < order.shape[0] and reads[order[k]].position == n:
+            if reads[order[k]].early:
+                early += read_time[order[k]]
+            else:
+                late += read_time[order[k]]
+            k += 1
         start = clock
-        t = pre_early[p] + pos_early[n]
-        if t > 0.0:
-            stream += t
+        if early > 0.0:
+            stream += early
             start = max(start, stream)
-        t = pre_late[p] + pos_late[n]
-        if t > 0.0:
+        if late > 0.0:
             r = sched.ready[n]
-            stream = max(stream, finish[r] if r >= 0 else 0.0) + t
+            stream = max(stream, finish[r] if r >= 0 else 0.0) + late
             start = max(start, stream)
-        w = ops[p].weight
-        clock = start + (op_compute[p] / w if w > 0.0 else 0.0)
+        clock = start + run[p]
         finish[n] = clock
         if post[p] > 0.0:
             stream = max(stream, clock) + post[p]
@@ -410,12 +427,14 @@ def schedule(sched, ops, op_compute, reshards):
                 loop_clock = clock
                 loop_stream = stream
                 n = loop_start
+                k = loop_k
                 continue
             second = False
             clock = loop_clock + (clock - loop_clock) * (trip - 1.0)
             stream = max(stream, loop_stream + (stream - loop_stream) * (trip - 1.0))
         n += 1
     return max(clock, wait[N], stream)
+
 
 
 @njit(cache=True)
@@ -432,7 +451,8 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
         evaluate_types(PlanArrays(*plan), tables, mesh, device)
-    step = schedule(ScheduleTables(*sched), tables.ops, op_compute, reshards)
+    step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
+                    reshards)
     totals[T_SCHEDULED] = step
     totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
     if fresh:
@@ -441,9 +461,8 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
     reduced_buffers(gdelta, gathered, reduced, memory)
-    free = np.zeros(tables.num_ops + 2)
-    arguments_and_outputs(totals, eff, vmask, mesh, memory, free)
-    totals[T_TEMP] = peak_live(delta, gdelta, free, gathered, memory.op_type)
+    arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
+    totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
 
 
@@ -501,26 +520,24 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
 
 
 @njit(cache=True, inline="always")
-def peak_live(delta, gdelta, free, gathered, op_type):
-    """The largest live temporary bytes at any op, gathered buffers included, less the output
-    buffers not yet written there (XLA's buffer assignment places temporaries in them)."""
+def peak_live(delta, gdelta, gathered, op_type):
+    """The largest live temporary bytes at any op, gathered buffers included (gdelta also
+    takes away the output buffers not yet written: see arguments_and_outputs)."""
     live = 0.0
-    unwritten = 0.0
     peak = 0.0
     for n in range(op_type.shape[0]):
         live += delta[n] + gdelta[n]
-        unwritten += free[n]
-        here = live + gathered[op_type[n]] - unwritten
+        here = live + gathered[op_type[n]]
         if here > peak:
             peak = here
     return peak
 
 
 @njit(cache=True, inline="always")
-def arguments_and_outputs(totals, eff, vmask, mesh, memory, free):
-    """Argument, output, state and aliased bytes into totals; into `free`, the deltas of the
-    output space not yet written (an output's buffer is free from the start until the op
-    that writes it, unless a donated argument holds it)."""
+def arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta):
+    """Argument, output, state and aliased bytes into totals. An output's buffer, unless a
+    donated argument holds it, is free from the start until the op that writes it: XLA's
+    buffer assignment places temporaries there, so gdelta takes it off the live bytes."""
     arg = 0.0
     state = 0.0
     for i in range(memory.inputs.shape[0]):
@@ -546,8 +563,8 @@ def arguments_and_outputs(totals, eff, vmask, mesh, memory, free):
         b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
         out += b
         if not aliased[i] and outputs[i].position > 0:
-            free[0] += b
-            free[outputs[i].position] -= b
+            gdelta[0] -= b
+            gdelta[outputs[i].position] += b
     totals[T_ARG] = arg
     # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
     totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)

@@ -161,7 +161,10 @@ class CostModel:
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
-            body_first=st.body_first, body_last_trip=st.body_last_trip))
+            body_first=st.body_first, body_last_trip=st.body_last_trip,
+            event=_events(st, ty.tables.shared_reads),
+            reads_in_order=np.argsort(ty.tables.shared_reads["position"],
+                                      kind="stable").astype(np.int64)))
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
@@ -329,3 +332,10 @@ def _aliases(prog) -> list[tuple[int, int]]:
         if waiting:
             pairs.append((waiting.pop(0), o))
     return pairs
+
+
+def _events(st, shared_reads) -> np.ndarray:
+    """[N] bool: the ops where the schedule has more to do than run the op."""
+    event = st.body_first | (st.body_last_trip > 1.0)
+    event[shared_reads["position"]] = True
+    return event

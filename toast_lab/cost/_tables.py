@@ -114,6 +114,8 @@ class ScheduleTables(NamedTuple):
     deadline: np.ndarray        # [N] the first op reading a result (N: an output, none)
     body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
     body_last_trip: np.ndarray  # [N] the loop's trip count at the last op of its body
+    event: np.ndarray           # [N] bool: a loop's first or last op, or a shared read's op
+    reads_in_order: np.ndarray  # the shared reads (TypeTables.shared_reads) by position
 
 
 class MemoryTables(NamedTuple):
