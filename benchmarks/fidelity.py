@@ -2,7 +2,8 @@
 
     python benchmarks/fidelity.py [--models gpt mlp ...] [--random 3]
 
-For every zoo model (tiny sizes) x the expert strategies x a few random plans, on 8 simulated
+For every zoo model (tiny sizes) and two third-party steps (flax.nnx, equinox; the held-out
+models of tests/ext_models.py) x the expert strategies x a few random plans, on 8 simulated
 CPU devices (mesh data=4 x model=2): estimate with tl.estimate, compile and run with tl.verify,
 and compare per device: argument bytes, output bytes, temporaries, peak (argument + output +
 temporaries − aliased, the way both count it), flops, and collective bytes by kind. Prints one
@@ -72,6 +73,28 @@ def compare(fn, sample, an, plan, mesh) -> dict:
     return {"pairs": pairs, "other": mc["other"], "ok": rep.ok}
 
 
+# Training steps written with other libraries (flax.nnx, equinox), kept in tests/ext_models.py.
+EXTERNAL = ("nnx", "equinox")
+
+
+def _model(name: str):
+    """(step, abstract args, concrete sample) of a zoo model or a third-party step."""
+    if name in EXTERNAL:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests import ext_models
+
+        build, sample = {"nnx": (ext_models.nnx_train_step, ext_models.nnx_sample),
+                         "equinox": (ext_models.equinox_train_step,
+                                     ext_models.equinox_sample)}[name]
+        fn, fargs = build()
+        return fn, fargs, sample()
+    fn, fargs = tl.zoo.get(name)
+    return fn, fargs, tl.zoo.sample(name)
+
+
 def ratio(e: float, m: float) -> float | None:
     if m == 0 and e == 0:
         return None  # neither has it: nothing to compare
@@ -82,7 +105,8 @@ def ratio(e: float, m: float) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(tl.zoo.names()))
+    parser.add_argument("--models", nargs="+", default=list(tl.zoo.names()) + list(EXTERNAL),
+                        help="zoo models, and the third-party steps " + ", ".join(EXTERNAL))
     parser.add_argument("--random", type=int, default=2, help="random plans per model")
     args = parser.parse_args()
     # The devices XLA compiles for here are CPUs: the estimate follows XLA:CPU's passes (no
@@ -93,9 +117,8 @@ def main() -> None:
     print("|---|---|---|" + "---:|" * (len(FIGURES) + 1))
     ratios: dict[str, list[float]] = {f: [] for f in FIGURES}
     for name in args.models:
-        fn, fargs = tl.zoo.get(name)
+        fn, fargs, sample = _model(name)
         an = tl.analyze(tl.trace(fn, *fargs))
-        sample = tl.zoo.sample(name)
         plans = dict(tl.strategies.expert(an, mesh))
         rng = np.random.default_rng(0)
         for k in range(args.random):

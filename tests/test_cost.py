@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -371,3 +372,23 @@ def test_temporaries_fill_output_buffers_not_yet_written(gpt):
     donated = tl.estimate(an, plan, mesh)
     assert kept.temp_bytes < donated.temp_bytes
     assert kept.output_bytes == donated.output_bytes and kept.alias_bytes == 0
+
+
+def test_flops_are_counted_like_xla_cost_analysis():
+    """A padded convolution counts only the kernel taps that land inside its input, an
+    integer power its multiplies, a select one flop per element, transcendentals none — as
+    XLA's HloCostAnalysis does."""
+
+    def f(x, w, p):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        z = jax.lax.integer_pow(y, 3) + jnp.exp(y)
+        return jnp.where(p, z, y)
+
+    args = (jax.ShapeDtypeStruct((2, 6, 6, 4), "float32"),
+            jax.ShapeDtypeStruct((3, 3, 4, 8), "float32"),
+            jax.ShapeDtypeStruct((2, 6, 6, 8), "bool"))
+    an = tl.analyze(tl.trace(f, *args))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
+    assert est.flops == pytest.approx(xla, rel=0.02)

@@ -80,27 +80,47 @@ class Static:
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
 
+# Ops XLA's HloCostAnalysis counts as transcendentals, not flops.
+_TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "sin",
+    "cos", "tan", "atan2", "erf", "erfc", "erf_inv", "pow", "asin", "acos", "atan", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
+})
+# Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
+_ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
+
+
 def _flops(op, values) -> float:
+    """Flops as XLA's HloCostAnalysis counts them (so the estimate and cost_analysis() agree):
+    2 per multiply-add of a matmul or convolution, one per element of an elementwise op,
+    integer powers by their multiplies, transcendentals none."""
     name = op.primitive
     out = [values[r].shape for r in op.results]
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
-    if op.body or not out:
+    if op.body or not out or name in _TRANSCENDENTAL:
         return 0.0
+    if name in _ONE_FLOP:
+        return size(out[0])
+    if name == "integer_pow":  # square-and-multiply
+        y = abs(int(op.params.get("y", 2)))
+        return size(out[0]) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
     if name == "dot_general":
         (lc, _), _ = op.params["dimension_numbers"]
         k = size(tuple(values[op.operands[0]].shape[d] for d in lc))
         return 2.0 * size(out[0]) * k
     if name == "conv_general_dilated":
-        dn = op.params["dimension_numbers"]
-        rhs = values[op.operands[1]].shape
-        rhs_spec = dn.rhs_spec  # (out feature, in feature, *spatial)
-        window = size(tuple(rhs[d] for d in rhs_spec[2:]))
-        return 2.0 * size(out[0]) * window * rhs[rhs_spec[1]]
+        return _conv_flops(op, values)
     if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
                                      "broadcast_in_dim", "iota", "rng_bit_generator"):
         return 0.0
     if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
         return size(values[op.operands[0]].shape)
+    if name == "select_and_scatter_add":
+        # XLA expands it into a reduce-window whose comparator carries the window index (about
+        # 8 flops per window element) and a scatter-add: 34 flops per source element for a
+        # 2 x 2 window, as XLA:CPU's cost_analysis() counts the expansion.
+        window = size(op.params["window_dimensions"])
+        return size(values[op.operands[0]].shape) * (8.0 * window + 2.0)
     if name.startswith("scatter"):
         return size(values[op.operands[2]].shape) if len(op.operands) > 2 else 0.0
     if name == "sort":
@@ -108,6 +128,25 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def _conv_flops(op, values) -> float:
+    """Multiply-adds of a convolution that touch the input, x2, as XLA's HloCostAnalysis
+    counts them: per spatial dim, the (output position, kernel tap) pairs that land inside the
+    (dilated) input, not in its padding."""
+    p = op.params
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    lhs, rhs = values[op.operands[0]].shape, values[op.operands[1]].shape
+    out = values[op.results[0]].shape
+    taps = 1.0
+    for j, (ld, rd, od) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])):
+        stride, (lo, _) = p["window_strides"][j], p["padding"][j]
+        lhs_dil, rhs_dil = p["lhs_dilation"][j], p["rhs_dilation"][j]
+        dilated = (lhs[ld] - 1) * lhs_dil + 1
+        o = np.arange(out[od])[:, None] * stride - lo + np.arange(rhs[rd])[None, :] * rhs_dil
+        taps *= float(np.count_nonzero((o >= 0) & (o < dilated) & (o % lhs_dil == 0)))
+    per_group = lhs[lhs_spec[1]] / p.get("feature_group_count", 1)
+    return 2.0 * out[out_spec[0]] * out[out_spec[1]] * per_group * taps
 
 
 def _matmul_shape(op, values):

@@ -2,8 +2,9 @@
 `jax.nn.dot_product_attention`, SwiGLU MLPs, untied embeddings; layers under `lax.scan`.
 
 Mixed precision as the published recipes train: parameters and AdamW state in `dtype`
-(float32 by default), matmuls and activations in `compute_dtype` (bfloat16). `remat=True`
-recomputes each layer in the backward pass (full activation checkpointing).
+(float32 by default), matmuls and activations in `compute_dtype` (the presets: bfloat16; the
+tiny test size computes in `dtype`). `remat=True` recomputes each layer in the backward pass
+(full activation checkpointing).
 
 Shapes: b = batch, s = seq, v = vocab, d = embed, h = heads, k = kv_heads, e = head_dim,
 m = mlp, L = layers.
@@ -37,7 +38,7 @@ class LlamaConfig(TrainConfig):
     mlp: int = 128
     layers: int = 2
     rope_theta: float = 10000.0
-    compute_dtype: str = "bfloat16"
+    compute_dtype: str | None = None  # None: dtype
     remat: bool = False
 
     def __post_init__(self):
@@ -55,10 +56,10 @@ PRESETS = {
     "tiny": dict(batch=8, seq=32, vocab=256, embed=64, heads=4, kv_heads=2, mlp=128, layers=2),
     # Touvron et al., "Llama 2", arXiv 2307.09288, table 2 and the released config
     "llama2-7b": dict(batch=8, seq=4096, vocab=32000, embed=4096, heads=32, kv_heads=32,
-                      mlp=11008, layers=32),
+                      mlp=11008, layers=32, compute_dtype="bfloat16"),
     # Meta's Llama 3.1 8B config: GQA with 8 kv heads, 14336 MLP, 128256 vocab, theta 5e5
     "llama3.1-8b": dict(batch=8, seq=8192, vocab=128256, embed=4096, heads=32, kv_heads=8,
-                        mlp=14336, layers=32, rope_theta=500000.0),
+                        mlp=14336, layers=32, rope_theta=500000.0, compute_dtype="bfloat16"),
 }
 
 
@@ -109,7 +110,7 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
 
 def _layer(p: dict, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
     """One pre-norm decoder layer, `x [b, s, d] -> [b, s, d]`, in the compute dtype."""
-    cd = jnp.dtype(cfg.compute_dtype)
+    cd = jnp.dtype(cfg.compute_dtype or cfg.dtype)
     w = {name: v.astype(cd) for name, v in p.items()}
     with jax.named_scope("attn"):
         y = rms_norm(w["attn_norm"], x)
@@ -127,7 +128,7 @@ def _layer(p: dict, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
 
 
 def loss(params: dict, batch: dict, cfg: LlamaConfig) -> jax.Array:
-    cd = jnp.dtype(cfg.compute_dtype)
+    cd = jnp.dtype(cfg.compute_dtype or cfg.dtype)
     with jax.named_scope("embed"):
         x = params["embed"].astype(cd)[batch["tokens"]]
     layer = jax.checkpoint(_layer, static_argnums=2) if cfg.remat else _layer
