@@ -392,3 +392,18 @@ def test_flops_are_counted_like_xla_cost_analysis():
     est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
     xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
     assert est.flops == pytest.approx(xla, rel=0.02)
+
+
+def test_an_axis_across_nodes_uses_nvlink_inside_them():
+    """One FSDP axis over 8 nodes of 8 GPUs: NCCL's ring runs over NVLink inside each node,
+    and each GPU's NIC carries an eighth of the bytes between nodes."""
+    from toast_lab.cost._collectives import collective_costs
+
+    mesh = tl.Mesh({"data": 64}, device="h100")
+    table, shares = collective_costs(mesh)
+    dev = mesh.device
+    eff = dev.efficiency.collectives
+    nvlink = (7 / 8) / (dev.intra_node.bandwidth * eff)
+    ib = (7 / 8) / 8 / (dev.inter_node.bandwidth * eff)
+    assert table[1]["gather_beta"] == pytest.approx(max(nvlink, ib))
+    assert shares[1] == {"data": pytest.approx(1.0)}

@@ -2,7 +2,9 @@
 
 A collective is priced by an alpha-beta model whose coefficients follow the network:
 
-- Axes on the same kind of link form a *level*; a collective over several levels runs
+- Axes on the same kind of link form a *level* (an axis spanning nodes but several devices to
+  a node is split into its part inside the nodes and its part across); a collective over
+  several levels runs
   hierarchically, fastest level first: a reduce-scatter inside the fast axes leaves 1/n of
   the bytes for the slow ones (and an all-gather mirrors it). On GPUs NCCL pipelines the
   levels, so the slowest level decides ("How to Scale Your Model", gpus.md: the cost is the
@@ -32,25 +34,43 @@ import numpy as np
 from ._tables import MESH
 
 
-def _levels(mesh, axes):
-    """[(link, [(axis, size)])]: the axes of one collective grouped by the link they use."""
+def _parts(mesh) -> dict:
+    """{axis: [(link, ways)]}: where each mesh axis's devices sit. An axis whose devices span
+    nodes (or slices) but also lie several to a node is two parts: its devices inside a node,
+    over the fast link, and the nodes, over the slow one (a ring or tree through them uses
+    both, each node's NICs carrying their share)."""
+    dev = mesh.device
+    out = {}
+    for a in mesh.axis_names:
+        link, size = mesh.link(a), mesh.axis_size(a)
+        inside = dev.devices_per_node // mesh.axis_stride(a)
+        if link is dev.inter_node and a not in mesh.links and 1 < inside < size:
+            out[a] = [(dev.intra_node, inside), (link, size // inside)]
+        else:
+            out[a] = [(link, size)]
+    return out
+
+
+def _levels(parts, axes):
+    """[(link, [(axis, ways)])]: the parts of one collective's axes grouped by link."""
     groups: dict = {}
     for a in axes:
-        groups.setdefault(mesh.link(a), []).append((a, mesh.axis_size(a)))
+        for link, ways in parts[a]:
+            groups.setdefault(link, []).append((a, ways))
     return list(groups.items())
 
 
-def _torus_layout(mesh) -> dict:
+def _torus_layout(mesh, parts) -> dict:
     """{ICI mesh axis: (torus dimensions it spans, its ring side)}: the slice (the devices of
-    the ICI axes) taken as a torus of equal sides, the axes laid on whole dimensions from the
+    the ICI parts) taken as a torus of equal sides, the axes laid on whole dimensions from the
     minor one up, as jax's device meshes lay them; an axis too small for a whole dimension
     shares one."""
     dev = mesh.device
-    ici = [a for a in mesh.axis_names if mesh.link(a) is dev.intra_node]
-    side = max(2.0, math.prod(mesh.axis_size(a) for a in ici) ** (1.0 / dev.torus_dims))
+    ici = [(a, ways) for a in mesh.axis_names for link, ways in parts[a]
+           if link is dev.intra_node]
+    side = max(2.0, math.prod(w for _, w in ici) ** (1.0 / dev.torus_dims))
     left, out = dev.torus_dims, {}
-    for a in reversed(ici):
-        size = mesh.axis_size(a)
+    for a, size in reversed(ici):
         spans = max(1, min(left, round(math.log(size) / math.log(side)))) if size > 1 else 1
         left -= spans
         out[a] = (spans, size ** (1.0 / spans))
@@ -84,11 +104,12 @@ def collective_costs(mesh) -> tuple[np.ndarray, list]:
     shares: list = [{} for _ in range(n)]
     pipelined = mesh.device.torus_dims == 0  # NCCL pipelines levels; XLA on TPUs does not
     eff = mesh.device.efficiency.collectives
-    torus = _torus_layout(mesh) if mesh.device.torus_dims else {}
+    parts = _parts(mesh)
+    torus = _torus_layout(mesh, parts) if mesh.device.torus_dims else {}
     for m in range(1, n):
         axes = [a for i, a in enumerate(names) if m >> i & 1]
         levels = sorted((_level_cost(mesh, link, members, eff, torus) + (members,)
-                         for link, members in _levels(mesh, axes)), key=lambda x: -x[1])
+                         for link, members in _levels(parts, axes)), key=lambda x: -x[1])
         below = 1.0  # devices already reduced over by faster levels
         times, gather_alpha, a2a_beta = [], 0.0, 0.0
         for ways, bandwidth, latency, members in levels:
@@ -106,5 +127,5 @@ def collective_costs(mesh) -> tuple[np.ndarray, list]:
         total = sum(betas) or 1.0
         for t, members in times:  # the time of each level, split evenly over its axes
             for axis, _ in members:
-                shares[m][axis] = t / total / len(members)
+                shares[m][axis] = shares[m].get(axis, 0.0) + t / total / len(members)
     return table, shares
