@@ -40,6 +40,7 @@ class Recipe:
     parallelism: str
     plan: dict
     source: str
+    across_slices: tuple = ()  # mesh axes between slices, over the data-center network
 
 
 def fsdp(*axes):
@@ -71,7 +72,7 @@ RECIPES = (
                                                 remat=True),
            {"slice": 2, "data": 128}, "tpu-v5p", "DP x FSDP", fsdp("slice", "data"),
            "the v5p-128 recipe on two slices over the data-center network (MaxText multislice: "
-           "data parallel across slices, FSDP within)"),
+           "data parallel across slices, FSDP within)", across_slices=("slice",)),
     Recipe("llama2-7b-v5e-256", "llama", dict(size="llama2-7b", batch=256, seq=2048,
                                               remat=True),
            {"data": 256}, "tpu-v5e", "FSDP", fsdp("data"),
@@ -121,7 +122,8 @@ def main() -> None:
         fn, fargs = tl.zoo.get(r.model, **r.config)
         cfg = fn.config
         an = tl.analyze(tl.trace(fn, *fargs))
-        mesh = tl.Mesh(r.mesh, device=r.device)
+        dcn = tl.get_device(r.device).inter_node
+        mesh = tl.Mesh(r.mesh, device=r.device, links={a: dcn for a in r.across_slices})
         plan = tl.Plan.from_decisions(an, r.plan)
         est = tl.estimate(an, plan, mesh)
         peak = mesh.device.peak_flops["bfloat16"]
