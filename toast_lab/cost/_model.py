@@ -7,15 +7,20 @@ The model, per op, with every value in exactly one sharding (its plan spec):
   are all-gathered; axes that move from one dim to another are an all-to-all; axes the op wants
   but the operand lacks are a free local slice.
 - a sharded contraction (reduction factor sharded alike on all its operands) leaves partial
-  sums: an all-reduce, or a reduce-scatter where the result is sharded on those axes.
-- compute is a roofline: max(flops / peak, bytes moved / HBM bandwidth), per device; values
-  XLA would fuse away move no bytes.
-- collectives follow an alpha-beta ring model per mesh axis: all-reduce 2(n-1)/n·S/B +
-  2(n-1)α, all-gather and reduce-scatter (n-1)/n·S/B + (n-1)α, all-to-all (n-1)/n·S/B +
-  (n-1)α; over several axes, the slowest link's bandwidth and latency.
-- memory is liveness over program order at per-device sizes: arguments (all step long unless
-  donated), outputs from their definition, temporaries while live, plus gathered buffers at
-  the op that gathers them.
+  sums: reduce-scattered over the axes its result is sharded on, then all-reduced (the shard
+  only) over the others; partial sums added together are reduced once where the compiler
+  reassociates them (GPU, TPU).
+- compute is a roofline per device: max(flops / rate, bytes moved / HBM bandwidth). Matmuls run
+  at the device's measured ceiling times the useful share of the tiles their per-device shape
+  fills; fused attention at its kernel's rate; values fused away (_fusion.py) move no bytes.
+- collectives follow an alpha-beta model per mesh-axis mask built from the network
+  (_collectives.py: levels, torus dimensions, trees across nodes).
+- step time: compute plus the communication left exposed when collectives overlap compute as
+  XLA's scheduler runs them (_kernel.schedule); or their sum, or their max (`overlap`).
+- memory is liveness over program order at per-device sizes: arguments (donated training
+  state shares its buffers with the new state), outputs from their definition, temporaries
+  while live (less the output space not yet written), gathered buffers at the op that gathers
+  them, partial sums until their all-reduce, and compiler workspace.
 Ops inside a scan body count `length` times for time, once for memory.
 """
 
