@@ -71,7 +71,7 @@ class Lab:
         lab._setup(analysis, mesh, plan, **options)
         return lab
 
-    def _setup(self, analysis, mesh, plan=None, *, donate: bool = False, overlap: bool = False,
+    def _setup(self, analysis, mesh, plan=None, *, donate: bool = True, overlap="scheduled",
                memory_cap: float | None = None, seed: int = 0, expanded=None, widget=None,
                progress_every_s: float = 0.2):
         self.session = Session(analysis, mesh, plan, donate=donate, overlap=overlap,

@@ -95,8 +95,8 @@ class Session:
     device; default the device's memory), seed (of the first search; each next one adds 1),
     progress_every_s (how often a running search publishes its best plan)."""
 
-    def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = False,
-                 overlap: bool = False, memory_cap: float | None = None, seed: int = 0,
+    def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = True,
+                 overlap="scheduled", memory_cap: float | None = None, seed: int = 0,
                  progress_every_s: float = 0.2):
         self.analysis = analysis
         self.mesh = mesh

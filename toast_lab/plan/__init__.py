@@ -12,14 +12,14 @@
 """
 
 from ._display import PLAN_MIME, PlanDisplay, register_display
-from ._export import CONSTRAINT_POLICIES, spec_of
-from ._hardware import DeviceSpec, Link, devices, get_device
+from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
+from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh
 from ._plan import Axes, Plan, PlanError
 from ._planfile import PlanFileError
 from ._random_plan import random_plan
 from ._units import format_bytes
 
-__all__ = ["Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
-           "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES", "format_bytes",
-           "PlanDisplay", "register_display", "PLAN_MIME"]
+__all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
+           "PlanError", "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES",
+           "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME"]

@@ -8,7 +8,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis import domains
-from ..program import as_function, trace
+from ..program import as_function, state_inputs, trace
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
@@ -237,11 +237,30 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
     return as_function(plan.analysis.program, constrain, targets, gather, frozenset(uses))
 
 
-def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit_kwargs):
+def donated_arguments(program) -> tuple[int, ...]:
+    """The positional arguments a training loop donates: those holding training state (the
+    parameters and optimizer state the step returns updated), so that XLA may write the new
+    state into their buffers. The cost model's `donate` and `plan.jit` agree on these."""
+    state = state_inputs(program)
+    args = program.in_tree.children()[0]  # in_tree is the treedef of (args, kwargs)
+    out, first = [], 0
+    for i, arg in enumerate(args.children()):
+        leaves = program.inputs[first:first + arg.num_leaves]
+        if any(v in state for v in leaves):
+            out.append(i)
+        first += arg.num_leaves
+    return tuple(out)
+
+
+def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", donate: bool = True,
+        **jit_kwargs):
     """jax.jit of the plan's function with its in/out shardings and sharding constraints.
 
     fn: the function that was traced (checked against the program's fingerprint), or None to
-    use the traced program itself. Extra keyword arguments go to jax.jit (e.g. donate_argnums).
+    use the traced program itself. donate: donate the training-state arguments
+    (`donated_arguments`), as training loops do and as the cost model assumes by default; the
+    arrays passed for them are consumed by the call. Extra keyword arguments go to jax.jit
+    (an explicit donate_argnums or donate_argnames wins over `donate`).
     """
     prog = plan.analysis.program
     jax_mesh = as_jax_mesh(plan, jax_mesh)
@@ -250,8 +269,11 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", **jit
     in_sh, out_sh = shardings(plan, jax_mesh)
     body = constrained(plan, jax_mesh, constraints)
     if not _has_kwargs(prog):
+        if donate and "donate_argnums" not in jit_kwargs and "donate_argnames" not in jit_kwargs:
+            jit_kwargs["donate_argnums"] = donated_arguments(prog)
         return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
     # jax.jit takes no in_shardings with keyword arguments: pass them as one positional pytree.
+    # (Donation is per positional argument, and the pytree holds the data too: none here.)
     _, kw_sh = jax.tree_util.tree_unflatten(
         prog.in_tree, [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs])
     packed = jax.jit(lambda args, kwargs: body(*args, **kwargs), in_shardings=(in_sh, kw_sh),

@@ -310,9 +310,11 @@ class Plan:
         """(in_specs, out_specs): PartitionSpec pytrees of the arguments and the result."""
         return _export.partition_specs(self)
 
-    def jit(self, fn, jax_mesh, constraints: str = "compute", **jit_kwargs):
-        """jax.jit(fn) with this plan's shardings and constraints (see _export.jit)."""
-        return _export.jit(self, fn, jax_mesh, constraints, **jit_kwargs)
+    def jit(self, fn, jax_mesh, constraints: str = "compute", donate: bool = True,
+            **jit_kwargs):
+        """jax.jit(fn) with this plan's shardings and constraints, donating the training state
+        like tl.estimate assumes (see _export.jit)."""
+        return _export.jit(self, fn, jax_mesh, constraints, donate, **jit_kwargs)
 
     def logical_axis_rules(self, domain: str | None = None):
         """(class name, mesh axes or None) pairs, like flax's logical axis rules: the classes'

@@ -435,7 +435,9 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
 
     step = plan.jit(fn, jax_mesh, constraints=constraints, compiler_options=options)
     in_shardings, _ = plan.shardings(jax_mesh)
-    placed = jax.device_put(args, in_shardings)
+    # Copies: plan.jit donates the training state, and device_put may reuse a buffer of
+    # `args` as a shard (jax 0.10.2 does so even with may_alias=False), which the caller keeps.
+    placed = jax.device_put(jax.tree.map(_fresh_copy, args), in_shardings)
     placed_kw = jax.device_put(kwargs, NamedSharding(jax_mesh, PartitionSpec()))
     start = time.perf_counter()
     compiled = step.lower(*placed, **placed_kw).compile()
@@ -509,6 +511,10 @@ def _dtype_name(dtype) -> str:
 
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _fresh_copy(x):
+    return x.copy() if hasattr(x, "copy") else x
 
 
 def _cpu_devices() -> list:
