@@ -78,6 +78,43 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
 
 
 @njit(cache=True, inline="always")
+def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w):
+    """A combining scatter whose operand is sharded on its pass-through (window) dims over
+    axes that also shard the updates' scatter dims (an FSDP embedding gradient: the table on
+    `embed`, the tokens' gradient on `batch`, both over one axis). XLA's SPMD partitioner
+    picks the cheaper of its methods by ScatterPartitionMethodCostModel
+    (xla/service/spmd/gather_scatter_handler.cc; ties go to operand passthrough):
+    - operand passthrough: max(operand shard + updates resharded like the operand + whole
+      indices, whole updates where their sharding is not a sub-tiling of that one): the
+      updates' axes move to their window dims (an all-to-all), the indices are all-gathered,
+      and no partial sums are left over those axes;
+    - index passthrough: whole operand + updates and indices as they are: partial sums.
+    Returns (the axes operand passthrough takes, seconds, bytes of the new buffers); no
+    axes where index passthrough wins or nothing is contested."""
+    window = 0
+    for d in range(eff.shape[1]):
+        if op.scatter_window >> d & 1:
+            window |= eff[op.result_type, d]
+    contested = psum & window
+    if contested == 0:
+        return 0, 0.0, 0.0
+    updates = op.scatter_updates / mesh[vmask[op.scatter_updates_type]].ways
+    indices = op.scatter_indices / mesh[vmask[op.scatter_indices_type]].ways
+    # the updates sharded like the operand's pass-through dims: what the all-to-all moves
+    moved = op.scatter_updates / mesh[window].ways
+    passthrough = max(op.result_nbytes / mesh[res_mask].ways + moved + op.scatter_indices,
+                      op.scatter_updates)
+    if passthrough > op.result_nbytes + updates + indices:
+        return 0, 0.0, 0.0
+    t = _a2a_time(moved, contested, mesh)
+    _charge(coll, A2A, contested, w, moved, t)
+    gathered = indices * mesh[contested].ways
+    tg = _gather_time(gathered, contested, mesh)
+    _charge(coll, AG, contested, w, gathered, tg)
+    return contested, t + tg, moved + gathered
+
+
+@njit(cache=True, inline="always")
 def _tiles(size, tile):
     return np.ceil(size / tile)
 
@@ -245,6 +282,12 @@ def evaluate_types(plan, tables, mesh, device):
         psum = op_psum[p]
         res_mask = op_res[p]
         ptime = 0.0
+        if op.scatter_updates > 0.0 and psum != 0:
+            taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w)
+            psum &= ~taken
+            gtime += t
+            gathered[p] += b
+            pre_late[p] += t
         lead = op.sum_leader
         if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
             # (an op whose partial sums are added to its leader's, sharded alike, is reduced
