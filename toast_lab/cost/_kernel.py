@@ -512,24 +512,39 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
 @njit(cache=True, inline="always")
 def reduced_buffers(gdelta, gathered, reduced, memory):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
-    live. XLA:CPU combines every all-reduce of the step into one, after the last: each
-    op's partial sums stay live until then; elsewhere (GPU, TPU) both buffers meet at the op."""
-    last = -1
+    live. XLA:CPU combines the all-reduces of the step into one after the last of them
+    (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
+    other: one whose result is read before the last reducing op (an activation gradient:
+    a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
+    combined keep their partial sums live until the combined one; the others, and all of
+    them elsewhere (GPU, TPU), hold both buffers at the op."""
+    if not memory.combine_all_reduces:
+        for p in range(reduced.shape[0]):
+            gathered[p] += reduced[p]
+        return
+    latest = -1
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
-            if memory.combine_all_reduces:
-                span = memory.instances_by_type[p]
-                last = max(last, memory.instances[span.end - 1])
-            else:
-                gathered[p] += reduced[p]
-    if last < 0:
+            span = memory.instances_by_type[p]
+            latest = max(latest, memory.instances[span.end - 1])
+    if latest < 0:
         return
+    last = -1  # the last reducing op whose result waits past every reducing op
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
-                gdelta[memory.instances[i]] += reduced[p]
-                gdelta[last + 1] -= reduced[p]
+                n = memory.instances[i]
+                if memory.deadline[n] > latest:
+                    last = max(last, n)
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                n = memory.instances[i]
+                end = last + 1 if memory.deadline[n] > latest and last >= n else n + 1
+                gdelta[n] += reduced[p]
+                gdelta[end] -= reduced[p]
 
 
 @njit(cache=True)

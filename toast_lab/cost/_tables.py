@@ -132,4 +132,5 @@ class MemoryTables(NamedTuple):
     aliases: np.ndarray         # ALIAS records (none unless the model donates)
     instances_by_type: np.ndarray  # SPAN records per op type, into instances
     instances: np.ndarray       # int64 op positions, grouped by op type
+    deadline: np.ndarray        # [N] the first op reading each op's result (N: none)
     combine_all_reduces: bool   # the compiler combines every all-reduce into one (XLA:CPU)
