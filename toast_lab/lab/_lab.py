@@ -38,6 +38,18 @@ def op_costs_buffer(compute_s, comm_s) -> bytes:
     return a.tobytes()
 
 
+_FIELDS = {"name": "a class or conflict name", "group": "a scope path such as 'block*/attn'"}
+
+
+def _field(event: dict, key: str):
+    """`event[key]`, or a ValueError saying which field the event lacks and what it holds."""
+    if key not in event:
+        raise ValueError(f"the {event.get('event')!r} event has no {key!r} ({_FIELDS[key]}); "
+                         f"it came as {event!r}. The front end and toast_lab may be of "
+                         f"different versions: reinstall with `pip install .`")
+    return event[key]
+
+
 def _default_widget():
     """A LabView, or None where ipywidgets (or the view module) is not installed."""
     try:
@@ -83,6 +95,8 @@ class Lab:
         self._error: str | None = None        # a crash of the view layer itself
         self._refresh_lock = threading.RLock()
         self._view: ViewModel | None = None
+        self._charts = None                   # LabCharts, made when first displayed
+        self._box = None                      # the widget and the charts, as displayed
         self.widget = _default_widget() if widget is None else (widget or None)
         if self.widget is not None:
             self.widget.on_event(self._on_event)
@@ -191,6 +205,13 @@ class Lab:
                 return self._view
             self._view = vm
             self._send(vm.to_dict(), costs)
+            if self._charts is not None:
+                try:
+                    self._charts.update(vm)
+                except Exception as err:  # noqa: BLE001 - a chart must not stop the Lab
+                    log.exception("toast-lab: the charts could not be updated")
+                    self._error = f"the charts could not be updated: {type(err).__name__}: {err}"
+                    self._push_error()
             return vm
 
     def _send(self, doc: dict, costs: bytes | None) -> None:
@@ -227,11 +248,11 @@ class Lab:
         self._error = None
         try:
             if name == "pin":
-                self.session.pin(event["name"], event.get("value"))
+                self.session.pin(_field(event, "name"), event.get("value"))
             elif name == "unpin":
-                self.session.unpin(event["name"])
+                self.session.unpin(_field(event, "name"))
             elif name == "toggle":
-                self.toggle(event["group"])
+                self.toggle(_field(event, "group"))
             elif name == "select":
                 self.select(event.get("kind"), event.get("id"))
             elif name == "search":
@@ -260,11 +281,46 @@ class Lab:
     def to_text(self) -> str:
         return self._view.to_text() if self._view is not None else repr(self)
 
+    @property
+    def charts(self):
+        """The live Bokeh charts (search progress against the expert strategies, memory per
+        device against capacity), made on first use and then fed on every change; None where
+        Bokeh or jupyter_bokeh is missing."""
+        with self._refresh_lock:
+            if self._charts is None and self._view is not None:
+                try:
+                    from ._charts import LabCharts
+                except ImportError as err:
+                    log.info("toast-lab: no charts (%s)", err)
+                    return None
+                self._charts = LabCharts(self._view)
+            return self._charts
+
+    def _display_box(self):
+        """The widget with the charts under it, as one ipywidgets box; BokehJS is loaded first
+        (inline) and the charts' saved documents brought up to date, so that this display
+        starts from the current numbers and follows every later change."""
+        charts = self.charts
+        if charts is None:
+            return self.widget
+        import ipywidgets
+
+        from ._charts import load_bokehjs
+
+        with self._refresh_lock:
+            charts.rebundle()
+        if self._box is None:
+            self._box = ipywidgets.VBox([self.widget, charts.widget])
+            self._box.add_class("tl-lab-box")
+        load_bokehjs()
+        return self._box
+
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         w = self.widget
         bundle = None
         if w is not None and hasattr(w, "_repr_mimebundle_"):
-            bundle = w._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+            shown = self._display_box()
+            bundle = shown._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
         if not bundle:
             return {"text/plain": self.to_text()}
         if isinstance(bundle, tuple):  # (data, metadata)
