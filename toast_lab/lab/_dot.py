@@ -22,7 +22,7 @@ GRAPH_ATTRS = {"rankdir": "TB", "nodesep": "0.25", "ranksep": "0.3", "fontname":
 NODE_ATTRS = {"shape": "box", "style": "rounded,filled", "fillcolor": "white",
               "color": "#5B6570", "fontname": "Helvetica", "fontsize": "10", "height": "0.3",
               "margin": "0.1,0.04"}
-EDGE_ATTRS = {"color": NEUTRAL, "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "8"}
+EDGE_ATTRS = {"color": NEUTRAL, "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "9"}
 
 
 def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree) -> str:
