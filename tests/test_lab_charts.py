@@ -53,6 +53,7 @@ def test_charts_follow_the_view_model(lab):
     assert not charts.memory.fits  # replicated does not fit in 16 GiB
     before = dict(charts.memory.source.data)
     lab.pin("batch", "data")  # every pin: the memory bar moves with the estimate
+    assert lab._settle_charts()
     est = lab.estimate
     bars = {k: v[0] for k, v in charts.memory.source.data.items() if k != "y"}
     assert bars != {k: v[0] for k, v in before.items() if k != "y"}
@@ -60,6 +61,7 @@ def test_charts_follow_the_view_model(lab):
     assert charts.memory.fits == est.feasible
     # A search: the progress chart holds its history, up to "now".
     lab.search(simulations=300, background=False)
+    assert lab._settle_charts()
     s = lab.view.search
     data = charts.progress.source.data
     assert len(data["best_ms"]) >= len(s.history) >= 1
@@ -68,32 +70,62 @@ def test_charts_follow_the_view_model(lab):
     assert charts.progress.by_time.title.text.startswith("Best plan so far: ")
 
 
-def test_the_lab_displays_as_one_box_of_widget_and_charts(gpt, monkeypatch):
+def test_the_lab_displays_its_widget_then_the_charts_under_it(gpt, monkeypatch):
     pytest.importorskip("ipywidgets")
+    import IPython.display
+
     from toast_lab.lab import _charts
 
-    loads = []
-    monkeypatch.setattr(_charts, "load_bokehjs", lambda: loads.append(1))
+    shown = []
+    monkeypatch.setattr(_charts, "load_bokehjs", lambda: shown.append("bokehjs"))
+    monkeypatch.setattr(IPython.display, "display", lambda w: shown.append(w))
     lab = Lab.from_analysis(*gpt)  # a real LabView
     bundle = lab._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
-    box = lab._box
-    model = data["application/vnd.jupyter.widget-view+json"]["model_id"]
-    assert model == box.model_id and loads == [1]  # BokehJS loaded with every display
-    assert box.children[0] is lab.widget and box.children[1] is lab.charts.widget
-    assert "tl-lab-box" in box._dom_classes
+    assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == lab.widget.model_id
     assert data["text/plain"].startswith("Lab('gpt_train_step'")
-    # A second display: the charts' saved documents are brought up to date first.
+    # After the cell (IPython's post_execute): BokehJS, then the charts, up to date.
+    lab._show_charts()
+    assert shown == ["bokehjs", lab.charts.widget]
+    assert "tl-charts" in lab.charts.widget._dom_classes
     lab.pin("batch", "data")
-    lab._repr_mimebundle_()
-    assert loads == [1, 1]
+    assert lab._settle_charts()
+    lab._show_charts()
     saved = lab.charts.memory.widget.render_bundle["docs_json"]
     assert f"{lab.estimate.peak_memory_bytes / 2**30:.2f} GiB of 16.0 GiB" in str(saved)
+
+
+def test_charts_are_displayed_after_the_cell_that_shows_the_lab(gpt, monkeypatch):
+    """In a kernel, showing the Lab registers a one-shot post_execute callback for the charts."""
+    pytest.importorskip("ipywidgets")
+    import IPython
+
+    class Events:
+        def __init__(self):
+            self.callbacks = []
+
+        def register(self, event, fn):
+            self.callbacks.append((event, fn))
+
+        def unregister(self, event, fn):
+            self.callbacks.remove((event, fn))
+
+    shell = type("Shell", (), {"events": Events()})()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    lab = Lab.from_analysis(*gpt)
+    calls = []
+    monkeypatch.setattr(lab, "_show_charts", lambda: calls.append(1))
+    lab._repr_mimebundle_()
+    ((event, callback),) = shell.events.callbacks
+    assert event == "post_execute" and calls == []
+    callback()
+    assert calls == [1] and shell.events.callbacks == []
 
 
 def test_a_chart_failure_shows_in_the_view_and_the_lab_goes_on(lab, monkeypatch):
     charts = lab.charts
     monkeypatch.setattr(charts, "update", lambda view: 1 / 0)
     lab.pin("batch", "data")
+    assert lab._settle_charts()
     assert "the charts could not be updated: ZeroDivisionError" in lab.widget.view["error"]
     assert lab.plan.axes_of("batch") == ("data",)

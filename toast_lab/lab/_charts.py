@@ -209,8 +209,8 @@ class LabCharts:
     reference lines) and memory per device against capacity, both fed from the Lab's view
     model on every change (`update(view)`: a pin, a search's progress, its end).
 
-    `widget` is an ipywidgets.HBox; call `load_bokehjs()` before displaying it, and
-    `rebundle()` first when it was displayed before (see `rebundle`).
+    `widget` is an ipywidgets.HBox; call `load_bokehjs()` and `rebundle()` before displaying
+    it.
     """
 
     def __init__(self, view, width: int = 1060) -> None:
@@ -221,11 +221,12 @@ class LabCharts:
         self._last_history = self._history(view)
         self.progress = SearchProgressChart(self._last_history, self.references,
                                             width=int(width * 0.56))
-        self.memory = MemoryChart(est.get("memory_breakdown", {}),
-                                  est.get("memory_capacity_bytes", 0.0), width=int(width * 0.42),
-                                  height=220)
+        self._last_memory = (dict(est.get("memory_breakdown", {})),
+                             est.get("memory_capacity_bytes", 0.0))
+        self.memory = MemoryChart(*self._last_memory, width=int(width * 0.42), height=220)
+        self.dirty = False  # whether a chart changed since its widget's document was saved
         self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget])
-        self.widget.add_class("tl-charts")
+        self.widget.add_class("tl-charts")  # drawn as the bottom of the Lab's card
 
     def update(self, view) -> None:
         """Moves both charts to `view`; only what changed travels to the page."""
@@ -233,16 +234,23 @@ class LabCharts:
         if history != self._last_history:
             self.progress.update(history)
             self._last_history = history
+            self.dirty = True
         est = view.estimate
         if est:
-            self.memory.update(est.get("memory_breakdown", {}),
-                               est.get("memory_capacity_bytes", 0.0))
+            memory = (dict(est.get("memory_breakdown", {})), est.get("memory_capacity_bytes", 0.0))
+            if memory != self._last_memory:
+                self.memory.update(*memory)
+                self._last_memory = memory
+                self.dirty = True
 
     def rebundle(self) -> None:
-        """Makes each chart widget's saved document the current one: a view displayed from now
-        on starts from the current numbers (patches sent while no view existed are lost)."""
-        self.progress.widget.update_from_model(self.progress.layout)
-        self.memory.widget.update_from_model(self.memory.fig)
+        """Makes each chart widget's saved document the current one, if anything changed since
+        it was saved: a view displayed from now on starts from the current numbers (patches
+        sent while no view existed are lost)."""
+        if self.dirty:
+            self.progress.widget.update_from_model(self.progress.layout)
+            self.memory.widget.update_from_model(self.memory.fig)
+            self.dirty = False
 
     @staticmethod
     def _history(view) -> tuple:

@@ -50,6 +50,16 @@ def _field(event: dict, key: str):
     return event[key]
 
 
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where the Lab will be displayed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 def _default_widget():
     """A LabView, or None where ipywidgets (or the view module) is not installed."""
     try:
@@ -95,13 +105,21 @@ class Lab:
         self._error: str | None = None        # a crash of the view layer itself
         self._refresh_lock = threading.RLock()
         self._view: ViewModel | None = None
-        self._charts = None                   # LabCharts, made when first displayed
-        self._box = None                      # the widget and the charts, as displayed
+        self._charts = None                   # LabCharts, made for the first display
+        self._charts_lock = threading.RLock()  # making, updating, saving the charts
+        self._charts_mutex = threading.Lock()  # the next view for the charts
+        self._charts_next: ViewModel | None = None
+        self._charts_busy = False
+        self._charts_idle = threading.Event()
+        self._charts_idle.set()
         self.widget = _default_widget() if widget is None else (widget or None)
         if self.widget is not None:
             self.widget.on_event(self._on_event)
         self.session.add_listener(self._on_change)
         self.refresh()
+        if self.widget is not None and _in_kernel():
+            threading.Thread(target=self._prepare_charts, name="toast-lab charts",
+                             daemon=True).start()
 
     # --- the session, as a notebook uses it -------------------------------------------------------
 
@@ -206,13 +224,45 @@ class Lab:
             self._view = vm
             self._send(vm.to_dict(), costs)
             if self._charts is not None:
-                try:
-                    self._charts.update(vm)
-                except Exception as err:  # noqa: BLE001 - a chart must not stop the Lab
-                    log.exception("toast-lab: the charts could not be updated")
-                    self._error = f"the charts could not be updated: {type(err).__name__}: {err}"
-                    self._push_error()
+                self._update_charts_later(vm)
             return vm
+
+    # --- the charts, off the critical path ------------------------------------------------------
+
+    def _update_charts_later(self, vm: ViewModel) -> None:
+        """Moves the charts to `vm` in a thread of their own: a pin's new view reaches the page
+        without waiting for Bokeh (each chart property set is a document patch, ~2 ms), and
+        views that arrive while the charts update (a search) collapse into the newest."""
+        with self._charts_mutex:
+            self._charts_next = vm
+            if self._charts_busy:
+                return
+            self._charts_busy = True
+            self._charts_idle.clear()
+        threading.Thread(target=self._update_charts, name="toast-lab charts update",
+                         daemon=True).start()
+
+    def _update_charts(self) -> None:
+        while True:
+            with self._charts_mutex:
+                vm, self._charts_next = self._charts_next, None
+                if vm is None:
+                    self._charts_busy = False
+                    self._charts_idle.set()
+                    return
+            try:
+                with self._charts_lock:
+                    self._charts.update(vm)
+            except Exception as err:  # noqa: BLE001 - a chart must not stop the Lab
+                log.exception("toast-lab: the charts could not be updated")
+                with self._refresh_lock:
+                    self._error = (f"the charts could not be updated: {type(err).__name__}: "
+                                   f"{err}")
+                    self._push_error()
+
+    def _settle_charts(self, timeout: float = 10.0) -> bool:
+        """Waits until the charts show the latest view (tests, benchmarks)."""
+        return self._charts_idle.wait(timeout)
 
     def _send(self, doc: dict, costs: bytes | None) -> None:
         w = self.widget
@@ -286,41 +336,80 @@ class Lab:
         """The live Bokeh charts (search progress against the expert strategies, memory per
         device against capacity), made on first use and then fed on every change; None where
         Bokeh or jupyter_bokeh is missing."""
-        with self._refresh_lock:
-            if self._charts is None and self._view is not None:
-                try:
-                    from ._charts import LabCharts
-                except ImportError as err:
-                    log.info("toast-lab: no charts (%s)", err)
-                    return None
-                self._charts = LabCharts(self._view)
-            return self._charts
+        if self._charts is None:
+            self._make_charts()
+        return self._charts
 
-    def _display_box(self):
-        """The widget with the charts under it, as one ipywidgets box; BokehJS is loaded first
-        (inline) and the charts' saved documents brought up to date, so that this display
-        starts from the current numbers and follows every later change."""
+    def _make_charts(self) -> None:
+        # Made outside the view's lock (importing Bokeh and building the figures takes a
+        # second or more), then brought up to the view of the moment under it.
+        with self._charts_lock:
+            if self._charts is not None or self._view is None:
+                return
+            try:
+                from ._charts import LabCharts
+            except ImportError as err:
+                log.info("toast-lab: no charts (%s)", err)
+                return
+            view = self._view
+            charts = LabCharts(view)
+            with self._refresh_lock:  # from now on every refresh reaches the charts
+                self._charts = charts
+                if self._view is not view:
+                    self._update_charts_later(self._view)
+
+    def _prepare_charts(self) -> None:
+        """Makes the charts in a background thread, so that displaying the Lab (usually the
+        next thing a notebook does) finds them ready."""
+        try:
+            self._make_charts()
+        except Exception:  # noqa: BLE001 - displaying will try again and say what broke
+            log.exception("toast-lab: the charts could not be made")
+
+    def _show_charts(self) -> None:
+        """Displays the charts (BokehJS first, inline, and their saved documents brought up to
+        date, so that this display starts from the current numbers and follows every later
+        change)."""
         charts = self.charts
         if charts is None:
-            return self.widget
-        import ipywidgets
+            return
+        from IPython.display import display
 
         from ._charts import load_bokehjs
 
-        with self._refresh_lock:
+        with self._charts_lock:
             charts.rebundle()
-        if self._box is None:
-            self._box = ipywidgets.VBox([self.widget, charts.widget])
-            self._box.add_class("tl-lab-box")
         load_bokehjs()
-        return self._box
+        display(charts.widget)
+
+    def _show_charts_after_the_cell(self) -> None:
+        """The charts go under the widget once the cell has run: BokehJS, inline, is 4 MB of
+        script that the page runs before the outputs after it, so the graph, shown first, is
+        not kept waiting for it (2 s of a 2.3 s first display, measured)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+
+        def once(*_args):
+            shell.events.unregister("post_execute", once)
+            try:
+                self._show_charts()
+            except Exception:  # noqa: BLE001 - the Lab itself is on the page already
+                log.exception("toast-lab: the charts could not be displayed")
+
+        shell.events.register("post_execute", once)
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         w = self.widget
         bundle = None
         if w is not None and hasattr(w, "_repr_mimebundle_"):
-            shown = self._display_box()
-            bundle = shown._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+            bundle = w._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+            if bundle:
+                self._show_charts_after_the_cell()
         if not bundle:
             return {"text/plain": self.to_text()}
         if isinstance(bundle, tuple):  # (data, metadata)
