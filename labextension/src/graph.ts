@@ -42,6 +42,9 @@ export class GraphPane {
   private highlighted: number | null = null;
   /** A group just toggled: the next layout shows it (its cluster, or its node) readably. */
   private pendingFocus: string | null = null;
+  /** The layout running now, and the newest view that arrived meanwhile. */
+  private laying: Promise<void> | null = null;
+  private waiting: ViewModel | null = null;
   /** Per-op [compute_s, comm_s] pairs from the widget's op_costs buffer, when it has one. */
   opCosts: Float64Array | null = null;
   /** ms from update() to the graph in the page, for the last layout (also data-render-ms). */
@@ -76,7 +79,11 @@ export class GraphPane {
     this.installPanZoom();
   }
 
-  /** Draws `view`; re-lays out only when its DOT changed. */
+  /**
+   * Draws `view`; re-lays out only when its DOT changed. One layout at a time: views that
+   * arrive while Graphviz runs (a search sends several a second) wait, and only the newest of
+   * them is laid out next, so the page never works through a backlog of stale graphs.
+   */
   async update(view: ViewModel): Promise<void> {
     this.view = view;
     this.nodes = new Map(view.graph.nodes.map(n => [n.id, n]));
@@ -85,6 +92,24 @@ export class GraphPane {
       this.decorate();
       return;
     }
+    if (this.laying) {
+      this.waiting = view; // laid out when the current layout is in
+      return this.laying;
+    }
+    this.laying = this.layOut(view);
+    try {
+      await this.laying;
+    } finally {
+      this.laying = null;
+    }
+    const next = this.waiting;
+    this.waiting = null;
+    if (next) {
+      await this.update(this.view ?? next);
+    }
+  }
+
+  private async layOut(view: ViewModel): Promise<void> {
     const started = performance.now();
     const request = ++this.request;
     this.dot = view.graph.dot;
@@ -95,7 +120,7 @@ export class GraphPane {
     try {
       const text = await this.layout.layout(view.graph.dot);
       if (request !== this.request) {
-        return; // a newer view arrived while Graphviz ran
+        return; // disposed while Graphviz ran
       }
       this.install(text);
       this.status.hidden = true;

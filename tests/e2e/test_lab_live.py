@@ -106,9 +106,15 @@ def live(lab_server, browser_context):
     open_notebook(lab_server, page, "live_lab.ipynb", [LAB_CELL])
     lab = page.locator(".tl-widget .tl-lab")
     expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
+    expect(page.locator(".tl-charts canvas").first).to_be_visible(timeout=60_000)
     model_id = kernel_json(page, "lab.widget.model_id")
     yield Live(page, lab, lab_server, model_id, errors)
     page.close()
+
+
+def live_output(page):
+    """The Lab's cell's outputs: the widget and, under it, the charts."""
+    return page.locator(".jp-Cell").first.locator(".jp-OutputArea")
 
 
 def _replicated(live: Live) -> None:
@@ -161,7 +167,7 @@ def test_the_graph_renders_with_class_colours_and_a_conflict_mark(live):
     expect(marked.first).to_contain_text(f"⚠ seq: {conflict['resolution']}")
     expect(marked.first.locator("polygon").first).to_have_attribute("stroke", re.compile("#b3261e", re.I))
     page.mouse.move(5, 5)
-    shoot(page, "live_lab", page.locator(".tl-lab-box"))
+    shoot(page, "live_lab", live_output(page))
     assert not live.errors, live.errors
 
 
@@ -238,7 +244,7 @@ def test_a_search_runs_shows_progress_lets_another_cell_run_and_stops(live):
     out = page.locator(".jp-Cell").last.locator(".jp-OutputArea-output")
     expect(out).to_contain_text("kernel answers while searching: True", timeout=20_000)
     page.mouse.move(5, 5)
-    shoot(page, "live_lab_searching", page.locator(".tl-lab-box"))
+    shoot(page, "live_lab_searching", live_output(page))
     # Stop: the search ends, the best plan stays. Timed in the page, from the click event to
     # the header saying the search ended (a round trip to the kernel, which stops the search
     # thread and sends the final view).
@@ -255,7 +261,7 @@ def test_a_search_runs_shows_progress_lets_another_cell_run_and_stops(live):
     expect(progress).to_contain_text("searched")
     print(f"Stop click -> the page shows the search ended: {seen_ms:.0f} ms")
     assert seen_ms < 1000
-    shoot(page, "live_lab_searched", page.locator(".tl-lab-box"))
+    shoot(page, "live_lab_searched", live_output(page))
 
 
 def test_a_crash_in_a_callback_is_shown_and_the_widget_still_works(live):
