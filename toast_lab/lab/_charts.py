@@ -59,12 +59,12 @@ class SearchProgressChart:
 
     def __init__(self, history: Sequence[Sequence[float]] = (),
                  references: Mapping[str, float] | None = None, width: int = 640,
-                 height: int = 220) -> None:
+                 height: int = 220, sizing_mode: str = "fixed") -> None:
         self.source = ColumnDataSource(data=self._columns(history), name="toast-lab-progress")
         self.y_range = Range1d(0, 1)
         legend_w = 130 if references else 0
         common = dict(height=height, toolbar_location=None, y_range=self.y_range,
-                      background_fill_color="#fbfbfb")
+                      background_fill_color="#fbfbfb", sizing_mode=sizing_mode)
         plot_w = (width - legend_w) // 2
         # Explicit x ranges: before any search there is no data to fit, and the simulations
         # axis reads "7k", not "7000" (tick labels run together at this width otherwise).
@@ -100,7 +100,7 @@ class SearchProgressChart:
                                            label_text_font_size="8.5pt", border_line_alpha=0,
                                            title="expert plans", title_text_font_size="8.5pt",
                                            glyph_width=18, spacing=0), "right")
-        self.layout = row(self.by_time, self.by_sims)
+        self.layout = row(self.by_time, self.by_sims, sizing_mode=sizing_mode)
         self.update(history)
         self.widget = BokehModel(self.layout)
 
@@ -138,8 +138,9 @@ class MemoryChart:
     donated buffers) has no bar of its own: the title says how much it saves."""
 
     def __init__(self, breakdown: Mapping[str, float], capacity: float, width: int = 640,
-                 height: int = 190) -> None:
+                 height: int = 190, sizing_mode: str = "fixed") -> None:
         self.fig = figure(height=height, width=width, toolbar_location=None, y_range=["memory"],
+                          sizing_mode=sizing_mode,
                           x_range=Range1d(0, 1),
                           x_axis_label="GiB per device", title="Memory per device",
                           background_fill_color="#fbfbfb")
@@ -219,11 +220,16 @@ class LabCharts:
         self.references = _references(view)
         est = view.estimate or {}
         self._last_history = self._history(view)
+        # Both stretch to the width the page gives them (the Lab's card is as wide as the
+        # notebook), the progress chart taking the larger share.
         self.progress = SearchProgressChart(self._last_history, self.references,
-                                            width=int(width * 0.56))
+                                            width=int(width * 0.56), sizing_mode="stretch_width")
         self._last_memory = (dict(est.get("memory_breakdown", {})),
                              est.get("memory_capacity_bytes", 0.0))
-        self.memory = MemoryChart(*self._last_memory, width=int(width * 0.42), height=220)
+        self.memory = MemoryChart(*self._last_memory, width=int(width * 0.42), height=220,
+                                  sizing_mode="stretch_width")
+        self.progress.widget.layout = ipywidgets.Layout(flex="1.4 1 0", min_width="0")
+        self.memory.widget.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
         self.dirty = False  # whether a chart changed since its widget's document was saved
         self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget])
         self.widget.add_class("tl-charts")  # drawn as the bottom of the Lab's card
