@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -29,6 +30,7 @@ from ._viewmodel import ViewModel
 log = logging.getLogger("toast_lab.lab")
 
 DEFAULT_BUDGET_S = 10.0
+COUNTS_EVERY_S = 1.0  # how often a running search's counts alone refresh the view
 
 
 def op_costs_buffer(compute_s, comm_s) -> bytes:
@@ -103,6 +105,7 @@ class Lab:
         self._expanded = set(self.builder.default_expanded if expanded is None
                              else set(expanded) | {ROOT})
         self._error: str | None = None        # a crash of the view layer itself
+        self._refreshed_at = 0.0
         self._refresh_lock = threading.RLock()
         self._view: ViewModel | None = None
         self._charts = None                   # LabCharts, made for the first display
@@ -222,6 +225,7 @@ class Lab:
                 self._push_error()
                 return self._view
             self._view = vm
+            self._refreshed_at = time.perf_counter()
             self._send(vm.to_dict(), costs)
             if self._charts is not None:
                 self._update_charts_later(vm)
@@ -290,6 +294,12 @@ class Lab:
             log.exception("toast-lab: could not show an error in the widget")
 
     def _on_change(self, change: str) -> None:
+        # A running search reports its counts several times a second; a view that only
+        # changes them goes out at most once a second (a better plan, at once). Each view costs
+        # the kernel a rebuild and the page a redraw, taken from the search itself.
+        if (change == "search" and self.session.running
+                and time.perf_counter() - self._refreshed_at < COUNTS_EVERY_S):
+            return
         self.refresh()
 
     def _on_event(self, event: dict) -> None:
