@@ -5,7 +5,7 @@
  * Events go to the kernel as custom messages `{"event": ..., ...}`.
  */
 import type * as Backbone from 'backbone';
-import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
+import { DOMWidgetModel, DOMWidgetView, IBackboneModelOptions, ISerializers } from '@jupyter-widgets/base';
 
 import { sharedLayout } from './layout';
 import { MODULE_NAME, MODULE_VERSION } from './version';
@@ -32,7 +32,7 @@ export class LabViewModel extends DOMWidgetModel {
     op_costs: { deserialize: opCostsFromBuffer }
   };
 
-  initialize(attributes: Backbone.ObjectHash, options: any): void {
+  initialize(attributes: Backbone.ObjectHash, options: IBackboneModelOptions): void {
     super.initialize(attributes, options);
     // The model exists from the Lab's construction on (the kernel opens its comm then), well
     // before the Lab is displayed: start Graphviz and lay out the first graph meanwhile.
