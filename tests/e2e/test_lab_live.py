@@ -226,6 +226,7 @@ def test_a_search_runs_shows_progress_lets_another_cell_run_and_stops(live):
 
     page, lab = live.page, live.lab
     _replicated(live)
+    replicated_step = live.step_text()
     lab.locator(".tl-budget").fill("120")
     lab.locator(".tl-search").click()
     progress = lab.locator(".tl-progress")
@@ -239,6 +240,7 @@ def test_a_search_runs_shows_progress_lets_another_cell_run_and_stops(live):
     page.wait_for_function("() => [...document.querySelectorAll('.tl-widget .tl-svg g.edge path')]"
                            ".some(p => !['#9aa0a6', 'black', '', 'none'].includes((p.getAttribute('stroke') || '').toLowerCase()))")
     assert progress.get_attribute("data-running") == "true"
+    assert live.step_text() != replicated_step  # ... and its estimate is the one shown
     # The kernel answers another cell while the search runs.
     run_new_cell(page, "print('kernel answers while searching:', lab.session.running)")
     out = page.locator(".jp-Cell").last.locator(".jp-OutputArea-output")
