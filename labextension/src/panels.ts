@@ -349,7 +349,7 @@ function stackedBar(
   const legend = h(
     'div',
     { className: 'tl-bar-legend' },
-    parts.map(([name, v, color]) => h('span', null, h('span', { className: 'tl-swatch', style: `background:${color}` }), `${name} ${unit(v)}`)),
+    parts.filter(p => p[1] !== 0).map(([name, v, color]) => h('span', null, h('span', { className: 'tl-swatch', style: `background:${color}` }), `${name} ${unit(v)}`)),
     capacity !== null ? h('span', null, h('span', { className: 'tl-capacity-key' }), `capacity ${unit(capacity)}`) : null
   );
   return h('div', null, bar, legend);

@@ -31,6 +31,7 @@ export class LabGraphView implements PanelHost {
   private tabBody = h('div', { className: 'tl-tab-body' });
   private tab: Tab = 'decisions';
   private sticky: number | null = null;
+  private hovered: number | null = null;
   private dismissedError: string | null = null;
   private dismissedNotice: string | null = null;
   /** Read-only mode: which scopes are open, and the node last clicked (no kernel to ask). */
@@ -122,12 +123,19 @@ export class LabGraphView implements PanelHost {
   highlight(classId: number | null, sticky: boolean): void {
     if (sticky) {
       this.sticky = this.sticky === classId ? null : classId;
-      this.renderLegend();
+      this.hovered = null;
+    } else {
+      this.hovered = classId;
     }
-    const shown = classId ?? this.sticky;
-    this.graph.highlight(sticky ? this.sticky : shown);
+    this.showHighlight();
+  }
+
+  /** The class hovered, else the one clicked, lit in the graph and the legend alike. */
+  private showHighlight(): void {
+    const shown = this.hovered ?? this.sticky;
+    this.graph.highlight(shown);
     this.legend.querySelectorAll('.tl-legend-item').forEach(el => {
-      el.classList.toggle('tl-on', Number((el as HTMLElement).dataset.class) === (sticky ? this.sticky : shown));
+      el.classList.toggle('tl-on', Number((el as HTMLElement).dataset.class) === shown);
     });
   }
 
@@ -306,7 +314,7 @@ export class LabGraphView implements PanelHost {
     const v = this.view!;
     const key = JSON.stringify([this.sticky, v.classes.map(c => [c.name, c.color, c.axes, c.size, c.bytes])]);
     if (key === this.legendKey) {
-      this.graph.highlight(this.sticky);
+      this.showHighlight(); // a new layout has no highlight yet
       return;
     }
     this.legendKey = key;
@@ -330,7 +338,7 @@ export class LabGraphView implements PanelHost {
       h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-conflict' }), 'conflict site'),
       h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-coll' }), 'collective')
     );
-    this.graph.highlight(this.sticky);
+    this.showHighlight();
   }
 
   private renderTabs(): void {

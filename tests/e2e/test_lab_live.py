@@ -219,6 +219,19 @@ def test_pinning_a_class_changes_the_shown_estimate(live):
     total = sum(v[0] for k, v in memory.items() if k != "y")
     assert total * 2**30 == pytest.approx(est["peak_memory_bytes"], rel=1e-6)
     shoot(page, "live_lab_pinned", lab)
+    # The Estimate tab: time per mesh axis, memory against capacity, the experts as rows.
+    lab.locator('.tl-tab[data-tab="estimate"]').click()
+    panel = lab.locator(".tl-estimate")
+    for axis in live.value("list(lab.view.estimate['communication_by_axis'])"):
+        expect(panel.locator('.tl-bar[data-bar="time"] + .tl-bar-legend')).to_contain_text(f"comm {axis}")
+    expect(panel.locator('.tl-bar[data-bar="memory"] .tl-capacity')).to_have_count(1)
+    experts = live.value("[e.name for e in lab.view.experts]")
+    assert experts
+    for name in experts:
+        expect(panel.locator(f'tr[data-expert="{name}"]')).to_have_count(1)
+    expect(panel.locator("tr.tl-current-row")).to_contain_text("current")
+    shoot(page, "live_lab_estimate", lab)
+    lab.locator('.tl-tab[data-tab="decisions"]').click()
 
 
 def test_a_search_runs_shows_progress_lets_another_cell_run_and_stops(live):
