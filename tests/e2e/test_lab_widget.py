@@ -51,6 +51,8 @@ def answer(ev):
                     if ch["current"]:
                         v["estimate"]["step_time_s"] = ch["step_time_s"]
                         v["estimate"]["peak_memory_bytes"] = ch["peak_memory_bytes"]
+        # an estimate that overlaps communication with compute says how much stays exposed
+        v["estimate"]["exposed_communication_s"] = 0.25 * v["estimate"]["communication_s"]
         v["pinned"] = sorted(set(v["pinned"]) | {ev["name"]})
         v["error"] = None
     elif ev["event"] == "unpin":
@@ -184,6 +186,11 @@ def test_widget_draws_the_graph_and_answers_events(lab_notebook, page):
     expect(mlp.locator(".tl-lock")).to_contain_text("pinned")
     step = lab.locator('.tl-figure[data-figure="step time"] .tl-figure-value').inner_text()
     assert step.split()[0] in priced, (step, priced)
+    split = lab.locator('.tl-figure[data-figure="step time"] .tl-figure-split')
+    for axis, seconds in view["estimate"]["communication_by_axis"].items():
+        if seconds > 0:
+            expect(split).to_contain_text(axis)
+    expect(split).to_contain_text("exposed")
     # Notes say what else a choice does (first decision wins on shared tensors).
     noted = next((c, ch) for c in view["classes"] for ch in c["choices"] if ch.get("note"))
     note = lab.locator(f'.tl-decision[data-name="{noted[0]["name"]}"] '
