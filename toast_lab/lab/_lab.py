@@ -30,7 +30,9 @@ from ._viewmodel import ViewModel
 log = logging.getLogger("toast_lab.lab")
 
 DEFAULT_BUDGET_S = 10.0
-COUNTS_EVERY_S = 1.0  # how often a running search's counts alone refresh the view
+# How often a running search refreshes the view: a better plan, its counts alone (seconds).
+PLAN_EVERY_S = 0.5
+COUNTS_EVERY_S = 1.0
 
 
 def op_costs_buffer(compute_s, comm_s) -> bytes:
@@ -294,12 +296,14 @@ class Lab:
             log.exception("toast-lab: could not show an error in the widget")
 
     def _on_change(self, change: str) -> None:
-        # A running search reports its counts several times a second; a view that only
-        # changes them goes out at most once a second (a better plan, at once). Each view costs
-        # the kernel a rebuild and the page a redraw, taken from the search itself.
-        if (change == "search" and self.session.running
-                and time.perf_counter() - self._refreshed_at < COUNTS_EVERY_S):
-            return
+        # A running search reports several times a second. Each view costs the kernel a
+        # rebuild (on the search's own thread) and the page a redraw and a new layout (on the
+        # same cores): while it runs, a better plan goes out at most every PLAN_EVERY_S and
+        # the counts alone every COUNTS_EVERY_S. Its end always goes out.
+        if change in ("search", "plan") and self.session.search_state.running:
+            wait = COUNTS_EVERY_S if change == "search" else PLAN_EVERY_S
+            if time.perf_counter() - self._refreshed_at < wait:
+                return
         self.refresh()
 
     def _on_event(self, event: dict) -> None:
