@@ -226,9 +226,12 @@ class CostModel:
             peak_memory_bytes=arg + out + temp - alias,
             argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
             memory_capacity_bytes=self.capacity, collectives=collectives,
+            # Outputs written into donated argument buffers take no memory of their own: the
+            # categories add up to the peak, with none negative, so a chart can stack them.
             memory_breakdown={"parameters and optimizer state": state,
-                              "other arguments": arg - state, "outputs": out,
-                              "temporaries (peak)": temp, "aliased": -alias},
+                              "other arguments": arg - state,
+                              "outputs (not donated)": out - alias,
+                              "temporaries (peak)": temp},
             by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name,
             exposed_communication_s=exposed, communication_by_axis=by_axis)
 
