@@ -443,7 +443,7 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     compiled = step.lower(*placed, **placed_kw).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(placed, placed_kw) if kwargs else compiled(*placed))
+    out = jax.block_until_ready(compiled(*placed, placed_kw) if kwargs else compiled(*placed))
     run_s = time.perf_counter() - start
 
     if any(op.primitive == "shard_map" for op in prog.ops):
