@@ -78,7 +78,7 @@ display(w, log)
 CHARTS = r'''
 from toast_lab.lab._charts import SearchProgressChart, MemoryChart, load_bokehjs
 hist = view["search"]["history"]
-progress = SearchProgressChart(hist[:3], references={e["name"]: e["step_time_s"] for e in view["experts"][:2]})
+progress = SearchProgressChart(hist[:1], references={e["name"]: e["step_time_s"] for e in view["experts"][:2]})
 memory = MemoryChart(view["estimate"]["memory_breakdown"], view["estimate"]["memory_capacity_bytes"])
 load_bokehjs()
 display(ipywidgets.VBox([progress.widget, memory.widget]))
@@ -230,10 +230,10 @@ def test_charts_render_and_update(lab_notebook, page):
 
     view = json.loads(FIXTURE.read_text())
     history = len(view["search"]["history"])
-    assert history > 3
+    assert history >= 2  # the update adds rows
     charts = page.locator(".jp-OutputArea-output .bk-Column, .jp-OutputArea-output .bk-Row")
     expect(page.locator(".jp-OutputArea-output canvas").first).to_be_visible(timeout=60_000)
-    page.wait_for_function(f"({BOKEH_SOURCE})('toast-lab-progress')?.best_ms?.length === 3")
+    page.wait_for_function(f"({BOKEH_SOURCE})('toast-lab-progress')?.best_ms?.length === 1")
     assert charts.count() >= 1
     first = page.evaluate(f"({BOKEH_SOURCE})('toast-lab-memory')")
     category = "parameters and optimizer state"
