@@ -3,6 +3,7 @@
 import collections
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +97,30 @@ def test_view_model_round_trips_through_json(builder, session):
     for key in ("program", "mesh", "classes", "conflicts", "groups", "graph", "estimate",
                 "experts", "search", "snippet", "error", "selected", "details", "pinned"):
         assert key in doc
+
+
+def _shape(x):
+    """The field names of a JSON document, recursively (a list of objects by its first)."""
+    if isinstance(x, dict):
+        return {k: _shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shape(x[0])] if x and isinstance(x[0], dict) else []
+    return None
+
+
+def test_the_browser_fixture_is_a_current_view_model(builder, session):
+    """tests/data/lab_view_gpt.json (tests/e2e/make_view_fixture.py) has the fields the builder
+    emits now; regenerate it when this fails."""
+    fixture = json.loads((Path(__file__).parent / "data" / "lab_view_gpt.json").read_text())
+    assert ViewModel.from_dict(fixture).to_dict() == fixture
+    fresh = builder.build(session).to_dict()
+    for part in ("classes", "conflicts", "groups"):
+        assert _shape(fixture[part][:1]) == _shape(fresh[part][:1]), part
+    for part in ("nodes", "edges"):
+        assert _shape(fixture["graph"][part][:1]) == _shape(fresh["graph"][part][:1]), part
+    assert set(fixture) == set(fresh)
+    assert set(fixture["estimate"]) == set(fresh["estimate"])
+    assert set(fixture["search"]) == set(fresh["search"])
 
 
 def test_colours_and_ids_are_deterministic(gpt):

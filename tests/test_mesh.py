@@ -12,7 +12,8 @@ from toast_lab import DeviceSpec, Link, devices, get_device
 from toast_lab import Mesh
 
 PRESETS = [
-    "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-80gb", "h100-80gb", "h200", "b200", "cpu"
+    "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-80gb", "h100-80gb", "h100-96gb", "h200",
+    "b200", "cpu"
 ]
 
 
@@ -57,6 +58,28 @@ def test_datasheet_numbers():
     assert v5e.devices_per_node == 256
     assert get_device("tpu-v4").devices_per_node == 4096
     assert get_device("b200").peak_flops["bfloat16"] == 2.25e15
+
+
+def test_interconnect_and_efficiency_figures_follow_their_sources():
+    # ICI per axis: a bidirectional ring over one torus dimension, two links of the one-way
+    # rate in "How to Scale Your Model" (v4p 4.5e10, v5p 9e10, v5e 4.5e10, v6e 9e10 B/s).
+    for name, one_way in (("tpu-v4", 4.5e10), ("tpu-v5p", 9e10), ("tpu-v5e", 4.5e10),
+                          ("tpu-v6e", 9e10)):
+        assert get_device(name).intra_node.bandwidth == 2 * one_way, name
+    # DCN: about 2.5e10 B/s per host, shared by its 8 (v5e, v6e) or 4 (v4, v5p) chips.
+    assert get_device("tpu-v6e").inter_node.bandwidth == pytest.approx(3.125e9)
+    assert get_device("tpu-v5p").inter_node.bandwidth == pytest.approx(6.25e9)
+    assert get_device("tpu-v5p").torus_dims == 3 and get_device("tpu-v6e").torus_dims == 2
+    assert get_device("tpu-v6e").efficiency.tile == (8, 256, 256)  # 256x256 MXU
+    h96 = get_device("h100-96gb")
+    assert h96.memory_bytes == 96 * 2**30 and h96.memory_bandwidth == 2.4e12
+    assert h96.peak_flops == get_device("h100").peak_flops
+    h100 = get_device("h100").efficiency
+    assert h100.matmul == pytest.approx(792.1 / 989, abs=1e-3) and h100.units == 132
+    assert get_device("h100").torus_dims == 0  # NVLink is switched
+    assert not get_device("cpu").reassociates_all_reduce
+    with pytest.raises(ValueError, match="fraction"):
+        dataclasses.replace(h100, matmul=1.5)
 
 
 def test_get_device_by_name_or_spec():

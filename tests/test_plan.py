@@ -113,11 +113,18 @@ def test_plan_jit_matches_the_unsharded_function():
             .with_axes("hidden1", "model"))
     sample = tl.zoo.sample("mlp")
     step = plan.jit(fn, mesh.jax_mesh())
-    got, want = step(*sample), jax.jit(fn)(*sample)
+    want = jax.jit(fn)(*sample)
+    got = step(*sample)  # donates (consumes) sample's params and optimizer state
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
     w0 = got[0]["dense0"]["w"]
     assert w0.sharding.spec == P(None, "model")
+    # the training state is donated (each of its leaves aliases an output), the batch is not
+    text = step.lower(*args).as_text()
+    assert text.count("tf.aliasing_output") == len(jax.tree.leaves(args[:2]))
+    assert not any(x.is_deleted() for x in jax.tree.leaves(sample[2]))
+    kept = plan.jit(fn, mesh.jax_mesh(), donate=False).lower(*args).as_text()
+    assert "tf.aliasing_output" not in kept
 
 
 def test_plan_jit_refuses_another_function():
@@ -139,7 +146,7 @@ def test_plan_files_round_trip(gpt, mesh, tmp_path):
             .with_axes("seq", "model").with_resolution(c, "keep_dim3"))
     path = plan.save(tmp_path / "plan.json", mesh=mesh)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "toast-lab-plan" and doc["version"] == 1
+    assert doc["format"] == "toast-lab-plan" and doc["version"] == 2
     assert doc["mesh"] == {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"}
     assert list(doc["classes"]) == ["batch", "seq"]
     loaded = tl.Plan.load(path, an)

@@ -55,7 +55,7 @@ def test_search_fits_where_data_parallel_does_not(gpt_big):
     peaks = {k: tl.estimate(an, p, MESH).peak_memory_bytes
              for k, p in tl.strategies.expert(an, MESH).items()}
     dp = tl.estimate(an, tl.strategies.expert(an, MESH)["dp"], MESH)
-    assert min(peaks.values()) < 0.9 * peaks["dp"]
+    assert min(peaks.values()) < 0.95 * peaks["dp"]
     cap = 0.5 * (min(peaks.values()) + peaks["dp"])  # some plan fits, data parallel does not
     res = search(an, MESH, memory_cap=cap, budget_s=2, seed=0)
     assert res.feasible and res.estimate.peak_memory_bytes <= cap < dp.peak_memory_bytes
@@ -133,7 +133,10 @@ def test_callback_reports_progress(gpt_big):
 
 
 @pytest.mark.parametrize("name, shape", [
-    ("mlp", {"data": 4, "model": 2}), ("mlp", {"data": 2, "fsdp": 2, "model": 2}),
+    # With collectives overlapping compute, plans with the batch on either axis of this mesh
+    # come within 3% of each other: the search must still settle on the right one.
+    ("mlp", {"data": 4, "model": 2}),
+    ("mlp", {"data": 2, "fsdp": 2, "model": 2}),
     ("moe", {"data": 8}), ("gnn", {"data": 4, "model": 2}),
 ])
 def test_mcts_reaches_the_exhaustive_optimum_in_a_tenth_of_the_plans(name, shape):
@@ -160,7 +163,7 @@ def test_searched_plans_compile_and_match_the_unsharded_step(name, shape):
     # Apply the decisions found at scale to the small model (same classes, same names).
     plan = tl.Plan.from_decisions(an, res.plan.class_axes, res.plan.conflict_resolutions)
     sample = tl.zoo.sample(name)
-    got = plan.jit(fn, mesh.jax_mesh())(*sample)
     want = jax.jit(fn)(*sample)
+    got = plan.jit(fn, mesh.jax_mesh())(*sample)  # donates sample's training state
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-4)

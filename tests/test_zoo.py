@@ -10,7 +10,7 @@ import pytest
 from . import ext_models
 from toast_lab import zoo
 
-MODELS = ("mlp", "gpt", "gpt_scan", "cnn", "moe", "gnn")
+MODELS = ("mlp", "gpt", "gpt_scan", "cnn", "moe", "gnn", "llama")
 
 # XLA's CPU backend optimizations triple the compile time of these steps (most of this file's
 # runtime) and change nothing the tests look at: the HLO and the results are the same.

@@ -19,9 +19,9 @@ from . import rules, strategies, zoo
 from .analysis import (REPLICATE, Analysis, Conflict, ConflictSide, DimClass, ToastWarning,
                        UnknownPrimitiveError, analyze)
 from .cost import CostModel, Estimate, IncrementalEstimator, cost_model, estimate
-from .lab import Lab
-from .plan import (DeviceSpec, Link, Mesh, Plan, PlanError, PlanFileError, devices, get_device,
-                   random_plan)
+from .lab import Lab, PlanDiff, diff
+from .plan import (DeviceSpec, Efficiency, Link, Mesh, Plan, PlanError, PlanFileError, devices,
+                   get_device, random_plan)
 from .plan_search import SearchProgress, SearchResult, exhaustive, random_search, search
 from .program import Op, Program, Value, trace
 from .verification import VerifyReport, verify
@@ -31,8 +31,8 @@ __version__ = "0.1.0"
 __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies",
-    "zoo", "Mesh", "DeviceSpec", "Link", "devices", "get_device", "Plan", "PlanError",
-    "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
+    "zoo", "Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
+    "PlanError", "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
     "IncrementalEstimator", "search", "exhaustive", "random_search", "SearchResult",
-    "SearchProgress", "verify", "VerifyReport", "Lab",
+    "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff",
 ]

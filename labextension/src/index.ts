@@ -2,14 +2,15 @@
  * toast-lab's JupyterLab extension: two plugins sharing one graph view (./view).
  *  - `toast-lab:widget` registers the Lab widget (LabViewModel / LabView) with ipywidgets;
  *  - `toast-lab:plan-viewer` draws plan outputs (`application/vnd.toast-lab.plan+json`) and
- *    opens plan files (`*plan.json`, `*.toastplan.json`; "Open With" for any JSON) without a
- *    kernel.
+ *    plan diffs (`application/vnd.toast-lab.plan-diff+json`), and opens plan files
+ *    (`*plan.json`, `*.toastplan.json`; "Open With" for any JSON) without a kernel.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { IJupyterWidgetRegistry } from '@jupyter-widgets/base';
 import { MimeDocumentFactory } from '@jupyterlab/docregistry';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 
+import { diffRendererFactory } from './diffviewer';
 import { PLAN_MIME_TYPE, planRendererFactory } from './planviewer';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
@@ -37,11 +38,12 @@ const widgetPlugin: JupyterFrontEndPlugin<void> = {
 
 const planViewerPlugin: JupyterFrontEndPlugin<void> = {
   id: 'toast-lab:plan-viewer',
-  description: 'Draws toast-lab plan outputs and plan files without a kernel.',
+  description: 'Draws toast-lab plan outputs, plan diffs and plan files without a kernel.',
   requires: [IRenderMimeRegistry],
   autoStart: true,
   activate: (app: JupyterFrontEnd, rendermime: IRenderMimeRegistry) => {
     rendermime.addFactory(planRendererFactory, planRendererFactory.defaultRank);
+    rendermime.addFactory(diffRendererFactory, diffRendererFactory.defaultRank);
     const fileType = {
       name: PLAN_FILE_TYPE,
       displayName: 'toast-lab plan',

@@ -1,16 +1,17 @@
 /**
  * Saved plans without a kernel: a MIME renderer for `application/vnd.toast-lab.plan+json`
- * (data `{"plan": <plan file dict>, "view": <ViewModel>}`), also used by the document viewer
- * that opens plan files. A plan file that carries its view model (format v2: the plan dict with
- * a "view" key) is drawn with the same graph view as the Lab, read-only; an older file without
- * one is shown as its decisions and estimate.
+ * (data `{"plan": <plan file dict>, "view": <ViewModel>, "note"?: string}`, what
+ * `display(plan)` emits), also used by the document viewer that opens plan files. A plan that
+ * carries its view model (plan format 2: the file's "view" section) is drawn with the same graph
+ * view as the Lab, read-only; a format-1 file, or one written without a view, is shown as what
+ * it holds: its decisions, estimate, collectives and expert rows, as tables.
  */
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 
 import { h, fill } from './dom';
 import * as fmt from './format';
-import { isViewModel, ViewModel } from './viewmodel';
+import { ExpertRow, isViewModel, ViewModel } from './viewmodel';
 
 export const PLAN_MIME_TYPE = 'application/vnd.toast-lab.plan+json';
 
@@ -24,7 +25,18 @@ export interface PlanFile {
   conflicts?: Record<string, string>;
   pinned?: string[];
   estimate?: Record<string, unknown>;
-  view?: ViewModel;
+  experts?: ExpertRow[];
+  view?: ViewModel | null;
+}
+
+/** What the MIME data or a file says besides the plan: why a part is missing (e.g. no mesh). */
+export function readNote(data: unknown): string | null {
+  const d = (data ?? {}) as Record<string, unknown>;
+  const view = readPlanData(data).view as (ViewModel & { notice?: string | null }) | null;
+  if (typeof d.note === 'string') {
+    return d.note;
+  }
+  return view && typeof view.notice === 'string' ? view.notice : null;
 }
 
 /** What a MIME bundle or a file holds: a plan, its view model, or both. */
@@ -44,6 +56,7 @@ export function readPlanData(data: unknown): { plan: PlanFile | null; view: View
 
 export class PlanRenderer extends Widget implements IRenderMime.IRenderer {
   private graphView: import('./view').LabGraphView | null = null;
+  private noteEl = h('div', { className: 'tl-plan-note', hidden: true });
 
   constructor(private options: IRenderMime.IRendererOptions) {
     super();
@@ -51,19 +64,23 @@ export class PlanRenderer extends Widget implements IRenderMime.IRenderer {
   }
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
-    const { plan, view } = readPlanData(model.data[this.options.mimeType]);
+    const data = model.data[this.options.mimeType];
+    const { plan, view } = readPlanData(data);
     if (view) {
       if (!this.graphView) {
         const { LabGraphView } = await import('./view');
         this.graphView = new LabGraphView({ interactive: false, send: () => undefined });
-        fill(this.node, this.graphView.node);
+        fill(this.node, this.noteEl, this.graphView.node);
       }
+      const note = readNote(data);
+      this.noteEl.hidden = !note;
+      this.noteEl.textContent = note ?? '';
       await this.graphView.update(view, null);
       return;
     }
     this.graphView?.dispose();
     this.graphView = null;
-    fill(this.node, plan ? planSummary(plan) : notAPlan());
+    fill(this.node, plan ? planSummary(plan, readNote(data)) : notAPlan());
   }
 
   dispose(): void {
@@ -89,39 +106,107 @@ function notAPlan(): HTMLElement {
   );
 }
 
-/** A plan file without a view model: its decisions and estimate as tables. */
-function planSummary(plan: PlanFile): HTMLElement {
+/**
+ * A plan without a view model (plan format 1, or written where no view could be built): what it
+ * holds, as tables — its decisions, the estimate with its collectives and memory, the experts.
+ */
+export function planSummary(plan: PlanFile, note: string | null = null): HTMLElement {
   const est = plan.estimate ?? {};
   const num = (k: string) => (typeof est[k] === 'number' ? (est[k] as number) : null);
   const pinned = new Set(plan.pinned ?? []);
   const mesh = plan.mesh ? `${Object.entries(plan.mesh.axes).map(([a, n]) => `${a}=${n}`).join(' × ')} · ${plan.mesh.device}` : 'no mesh';
+  const classes = Object.entries(plan.classes ?? {});
+  const conflicts = Object.entries(plan.conflicts ?? {});
+  const collectives = Array.isArray(est.collectives) ? (est.collectives as CollectiveRow[]) : [];
+  const memory = Object.entries((est.memory_breakdown ?? {}) as Record<string, number>);
+  const step = num('step_time_s');
+  const peak = num('peak_memory_bytes');
+  const capacity = num('memory_capacity_bytes');
+  const why =
+    plan.version < 2
+      ? `This plan file is format ${plan.version}, from before plan files carried their graph. ` +
+        'To draw it, load it and save it again: tl.Plan.load(path, analysis).save(path).'
+      : `This plan carries no view model${note ? ` (${note})` : ''}, so there is no graph to draw.`;
   return h(
     'div',
-    { className: 'tl-lab tl-readonly tl-plan-summary' },
+    { className: 'tl-lab tl-readonly tl-plan-summary', 'data-plan-version': plan.version },
     h(
       'div',
       { className: 'tl-header' },
       h('div', { className: 'tl-title' }, h('span', { className: 'tl-program' }, plan.program?.name ?? 'plan'), h('span', { className: 'tl-muted' }, ` ${mesh}`)),
+      step !== null ? figure('step time', fmt.seconds(step), '') : null,
+      peak !== null
+        ? figure('peak memory', `${fmt.bytes(peak)}${capacity !== null ? ` / ${fmt.bytes(capacity)}` : ''}`, est.feasible === false ? 'tl-bad' : '')
+        : null,
       h('div', { className: 'tl-readonly-note' }, `plan file v${plan.version} · read-only`)
     ),
-    h('div', { className: 'tl-section-note' }, 'This plan file carries no view model, so there is no graph to draw. Save it again with lab.export(...) to get one.'),
-    num('step_time_s') !== null
-      ? h('div', { className: 'tl-kv' }, h('span', { className: 'tl-k' }, 'step time'), h('span', { className: 'tl-v' }, fmt.seconds(num('step_time_s'))))
+    h('div', { className: 'tl-section-note' }, why),
+    h('h4', null, `Classes (${classes.length} sharded)`),
+    classes.length
+      ? table(['class', 'mesh axes', ''], classes.map(([c, a]) => [c, fmt.axes(a), pinned.has(c) ? 'pinned' : '']), 'tl-summary-classes')
+      : h('div', { className: 'tl-empty' }, 'Every class replicated.'),
+    h('h4', null, `Conflicts (${conflicts.length} active)`),
+    conflicts.length
+      ? table(['conflict', 'resolution', ''], conflicts.map(([c, r]) => [c, r, pinned.has(c) ? 'pinned' : '']), 'tl-summary-conflicts')
+      : h('div', { className: 'tl-empty' }, 'No conflict is active.'),
+    step !== null
+      ? [
+          h('h4', null, 'Estimate per device'),
+          table(
+            ['', ''],
+            [
+              ['step time', fmt.seconds(step)],
+              ['compute', fmt.seconds(num('compute_s'))],
+              ['communication', fmt.seconds(num('communication_s'))],
+              ['peak memory', `${fmt.bytes(peak)} of ${fmt.bytes(capacity)}${est.feasible === false ? ' — does not fit' : ' — fits'}`]
+            ],
+            'tl-summary-estimate'
+          )
+        ]
       : null,
-    num('peak_memory_bytes') !== null
-      ? h('div', { className: 'tl-kv' }, h('span', { className: 'tl-k' }, 'peak memory'), h('span', { className: 'tl-v' }, fmt.bytes(num('peak_memory_bytes'))))
+    collectives.length
+      ? [
+          h('h4', null, 'Collectives per device per step'),
+          table(
+            ['kind', 'mesh axes', 'count', 'bytes', 'time'],
+            collectives.map(c => [c.kind, fmt.axes(c.axes ?? []), String(Math.round(c.count)), fmt.bytes(c.bytes), fmt.seconds(c.time_s)]),
+            'tl-summary-collectives'
+          )
+        ]
       : null,
-    h('h4', null, 'Classes'),
-    h(
-      'table',
-      { className: 'tl-table' },
-      h('tbody', null, Object.entries(plan.classes ?? {}).map(([c, a]) => h('tr', null, h('td', null, c), h('td', null, fmt.axes(a)), h('td', null, pinned.has(c) ? 'pinned' : ''))))
-    ),
-    h('h4', null, 'Conflicts'),
-    h(
-      'table',
-      { className: 'tl-table' },
-      h('tbody', null, Object.entries(plan.conflicts ?? {}).map(([c, r]) => h('tr', null, h('td', { className: 'tl-mono' }, c), h('td', null, r), h('td', null, pinned.has(c) ? 'pinned' : ''))))
-    )
+    memory.length
+      ? [h('h4', null, 'Memory at the peak'), table(['category', 'bytes'], memory.map(([k, v]) => [k, fmt.bytes(v)]), 'tl-summary-memory')]
+      : null,
+    plan.experts && plan.experts.length
+      ? [
+          h('h4', null, 'Expert strategies on the same cost model'),
+          table(
+            ['plan', 'step time', 'peak memory'],
+            [...plan.experts].sort((a, b) => a.step_time_s - b.step_time_s).map(r => [r.name, fmt.seconds(r.step_time_s), `${fmt.bytes(r.peak_memory_bytes)}${r.feasible ? '' : ' ✗'}`]),
+            'tl-experts'
+          )
+        ]
+      : null
   );
+}
+
+interface CollectiveRow {
+  kind: string;
+  axes?: string[];
+  count: number;
+  bytes: number;
+  time_s: number;
+}
+
+function table(head: string[], rows: string[][], cls: string): HTMLElement {
+  return h(
+    'table',
+    { className: `tl-table ${cls}` },
+    head.some(x => x) ? h('thead', null, h('tr', null, head.map(x => h('th', null, x)))) : null,
+    h('tbody', null, rows.map(r => h('tr', null, r.map((x, i) => h('td', { className: i === 0 && cls.includes('conflicts') ? 'tl-mono' : '' }, x)))))
+  );
+}
+
+function figure(label: string, value: string, cls: string): HTMLElement {
+  return h('div', { className: `tl-figure ${cls}` }, h('div', { className: 'tl-figure-value' }, value), h('div', { className: 'tl-figure-label' }, label));
 }

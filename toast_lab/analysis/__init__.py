@@ -2,11 +2,14 @@
 every factor of every op's rule and gives an `Analysis` — the sharding-equivalence classes
 (`DimClass`: dims that must be sharded alike), the conflicts (`Conflict`: a class on two dims of
 one value, with its resolutions), each op's rule and the class of each of its factors. Repeated
-layers can be grouped so one decision covers them all.
+layers can be grouped so one decision covers them all. `domains(an)` says which part of a
+training step each value is in (compute, parameters, optimizer state), for per-domain plans.
 """
 
 from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
 from ._classes import NO_CLASS, REPLICATE, Conflict, ConflictSide, DimClass
+from ._domains import COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, domains
 
 __all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLICATE",
-           "NO_CLASS", "ToastWarning", "UnknownPrimitiveError"]
+           "NO_CLASS", "ToastWarning", "UnknownPrimitiveError", "domains", "Domains", "DOMAINS",
+           "COMPUTE", "PARAMETERS", "OPTIMIZER"]

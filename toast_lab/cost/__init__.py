@@ -10,13 +10,15 @@ plan a decision at a time.
 from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._model import CostModel, IncrementalEstimator, cost_model
+from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ..plan import PlanError
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
-def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) -> Estimate:
-    """Step time and peak memory per device of `plan` on `mesh` (see CostModel).
+def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> Estimate:
+    """Step time and peak memory per device of `plan` on `mesh` (see CostModel). donate: the
+    step donates its training state, as plan.jit does by default; overlap: how communication
+    and compute add up (OVERLAP_MODES).
 
     Raises PlanError when the plan is for another analysis or does not fit the mesh (an axis
     the mesh lacks, a class its axes do not divide), before the cost model sees it.
@@ -30,4 +32,5 @@ def estimate(analysis, plan, mesh, donate: bool = False, overlap: bool = False) 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "COLLECTIVE_KINDS", "PlanArrays", "axis_bits", "plan_arrays"]
+           "CollectiveCost", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
+           "plan_arrays"]

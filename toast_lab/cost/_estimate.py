@@ -22,11 +22,18 @@ class CollectiveCost:
 class Estimate:
     """Per-device step time (seconds) and memory (bytes) of one plan on one mesh.
 
-    step_time_s = compute_s + communication_s, or their max with overlap=True (`overlap` says
-    which). peak_memory_bytes = argument + output + temporaries − aliased (donated) bytes, the
-    way XLA's memory_analysis() adds them up. feasible: the peak fits the device's memory.
-    collectives: {(kind, mesh axes): CollectiveCost}. memory_breakdown: bytes by category at the
-    peak. by_scope: {top-level name scope: (compute_s, communication_s)}.
+    step_time_s = compute_s + exposed_communication_s. `overlap` says how the two combine:
+    "scheduled" (default) overlaps collectives with independent compute the way XLA's
+    scheduler runs them, and exposed_communication_s is what stays on the critical path;
+    "none" adds all communication, "perfect" takes max(compute, communication).
+    communication_s: every collective's time, hidden or not; communication_by_axis: that time
+    by mesh axis ({axis name: seconds}; a collective over several axes is split by the time
+    each level of the network takes). peak_memory_bytes = argument + output + temporaries −
+    aliased (donated) bytes, the way XLA's memory_analysis() adds them up. feasible: the peak
+    fits the device's memory. collectives: {(kind, mesh axes): CollectiveCost}.
+    memory_breakdown: bytes by category at the peak, adding up to it (none negative: outputs
+    in donated buffers are not counted again). by_scope: {top-level name scope:
+    (compute_s, communication_s)}.
     """
 
     step_time_s: float
@@ -42,8 +49,13 @@ class Estimate:
     collectives: dict = field(default_factory=dict)
     memory_breakdown: dict = field(default_factory=dict)
     by_scope: dict = field(default_factory=dict)
-    overlap: bool = False
+    overlap: str = "scheduled"
     device: str = ""
+    exposed_communication_s: float = 0.0
+    communication_by_axis: dict = field(default_factory=dict)
+    # flops with each loop body counted once, the way XLA's cost_analysis() counts a while
+    # loop (flops counts every iteration: what runs)
+    flops_loop_bodies_once: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -64,13 +76,17 @@ class Estimate:
 
     def summary(self) -> str:
         mib = format_bytes
+        axes = ", ".join(f"{a} {t * 1e3:.3f}" for a, t in self.communication_by_axis.items())
         lines = [
             f"step time      {self.step_time_s * 1e3:10.3f} ms  (compute {self.compute_s * 1e3:.3f}"
-            f" ms, communication {self.communication_s * 1e3:.3f} ms, "
-            f"{'overlapped' if self.overlap else 'not overlapped'})",
+            f" ms, exposed communication {self.exposed_communication_s * 1e3:.3f} ms; "
+            f"overlap {self.overlap})",
+            f"communication  {self.communication_s * 1e3:10.3f} ms"
+            + (f"  (by axis, ms: {axes})" if axes else ""),
             f"flops/device   {self.flops:10.3e}",
-            f"peak memory    {mib(self.peak_memory_bytes):>14}  of {mib(self.memory_capacity_bytes)}"
-            f" on {self.device}: {'fits' if self.feasible else 'DOES NOT FIT'}",
+            f"peak memory    {mib(self.peak_memory_bytes):>14}  of "
+            f"{mib(self.memory_capacity_bytes)} on {self.device}: "
+            f"{'fits' if self.feasible else 'DOES NOT FIT'}",
             f"  arguments {mib(self.argument_bytes)}, outputs {mib(self.output_bytes)}, "
             f"temporaries {mib(self.temp_bytes)}, aliased {mib(self.alias_bytes)}",
         ]
@@ -93,7 +109,9 @@ class Estimate:
         """JSON-ready numbers (plan files keep them for the JupyterLab viewer)."""
         return {
             "step_time_s": self.step_time_s, "compute_s": self.compute_s,
-            "communication_s": self.communication_s, "flops": self.flops,
+            "communication_s": self.communication_s,
+            "exposed_communication_s": self.exposed_communication_s,
+            "communication_by_axis": dict(self.communication_by_axis), "flops": self.flops,
             "peak_memory_bytes": self.peak_memory_bytes, "argument_bytes": self.argument_bytes,
             "output_bytes": self.output_bytes, "temp_bytes": self.temp_bytes,
             "alias_bytes": self.alias_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,

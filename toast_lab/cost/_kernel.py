@@ -5,7 +5,8 @@ read by field name); `add_temps` / `move_temps` and `peak_live` do the liveness 
 `MemoryTables`, and `arguments_and_outputs` the argument and output bytes. `run` strings them
 together in one call from Python (each such call pays for checking its arguments' types). The
 model itself is documented in _model.py. Masks are integers with one bit per mesh axis; the
-`mesh` table (MESH records: ways, bandwidth, latency) is indexed by mask.
+`mesh` table (MESH records: ways, bandwidth, latency) is indexed by mask; `device` is one
+DEVICE record.
 """
 
 from __future__ import annotations
@@ -14,25 +15,37 @@ import numpy as np
 from numba import njit
 
 from ._plan_arrays import PlanArrays
-from ._static import ROW_GROUP, ROW_RESULT
-from ._tables import MemoryTables, TypeTables
+from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE
+from ._static import DIM_BATCH, DIM_M, ROW_GROUP, ROW_RESULT
+from ._tables import MemoryTables, ScheduleTables, TypeTables
 
 AR, AG, RS, A2A = 0, 1, 2, 3
-# totals[...] layout
-T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE = range(8)
-NUM_TOTALS = 8
+# totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
+# them (see `schedule`), T_EXPOSED the communication it leaves on the critical path.
+T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE, T_SCHEDULED, T_EXPOSED, \
+    T_FLOPS_ONCE = range(11)
+NUM_TOTALS = 11
 # The most distinct shardings one shared value is gathered to (more are charged, not kept).
 MAX_SHARDINGS = 16
 
 
 @njit(cache=True, inline="always")
-def _ring(nbytes, mask, mesh, factor):
-    """Seconds of `factor` ring passes of nbytes over the axes of `mask`."""
-    link = mesh[mask]
-    n = link.ways
-    if nbytes <= 0.0 or n <= 1.0:
+def _gather_time(nbytes, mask, mesh):
+    """Seconds of an all-gather producing, or a reduce-scatter consuming, a buffer of nbytes
+    per device over the axes of `mask` (an all-reduce is one of each)."""
+    cost = mesh[mask]
+    if nbytes <= 0.0 or cost.ways <= 1.0:
         return 0.0
-    return factor * ((n - 1.0) / n * nbytes / link.bandwidth + (n - 1.0) * link.latency)
+    return nbytes * cost.gather_beta + cost.gather_alpha
+
+
+@njit(cache=True, inline="always")
+def _a2a_time(nbytes, mask, mesh):
+    """Seconds of an all-to-all of a shard of nbytes per device over the axes of `mask`."""
+    cost = mesh[mask]
+    if nbytes <= 0.0 or cost.ways <= 1.0:
+        return 0.0
+    return nbytes * cost.a2a_beta + cost.gather_alpha
 
 
 @njit(cache=True, inline="always")
@@ -52,16 +65,47 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
     moved = 0.0
     if gather != 0:
         b = nbytes * mesh[gather].ways
-        t = _ring(b, gather, mesh, 1.0)
+        t = _gather_time(b, gather, mesh)
         seconds += t
         moved += b
         _charge(coll, AG, gather, weight, b, t)
     if a2a != 0:
-        t = _ring(nbytes, a2a, mesh, 1.0)
+        t = _a2a_time(nbytes, a2a, mesh)
         seconds += t
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t)
     return seconds, moved
+
+
+@njit(cache=True, inline="always")
+def _tiles(size, tile):
+    return np.ceil(size / tile)
+
+
+@njit(cache=True, inline="always")
+def _matmul_efficiency(op, dims, eff, psum, mesh, dev):
+    """The fraction of peak a matmul reaches at its per-device shape: the device's large-
+    matmul ceiling, times the useful share of the blocks it computes. M, N and K are padded
+    to whole tiles, and the tile x K-step blocks run in waves of `units` at a time: Hopper's
+    cuBLAS and CUTLASS split K across SMs when M x N has too few tiles (stream-K, Osama et al.
+    2023, arXiv 2301.03598). Before a reduce-scatter the partial result is whole on the
+    scattered dims, so those count whole."""
+    m = 1.0
+    n = 1.0
+    batch = 1.0
+    for i in range(op.dims_start, op.dims_end):
+        size = dims[i].size / mesh[eff[op.result_type, dims[i].dim] & ~psum].ways
+        if dims[i].role == DIM_BATCH:
+            batch *= size
+        elif dims[i].role == DIM_M:
+            m *= size
+        else:
+            n *= size
+    k = op.matmul_k / mesh[psum].ways
+    blocks = _tiles(m, dev.tile_m) * _tiles(n, dev.tile_n) * batch * _tiles(k, dev.tile_k)
+    waves = np.ceil(blocks / dev.units)
+    computed = waves * dev.units * dev.tile_m * dev.tile_n * dev.tile_k
+    return dev.matmul * m * n * batch * k / computed
 
 
 @njit(cache=True, inline="always")
@@ -117,8 +161,9 @@ def value_type_masks(plan, tables):
 
 
 @njit(cache=True, inline="always")
-def evaluate_types(plan, tables, mesh, memory_bandwidth):
+def evaluate_types(plan, tables, mesh, device):
     """Everything but the liveness sweep: per type, so cheap whatever the depth."""
+    dev = device[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
@@ -157,73 +202,109 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
             add |= added[operand_rows[i]]
         gather[o] = rem & ~add
         a2a[o] = rem & add
-    # Op types.
+    # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
+    op_psum = np.zeros(P, np.int64)
+    op_res = np.zeros(P, np.int64)
+    for p in range(P):
+        for i in range(ops[p].groups_start, ops[p].groups_end):
+            g = tables.op_groups[i]
+            if groups[g].is_reduction:
+                op_psum[p] |= consensus[g]
+        if ops[p].result_type >= 0:
+            op_res[p] = vmask[ops[p].result_type]
     op_compute = np.zeros(P)
     op_comm = np.zeros(P)
     gathered = np.zeros(P)
+    # per execution of each op type: operand reshards of early values (prefetchable), of
+    # others, and the reduction of its partial sums after it
+    pre_early = np.zeros(P)
+    pre_late = np.zeros(P)
+    post = np.zeros(P)
+    reduced = np.zeros(P)
     for p in range(P):
         op = ops[p]
         w = op.weight
         gtime = 0.0
         gbytes = 0.0
         for i in range(op.operands_start, op.operands_end):
-            ot = tables.op_operands[i].operand_type
-            pdb = tables.op_operands[i].nbytes / mesh[vmask[operands[ot].value_type]].ways
+            member = tables.op_operands[i]
+            ot = member.operand_type
+            pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
             t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh)
             gtime += t
             gbytes += b
+            if member.early:
+                pre_early[p] += t
+            else:
+                pre_late[p] += t
         gathered[p] = gbytes
-        psum = 0
-        for i in range(op.groups_start, op.groups_end):
-            g = tables.op_groups[i]
-            if groups[g].is_reduction:
-                psum |= consensus[g]
-        res_mask = 0
-        if op.result_type >= 0:
-            res_mask = vmask[op.result_type]
+        if op.workspace > 0.0:
+            gathered[p] += op.workspace / mesh[vmask[op.workspace_type]].ways
+        psum = op_psum[p]
+        res_mask = op_res[p]
         ptime = 0.0
-        if psum != 0:
-            # One collective per sharded contraction factor, as XLA emits them: a weight
-            # gradient contracted over batch (on `data`) and sequence (on `model`) is reduced
-            # over `data`, then over `model`.
+        lead = op.sum_leader
+        if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
+            # (an op whose partial sums are added to its leader's, sharded alike, is reduced
+            # there, once: XLA's AllReduceReassociate)
             result_bytes = op.result_nbytes / mesh[res_mask].ways
             partial = result_bytes * mesh[psum & res_mask].ways
             # before a reduce-scatter the partial sums are whole on the scattered dims: a
             # temporary larger than the result, at this op
             gathered[p] += partial - result_bytes
+            # One collective per sharded contraction factor, as XLA emits them (a weight
+            # gradient contracted over batch on `data` and sequence on `model` is reduced over
+            # `data`, then over `model`); the reduce-scatters over the axes the result is
+            # sharded on first, so that the all-reduces over the others (a slow data-parallel
+            # axis) carry only the shard, as NCCL's and XLA's hierarchical reductions do.
+            size = partial
             done = 0
-            for i in range(op.groups_start, op.groups_end):
-                g = tables.op_groups[i]
-                m = consensus[g]
-                if not groups[g].is_reduction or m == 0 or m & done == m:
-                    continue
-                m &= ~done
-                done |= m
-                rs = m & res_mask
-                ar = m & ~res_mask
-                if ar != 0:
-                    t = _ring(partial, ar, mesh, 2.0)
+            for scatter in (True, False):
+                for i in range(op.groups_start, op.groups_end):
+                    g = tables.op_groups[i]
+                    if not groups[g].is_reduction:
+                        continue
+                    m = consensus[g] & ~done & (res_mask if scatter else ~res_mask)
+                    if m == 0:
+                        continue
+                    done |= m
+                    if scatter:
+                        t = _gather_time(size, m, mesh)
+                        _charge(coll, RS, m, w, size, t)
+                        if dev.reduce_scatter:
+                            size /= mesh[m].ways
+                        else:  # XLA:CPU: an all-reduce of it all, then a slice
+                            reduced[p] += size
+                    else:
+                        t = 2.0 * _gather_time(size, m, mesh)
+                        _charge(coll, AR, m, w, size, t)
+                        reduced[p] += size  # the all-reduce writes a new buffer
                     ptime += t
-                    _charge(coll, AR, ar, w, partial, t)
-                if rs != 0:
-                    t = _ring(partial, rs, mesh, 1.0)
-                    ptime += t
-                    _charge(coll, RS, rs, w, partial, t)
         flops = op.flops / mesh[res_mask | psum].ways
+        rate = op.peak
+        if op.kernel == KERNEL_ATTENTION:
+            rate *= dev.attention / op.flop_scale
+        elif op.kernel == KERNEL_INSIDE:
+            rate = np.inf  # runs inside a fused kernel, charged with its matmuls
+        elif op.matmul_k > 0.0:
+            rate *= _matmul_efficiency(op, tables.op_dims, eff, psum, mesh, dev)
         traffic = 0.0
         for i in range(op.io_start, op.io_end):
             traffic += tables.op_io[i].nbytes / mesh[vmask[tables.op_io[i].value_type]].ways
-        compute = max(flops / op.peak, traffic / memory_bandwidth) * w
+        compute = max(flops / rate, traffic / dev.memory_bandwidth) * w
         op_compute[p] = compute
         op_comm[p] = (gtime + ptime) * w
+        post[p] = ptime
         totals[T_COMPUTE] += compute
         totals[T_COMM] += op_comm[p]
         totals[T_FLOPS] += flops * w
+        totals[T_FLOPS_ONCE] += flops * op.count
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     gdelta = np.zeros(tables.num_ops + 2)
+    read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
@@ -251,6 +332,7 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
             t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
             op_comm[read.op_type] += t * read.trip
             totals[T_COMM] += t * read.trip
+            read_time[j] = t
             if nk < MAX_SHARDINGS:
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
@@ -261,14 +343,105 @@ def evaluate_types(plan, tables, mesh, memory_bandwidth):
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
-    return totals, coll, op_compute, op_comm, gathered, vmask, gdelta
+    reshards = (pre_early, pre_late, post, read_time)
+    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced
+
+
+@njit(cache=True, inline="always")
+def schedule(sched, ops, reads, op_compute, reshards):
+    """The step's length with collectives overlapping compute the way XLA's latency-hiding
+    scheduler runs them: asynchronously, one at a time on a communication stream, each
+    started as soon as its data and the stream allow.
+
+    - A reshard of a value known before any compute (a parameter: FSDP's all-gathers) is
+      prefetched: it starts as soon as the stream is free (XLA's latency-hiding scheduler
+      moves such collectives as early as its memory limit allows; that limit is not modelled).
+    - A reshard of a computed value starts once the op making it has finished.
+    - An op waits for its operands' reshards; a reduction of partial sums (a gradient's
+      reduce-scatter or all-reduce) starts after its op and is waited for only by the first
+      op reading the result (the optimizer, for a gradient), so later compute hides it.
+    - A loop body is walked twice: the first iteration, then one in the steady state (whose
+      prefetches overlap the iteration before), which stands for the remaining ones.
+    Returns the step's seconds.
+    """
+    pre_early, pre_late, post, read_time = reshards
+    P = op_compute.shape[0]
+    run = np.empty(P)  # seconds of one execution
+    busy = np.zeros(P, np.bool_)  # the type has collectives of its own
+    for p in range(P):
+        w = ops[p].weight
+        run[p] = op_compute[p] / w if w > 0.0 else 0.0
+        busy[p] = pre_early[p] > 0.0 or pre_late[p] > 0.0 or post[p] > 0.0
+    order = sched.reads_in_order
+    N = sched.op_type.shape[0]
+    finish = np.empty(N)
+    wait = np.zeros(N + 1)
+    clock = 0.0     # when the next op may start
+    stream = 0.0    # when the communication stream is free
+    k = 0           # the next shared read, in program order
+    loop_start = 0  # the loop body being walked: its first op and shared read
+    loop_k = 0
+    second = False  # walking its steady-state iteration
+    loop_clock = 0.0
+    loop_stream = 0.0
+    n = 0
+    while n < N:
+        p = sched.op_type[n]
+        if wait[n] > clock:
+            clock = wait[n]
+        if not (busy[p] or sched.event[n]):
+            clock += run[p]
+            finish[n] = clock
+            n += 1
+            continue
+        if sched.body_first[n] and not second:
+            loop_start = n
+            loop_k = k
+        early = pre_early[p]
+        late = pre_late[p]
+        while k < order.shape[0] and reads[order[k]].position == n:
+            if reads[order[k]].early:
+                early += read_time[order[k]]
+            else:
+                late += read_time[order[k]]
+            k += 1
+        start = clock
+        if early > 0.0:
+            stream += early
+            start = max(start, stream)
+        if late > 0.0:
+            r = sched.ready[n]
+            stream = max(stream, finish[r] if r >= 0 else 0.0) + late
+            start = max(start, stream)
+        clock = start + run[p]
+        finish[n] = clock
+        if post[p] > 0.0:
+            stream = max(stream, clock) + post[p]
+            d = sched.deadline[n]
+            if stream > wait[d]:
+                wait[d] = stream
+        trip = sched.body_last_trip[n]
+        if trip > 1.0:
+            if not second:  # walk the body again, in the steady state
+                second = True
+                loop_clock = clock
+                loop_stream = stream
+                n = loop_start
+                k = loop_k
+                continue
+            second = False
+            clock = loop_clock + (clock - loop_clock) * (trip - 1.0)
+            stream = max(stream, loop_stream + (stream - loop_stream) * (trip - 1.0))
+        n += 1
+    return max(clock, wait[N], stream)
+
 
 
 @njit(cache=True)
-def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
+def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     """One plan, whole: (totals, collectives, per-op-type compute and communication s,
     value-type masks). plan, tables and memory: PlanArrays, TypeTables and MemoryTables as
-    plain tuples (see _tables.py).
+    plain tuples (see _tables.py), and sched a ScheduleTables.
 
     fresh: size the temporaries from scratch (delta and old_vmask are not read). Otherwise
     delta holds the live-range deltas of the temporaries sized under `old_vmask`; they are
@@ -276,16 +449,44 @@ def run(plan, tables, mesh, memory_bandwidth, memory, delta, old_vmask, fresh):
     """
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
-    totals, coll, op_compute, op_comm, gathered, vmask, gdelta = evaluate_types(
-        PlanArrays(*plan), tables, mesh, memory_bandwidth)
+    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
+        evaluate_types(PlanArrays(*plan), tables, mesh, device)
+    step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
+                    reshards)
+    totals[T_SCHEDULED] = step
+    totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
         add_temps(delta, vmask, mesh, memory)
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
+    reduced_buffers(gdelta, gathered, reduced, memory)
+    arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
-    arguments_and_outputs(totals, vmask, mesh, memory)
     return totals, coll, op_compute, op_comm, vmask
+
+
+@njit(cache=True, inline="always")
+def reduced_buffers(gdelta, gathered, reduced, memory):
+    """An all-reduce writes its result to a new buffer, its input (the partial sums) still
+    live. XLA:CPU combines every all-reduce of the step into one, after the last: each
+    op's partial sums stay live until then; elsewhere (GPU, TPU) both buffers meet at the op."""
+    last = -1
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            if memory.combine_all_reduces:
+                span = memory.instances_by_type[p]
+                last = max(last, memory.instances[span.end - 1])
+            else:
+                gathered[p] += reduced[p]
+    if last < 0:
+        return
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                gdelta[memory.instances[i]] += reduced[p]
+                gdelta[last + 1] -= reduced[p]
 
 
 @njit(cache=True)
@@ -320,7 +521,8 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
 
 @njit(cache=True, inline="always")
 def peak_live(delta, gdelta, gathered, op_type):
-    """The largest live temporary bytes at any op, gathered buffers included."""
+    """The largest live temporary bytes at any op, gathered buffers included (gdelta also
+    takes away the output buffers not yet written: see arguments_and_outputs)."""
     live = 0.0
     peak = 0.0
     for n in range(op_type.shape[0]):
@@ -332,7 +534,10 @@ def peak_live(delta, gdelta, gathered, op_type):
 
 
 @njit(cache=True, inline="always")
-def arguments_and_outputs(totals, vmask, mesh, memory):
+def arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta):
+    """Argument, output, state and aliased bytes into totals. An output's buffer, unless a
+    donated argument holds it, is free from the start until the op that writes it: XLA's
+    buffer assignment places temporaries there, so gdelta takes it off the live bytes."""
     arg = 0.0
     state = 0.0
     for i in range(memory.inputs.shape[0]):
@@ -341,15 +546,27 @@ def arguments_and_outputs(totals, vmask, mesh, memory):
         if memory.inputs[i].is_state:
             state += b
     out = 0.0
-    fresh = 0.0
     outputs = memory.outputs
+    aliased = np.zeros(outputs.shape[0], np.bool_)
+    # a donated buffer holds its output where both are sharded alike, dim for dim
+    alias = 0.0
+    for i in range(memory.aliases.shape[0]):
+        pair = memory.aliases[i]
+        same = True
+        for d in range(eff.shape[1]):
+            if eff[pair.input_type, d] != eff[pair.output_type, d]:
+                same = False
+        if same:
+            alias += pair.nbytes / mesh[vmask[pair.input_type]].ways
+            aliased[pair.output] = True
     for i in range(outputs.shape[0]):
         b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
         out += b
-        if not outputs[i].is_input:
-            fresh += b
+        if not aliased[i] and outputs[i].position > 0:
+            gdelta[0] -= b
+            gdelta[outputs[i].position] += b
     totals[T_ARG] = arg
     # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
     totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
     totals[T_STATE] = state
-    totals[T_ALIAS] = min(arg, fresh) if memory.donate else 0.0
+    totals[T_ALIAS] = alias

@@ -7,15 +7,20 @@ The model, per op, with every value in exactly one sharding (its plan spec):
   are all-gathered; axes that move from one dim to another are an all-to-all; axes the op wants
   but the operand lacks are a free local slice.
 - a sharded contraction (reduction factor sharded alike on all its operands) leaves partial
-  sums: an all-reduce, or a reduce-scatter where the result is sharded on those axes.
-- compute is a roofline: max(flops / peak, bytes moved / HBM bandwidth), per device; values
-  XLA would fuse away move no bytes.
-- collectives follow an alpha-beta ring model per mesh axis: all-reduce 2(n-1)/n·S/B +
-  2(n-1)α, all-gather and reduce-scatter (n-1)/n·S/B + (n-1)α, all-to-all (n-1)/n·S/B +
-  (n-1)α; over several axes, the slowest link's bandwidth and latency.
-- memory is liveness over program order at per-device sizes: arguments (all step long unless
-  donated), outputs from their definition, temporaries while live, plus gathered buffers at
-  the op that gathers them.
+  sums: reduce-scattered over the axes its result is sharded on, then all-reduced (the shard
+  only) over the others; partial sums added together are reduced once where the compiler
+  reassociates them (GPU, TPU).
+- compute is a roofline per device: max(flops / rate, bytes moved / HBM bandwidth). Matmuls run
+  at the device's measured ceiling times the useful share of the tiles their per-device shape
+  fills; fused attention at its kernel's rate; values fused away (_fusion.py) move no bytes.
+- collectives follow an alpha-beta model per mesh-axis mask built from the network
+  (_collectives.py: levels, torus dimensions, trees across nodes).
+- step time: compute plus the communication left exposed when collectives overlap compute as
+  XLA's scheduler runs them (_kernel.schedule); or their sum, or their max (`overlap`).
+- memory is liveness over program order at per-device sizes: arguments (donated training
+  state shares its buffers with the new state), outputs from their definition, temporaries
+  while live (less the output space not yet written), gathered buffers at the op that gathers
+  them, partial sums until their all-reduce, and compiler workspace.
 Ops inside a scan body count `length` times for time, once for memory.
 """
 
@@ -23,18 +28,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan import Plan
+from ..plan import Plan, donated_arguments
 from ..program import state_inputs
 from . import _kernel
+from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
-from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays
+from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
 from ._static import static_tables
-from ._tables import INPUT, MESH, OUTPUT, SPAN, TEMP, MemoryTables
+from ._fusion import fused_live_ends, memory_traffic
+from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
 from ._types import build_types
 
-def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "CostModel":
+# How communication and compute add up: "scheduled" overlaps collectives with compute the way
+# XLA's scheduler runs them (_kernel.schedule), "none" adds them, "perfect" takes their max.
+OVERLAP_MODES = ("scheduled", "none", "perfect")
+
+
+def overlap_mode(overlap) -> str:
+    """One of OVERLAP_MODES; True and False mean "perfect" and "none" (the old switch)."""
+    if overlap is True or overlap is False:
+        return "perfect" if overlap else "none"
+    if overlap not in OVERLAP_MODES:
+        raise ValueError(f"overlap={overlap!r}: choose one of {OVERLAP_MODES}")
+    return overlap
+
+
+def cost_model(analysis, mesh, donate: bool = True, overlap="scheduled") -> "CostModel":
     """The CostModel of `analysis` on `mesh`, built once and kept with the analysis (the Lab's
     UI and search threads share it; building is thread-safe)."""
+    overlap = overlap_mode(overlap)
     return analysis.derived(("cost.model", mesh, donate, overlap),
                             lambda: CostModel(analysis, mesh, donate=donate, overlap=overlap))
 
@@ -42,15 +64,17 @@ def cost_model(analysis, mesh, donate: bool = False, overlap: bool = False) -> "
 class CostModel:
     """Estimates for one analysis on one mesh. Build once, evaluate many plans.
 
-    donate: the step donates its arguments (XLA may reuse their memory for the outputs).
-    overlap: communication overlaps compute perfectly (step = max) instead of adding up.
+    donate: the step donates its training-state arguments, as training loops and plan.jit do
+        (XLA writes the new state into their buffers); False keeps both copies.
+    overlap: "scheduled" (collectives overlap compute as XLA schedules them), "none" (they add
+        up) or "perfect" (step = max of the two); see OVERLAP_MODES.
     """
 
-    def __init__(self, analysis, mesh, donate: bool = False, overlap: bool = False):
+    def __init__(self, analysis, mesh, donate: bool = True, overlap="scheduled"):
         self.analysis = analysis
         self.mesh = mesh
         self.donate = donate
-        self.overlap = overlap
+        self.overlap = overlap_mode(overlap)
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
@@ -60,22 +84,10 @@ class CostModel:
     def _mesh_tables(self, mesh):
         names = tuple(mesh.axis_names)
         self.axis_bit = axis_bits(mesh)
-        n = 1 << len(names)
-        ways = np.ones(n, np.float64)
-        bandwidth = np.full(n, np.inf)
-        latency = np.zeros(n)
-        for m in range(1, n):
-            for i, a in enumerate(names):
-                if m >> i & 1:
-                    link = mesh.link(a)
-                    ways[m] *= mesh.axis_size(a)
-                    bandwidth[m] = min(bandwidth[m], link.bandwidth)
-                    latency[m] = max(latency[m], link.latency)
-        self.mesh_table = np.zeros(n, MESH)
-        self.mesh_table["ways"], self.mesh_table["bandwidth"] = ways, bandwidth
-        self.mesh_table["latency"] = latency
-        self.ways = ways
-        self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1) for m in range(n)]
+        self.mesh_table, self.axis_shares = collective_costs(mesh)
+        self.ways = self.mesh_table["ways"]
+        self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1)
+                          for m in range(len(self.ways))]
 
     def _device_tables(self, an, mesh):
         prog, st = an.program, self.st
@@ -91,6 +103,9 @@ class CostModel:
                     cache[dt] = dev.peak_flops_for("float32")
             peak[op.id] = cache[dt]
         self.memory_bandwidth = float(dev.memory_bandwidth)
+        e = dev.efficiency
+        self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
+                                       self.memory_bandwidth, dev.platform != "cpu")], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -99,13 +114,24 @@ class CostModel:
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-        self.ty = build_types(st, an, peak)
+        # Fusion follows the device's compiler: attention kernels fuse on GPUs and TPUs.
+        fused, kernel = st.fused, np.zeros(st.num_ops, np.int8)
+        if dev.fuses_attention:
+            fused, kernel = st.fused | st.attention_inside, st.op_kernel
+        self.fused = fused
+        leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
+            np.full(st.num_ops, -1, np.int64)
+        # workspace XLA:CPU allocates inside ops (other compilers' kernels need none here)
+        workspace = st.op_workspace if dev.platform == "cpu" else np.zeros(st.num_ops)
+        self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
+                              st.op_flop_scale, leaders, workspace)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.
-        temp = np.nonzero(~st.is_input & ~st.is_output & ~st.fused & (st.nbytes > 0))[0]
+        temp = np.nonzero(~st.is_input & ~st.is_output & ~fused & (st.nbytes > 0))[0]
         temps = np.zeros(len(temp), TEMP)
-        temps["start"], temps["end"] = st.live_start[temp], st.live_end[temp]
+        live_end = fused_live_ends(prog, st.live_end, fused)
+        temps["start"], temps["end"] = st.live_start[temp], live_end[temp]
         temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
@@ -118,24 +144,44 @@ class CostModel:
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
-        outputs["is_input"] = st.is_input[outs]
+        outputs["position"] = [max(prog.values[v].producer, 0) for v in outs]
+        pairs = _aliases(prog) if self.donate else []
+        aliases = np.zeros(len(pairs), ALIAS)
+        for i, (u, o) in enumerate(pairs):
+            aliases[i] = (ty.value_type[u], ty.value_type[outs[o]], st.nbytes[u], o)
+        # the instances of each op type, in program order
+        counts = np.bincount(ty.op_type, minlength=len(ty.tables.ops))
+        ends = np.cumsum(counts)
+        instances_by_type = np.zeros(len(counts), SPAN)
+        instances_by_type["start"], instances_by_type["end"] = ends - counts, ends
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
             op_type=ty.op_type, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
-            inputs=inputs, outputs=outputs, donate=self.donate)
+            inputs=inputs, outputs=outputs, aliases=aliases,
+            instances_by_type=instances_by_type,
+            instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
+            combine_all_reduces=dev.platform == "cpu")
         self._memory = tuple(self.memory)
+        self._schedule = tuple(ScheduleTables(
+            op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
+            body_first=st.body_first, body_last_trip=st.body_last_trip,
+            event=_events(st, ty.tables.shared_reads),
+            reads_in_order=np.argsort(ty.tables.shared_reads["position"],
+                                      kind="stable").astype(np.int64)))
 
     # --- plan -> arrays -----------------------------------------------------------------------
 
     def plan_arrays(self, plan) -> PlanArrays:
-        """(class masks, class ranks, conflict resolution indices) of a Plan."""
+        """(split-class masks, ranks, conflict resolution indices) of a Plan."""
         an = self.analysis
         masks = ((k, sum(self.axis_bit[a] for a in axes)) for k, axes in plan.assignments)
         resolutions = ((c.id, list(c.resolutions).index(plan.resolution_of(c)))
                        for c in an.conflicts)
-        return plan_arrays(an, masks, resolutions)
+        overrides = ((k, d, sum(self.axis_bit[a] for a in axes))
+                     for k, d, axes in plan.overrides)
+        return plan_arrays(an, masks, resolutions, overrides)
 
     # --- evaluation -----------------------------------------------------------------------------
 
@@ -150,7 +196,13 @@ class CostModel:
         arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
         temp, alias = float(totals[_kernel.T_TEMP]), float(totals[_kernel.T_ALIAS])
         state = float(totals[_kernel.T_STATE])
-        collectives, by_scope = {}, {}
+        collectives, by_scope, by_axis = {}, {}, {}
+        if self.overlap == "scheduled":
+            exposed = float(totals[_kernel.T_EXPOSED])
+        elif self.overlap == "perfect":
+            exposed = max(0.0, comm_s - compute_s)
+        else:
+            exposed = comm_s
         if details:
             for kind_index, kind in ((_kernel.AR, "all-reduce"), (_kernel.AG, "all-gather"),
                                      (_kernel.RS, "reduce-scatter"), (_kernel.A2A, "all-to-all")):
@@ -158,6 +210,8 @@ class CostModel:
                     c = coll[kind_index, m]
                     collectives[(kind, self.mask_axes[m])] = CollectiveCost(
                         float(c[0]), float(c[1]), float(c[2]))
+                    for axis, share in self.axis_shares[m].items():
+                        by_axis[axis] = by_axis.get(axis, 0.0) + share * float(c[2])
             per_op = self.ty.op_type  # each instance carries its type's share
             n = len(self.scope_names)
             sc = np.bincount(self.op_scope, weights=(op_compute / self.op_count)[per_op],
@@ -167,13 +221,19 @@ class CostModel:
             by_scope = {k: (float(a), float(b)) for k, a, b in zip(self.scope_names, sc, sm)}
         return Estimate(
             step_time_s=step, compute_s=compute_s, communication_s=comm_s,
-            flops=float(totals[_kernel.T_FLOPS]), peak_memory_bytes=arg + out + temp - alias,
+            flops=float(totals[_kernel.T_FLOPS]),
+            flops_loop_bodies_once=float(totals[_kernel.T_FLOPS_ONCE]),
+            peak_memory_bytes=arg + out + temp - alias,
             argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
             memory_capacity_bytes=self.capacity, collectives=collectives,
+            # Outputs written into donated argument buffers take no memory of their own: the
+            # categories add up to the peak, with none negative, so a chart can stack them.
             memory_breakdown={"parameters and optimizer state": state,
-                              "other arguments": arg - state, "outputs": out,
-                              "temporaries (peak)": temp, "aliased": -alias},
-            by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name)
+                              "other arguments": arg - state,
+                              "outputs (not donated)": out - alias,
+                              "temporaries (peak)": temp},
+            by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name,
+            exposed_communication_s=exposed, communication_by_axis=by_axis)
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
@@ -189,12 +249,17 @@ class CostModel:
         fresh = delta is None
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
-        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.memory_bandwidth,
-                           self._memory, delta, old_vmask, fresh)
+        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
+                           self._memory, self._schedule, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
         compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
-        step = max(compute, comm) if self.overlap else compute + comm
+        if self.overlap == "scheduled":
+            step = totals[_kernel.T_SCHEDULED]
+        elif self.overlap == "perfect":
+            step = max(compute, comm)
+        else:
+            step = compute + comm
         peak = (totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + totals[_kernel.T_TEMP]
                 - totals[_kernel.T_ALIAS])
         return float(step), float(peak)
@@ -221,6 +286,9 @@ class IncrementalEstimator:
 
         inc = model.incremental(plan)
         step_s, peak_bytes = inc.set_axes(class_id, ("data",))
+        step_s, peak_bytes = inc.set_axes(class_id, ("fsdp",), domain="parameters")
+
+    mask, rank and res are the kernel's arrays (per split class, see _plan_arrays.py).
     """
 
     def __init__(self, model: CostModel, plan=None):
@@ -230,20 +298,43 @@ class IncrementalEstimator:
             plan = Plan.replicated(an)
         self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
         self._next_rank = len(plan.assignments)
+        self._split = split_classes(an)
+        # Per class: its own mask, whether it holds a place in the decision order, and which
+        # of its split classes an override sets (they keep their mask when the class changes).
+        self._own = np.zeros(len(an.classes), np.int64)
+        for k, axes in plan.assignments:
+            self._own[k] = sum(model.axis_bit[a] for a in axes)
+        self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
+                            if (k, d) in self._split.index}
+        self._held = {k for k, _, _ in plan.overrides}
         self._vmask = np.zeros(len(model.ty.tables.value_classes), np.int64)
         self._delta = np.zeros(model.st.num_ops + 2)  # the temporaries, all replicated
         _kernel.fill_temps(self._delta, self._vmask, model.mesh_table, model._memory)
         self.result = self._update()
 
-    def set_axes(self, cls: int, axes) -> tuple[float, float]:
-        """Shards class id `cls` over `axes` (names) — decided after every earlier decision."""
+    def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
+        """Shards class id `cls` over `axes` (names) — decided after every earlier decision
+        if it was not decided yet — or, with `domain`, only that domain's values of it (an
+        override; its class keeps or takes a place in the decision order)."""
         m = 0
         for a in axes:
             m |= self.model.axis_bit[a]
-        if m and not self.mask[cls]:
-            self.rank[cls] = self._next_rank
+        splits = self._split.splits_of[cls]
+        was = bool(self._own[cls]) or cls in self._held
+        if domain is None:
+            self._own[cls] = m
+            for s in splits:
+                if s not in self._overridden:
+                    self.mask[s] = m
+        else:
+            self._held.add(cls)
+            s = self._split.index.get((cls, domain))
+            if s is not None:  # else the class has no value there: nothing changes
+                self._overridden.add(s)
+                self.mask[s] = m
+        if not was and (self._own[cls] or cls in self._held):
+            self.rank[list(splits)] = self._next_rank
             self._next_rank += 1
-        self.mask[cls] = m
         self.result = self._update()
         return self.result
 
@@ -256,3 +347,31 @@ class IncrementalEstimator:
         totals, _, _, _, self._vmask = self.model._run((self.mask, self.rank, self.res),
                                                        self._delta, self._vmask)
         return self.model._step_and_peak(totals)
+
+
+def _aliases(prog) -> list[tuple[int, int]]:
+    """(donated input value, output index) pairs, matched as jax does (mlir._set_up_aliases):
+    each output, in order, takes the first unused donated input of its shape and dtype."""
+    donated = set(donated_arguments(prog))
+    args = prog.in_tree.children()[0]
+    free: dict[tuple, list[int]] = {}
+    first = 0
+    for i, arg in enumerate(args.children()):
+        if i in donated:
+            for u in prog.inputs[first:first + arg.num_leaves]:
+                key = (prog.values[u].shape, prog.values[u].dtype)
+                free.setdefault(key, []).append(u)
+        first += arg.num_leaves
+    pairs = []
+    for o, v in enumerate(prog.outputs):
+        waiting = free.get((prog.values[v].shape, prog.values[v].dtype))
+        if waiting:
+            pairs.append((waiting.pop(0), o))
+    return pairs
+
+
+def _events(st, shared_reads) -> np.ndarray:
+    """[N] bool: the ops where the schedule has more to do than run the op."""
+    event = st.body_first | (st.body_last_trip > 1.0)
+    event[shared_reads["position"]] = True
+    return event

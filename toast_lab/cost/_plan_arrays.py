@@ -1,4 +1,16 @@
-"""A plan as the kernel reads it: one bit mask and one rank per class, one index per conflict.
+"""A plan as the kernel reads it: one bit mask and one rank per *split class*, one index per
+conflict.
+
+A split class is a class within one domain (analysis/_domains.py): `embed` among the
+activations, `embed` among the parameters, `embed` in the optimizer state. The kernel sees each
+as a class of its own, so a plan that shards a class differently in two domains (MaxText's
+weights on FSDP and activations on the tensor axis; ZeRO's optimizer state over the data
+devices) is costed with no new kernel code: an op that reads one domain and writes another —
+a matmul reading a weight, an Adam update reading a gradient, the parameter update reading
+the step — finds its operands and results sharded differently and pays the reshard there, like
+any other. Split class `c` is class `c` in its main domain (compute where it has any); the
+others follow, numbered after the classes. Without overrides every split class of a class has
+the class's mask and rank, so the estimate is the one without domains.
 
 Both the cost model (from a `Plan`) and the search (from a choice vector) build these, through
 `plan_arrays`, so the encoding lives here once.
@@ -6,9 +18,12 @@ Both the cost model (from a `Plan`) and the search (from a choice vector) build 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 import numpy as np
+
+from ..analysis import DOMAINS, NO_CLASS, domains
 
 # The rank of a class never decided: after every decided one.
 UNDECIDED = 1 << 30
@@ -29,10 +44,70 @@ def axis_bits(mesh) -> dict[str, int]:
     return {a: 1 << i for i, a in enumerate(mesh.axis_names)}
 
 
+@dataclass(frozen=True, eq=False)
+class SplitClasses:
+    """The split classes of one analysis (see the module docstring).
+
+    base[s]: the class of split class s; domain[s]: its domain (a name in DOMAINS).
+    index: {(class id, domain): split class}. splits_of[c]: the split classes of class c.
+    value_classes[v]: per dim of value v, its split class (NO_CLASS for size-1 dims).
+    conflict_class[k]: the split class a conflict is about (its class in its site's domain).
+    """
+
+    base: np.ndarray
+    domain: tuple[str, ...]
+    index: dict
+    splits_of: tuple[tuple[int, ...], ...]
+    value_classes: tuple[tuple[int, ...], ...]
+    conflict_class: np.ndarray
+
+    @property
+    def trivial(self) -> bool:
+        """Every class lives in one domain: split classes are the classes."""
+        return len(self.base) == len(self.splits_of)
+
+
+def split_classes(analysis) -> SplitClasses:
+    """The SplitClasses of `analysis`, built once and kept with it."""
+    return analysis.derived("cost.split_classes", lambda: _build_split(analysis))
+
+
+def _build_split(an) -> SplitClasses:
+    dom = domains(an).of_value
+    present = [set() for _ in an.classes]
+    for v, classes in enumerate(an.value_classes):
+        for c in classes:
+            if c != NO_CLASS:
+                present[c].add(int(dom[v]))
+    C = len(an.classes)
+    base, domain = list(range(C)), [DOMAINS[min(p, default=0)] for p in present]
+    index = {(c, domain[c]): c for c in range(C)}
+    for c in range(C):
+        for d in sorted(present[c]):
+            if (c, DOMAINS[d]) not in index:
+                index[(c, DOMAINS[d])] = len(base)
+                base.append(c)
+                domain.append(DOMAINS[d])
+    splits_of = [[] for _ in range(C)]
+    for s, c in enumerate(base):
+        splits_of[c].append(s)
+    value_classes = tuple(
+        tuple(c if c == NO_CLASS else index[(c, DOMAINS[dom[v]])] for c in classes)
+        for v, classes in enumerate(an.value_classes))
+    conflict_class = np.array([index[(k.class_id, DOMAINS[dom[k.site_value]])]
+                               for k in an.conflicts], np.int64)
+    return SplitClasses(np.array(base, np.int64), tuple(domain), index,
+                        tuple(tuple(s) for s in splits_of), value_classes, conflict_class)
+
+
 def plan_arrays(analysis, class_masks: Iterable[tuple[int, int]],
-                resolutions: Iterable[tuple[int, int]] = ()) -> PlanArrays:
-    """The PlanArrays of (class id, mask) decisions in order and (conflict id, resolution
-    index) pairs; classes not listed are replicated, conflicts not listed keep resolution 0."""
+                resolutions: Iterable[tuple[int, int]] = (),
+                overrides: Iterable[tuple[int, str, int]] = ()) -> PlanArrays:
+    """The PlanArrays of (class id, mask) decisions in order, (conflict id, resolution index)
+    pairs and (class id, domain, mask) overrides; classes not listed are replicated, conflicts
+    not listed keep resolution 0. A split class takes its domain's override, else its class's
+    mask, and always its class's rank (an override does not move a class in the decision order;
+    list a class with an override among the decisions, replicated if need be, to rank it)."""
     mask = np.zeros(len(analysis.classes), np.int64)
     rank = np.full(len(analysis.classes), UNDECIDED, np.int64)
     for i, (k, m) in enumerate(class_masks):
@@ -41,6 +116,15 @@ def plan_arrays(analysis, class_masks: Iterable[tuple[int, int]],
     resolution = np.zeros(len(analysis.conflicts), np.int64)
     for k, r in resolutions:
         resolution[k] = r
+    overrides = tuple(overrides)
+    split = split_classes(analysis)
+    if split.trivial and not overrides:
+        return PlanArrays(mask, rank, resolution)
+    mask, rank = mask[split.base], rank[split.base]
+    for k, domain, m in overrides:
+        s = split.index.get((k, domain))
+        if s is not None:  # the class has no value in that domain: nothing to shard
+            mask[s] = m
     return PlanArrays(mask, rank, resolution)
 
 

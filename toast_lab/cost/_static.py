@@ -3,7 +3,8 @@
 Everything the estimate needs that does not depend on the plan lives here as numpy arrays, so
 evaluating a plan is a handful of vectorized passes (DESIGN.md §6):
 
-- slots      [V, D]  class of dim d of value v (-1: size 1, or padding past its rank)
+- slots      [V, D]  split class (class in the value's domain, see _plan_arrays.py) of dim d
+                     of value v (-1: size 1, or padding past its rank)
 - rows               one per (op, operand dim) that a factor maps: where the op needs that
                      dim sharded like a result dim ("result" rows), like the other operands of
                      a contraction ("group" rows, reduction and operand-only factors), or
@@ -22,25 +23,13 @@ import numpy as np
 
 from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+from ._fusion import MOVEMENT, attention_kernels, fused_values
+from ._plan_arrays import split_classes
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
-
-# Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
-_MOVEMENT = frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
-    "copy", "rev", "iota", "select_n", "clamp", "concatenate", "pad", "slice",
-    "dynamic_slice", "dynamic_update_slice", "stop_gradient", "reduce_precision",
-    "sharding_constraint", "integer_pow", "square", "pow",
-})
-_NOT_FUSIBLE = frozenset({
-    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter-mul",
-    "scatter-min", "scatter-max", "scatter-sub", "sort", "top_k", "cumsum", "cumprod",
-    "cummax", "cummin", "cumlogsumexp", "argmax", "argmin", "scan", "while", "cond",
-    "custom_linear_solve", "rng_bit_generator", "threefry2x32", "optimization_barrier",
-    "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",
-    "select_and_scatter_add", "select_and_gather_add",
-})
-
+# What a result dim of a matmul is to the hardware: a batch of independent matmuls, the rows
+# (M, from the lhs) or the columns (N, from the rhs) of one.
+DIM_BATCH, DIM_M, DIM_N = 0, 1, 2
 
 @dataclass(frozen=True, eq=False)
 class Static:
@@ -48,7 +37,8 @@ class Static:
     width: int                  # D: the largest rank
     slot_class: np.ndarray      # [V, D] int32
     nbytes: np.ndarray          # [V] float64, whole-tensor bytes
-    fused: np.ndarray           # [V] bool: an intermediate XLA would fuse away
+    fused: np.ndarray           # [V] bool: an elementwise intermediate XLA fuses away
+    attention_inside: np.ndarray  # [V] bool: a score-shaped value of a fused attention kernel
     # rows
     row_op: np.ndarray          # [R] int32
     row_value: np.ndarray       # [R] int32
@@ -70,6 +60,9 @@ class Static:
     op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
     op_results: tuple           # per op: its result value ids
     op_is_region: np.ndarray    # [N] bool
+    op_matmul: tuple            # per op: None, or (K, ((result dim, DIM_*, size), ...))
+    op_workspace: np.ndarray    # [N] bytes XLA:CPU allocates inside the op (whole tensors)
+    op_workspace_value: np.ndarray  # [N] the value whose sharding divides that workspace
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -78,31 +71,59 @@ class Static:
     input_values: np.ndarray    # [I] int32
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
-    io_op: np.ndarray           # every (op, value with dims) an op reads or writes
-    io_val: np.ndarray
+    conflict_class: np.ndarray  # [C] int64: the split class of each conflict (_plan_arrays.py)
+    op_sum_leader: np.ndarray   # [N] int: the op that reduces this op's partial sums (-1: itself)
+    # scheduling (the overlap of collectives with compute)
+    early: np.ndarray           # [V] bool: known before any compute (inputs, and casts of them)
+    op_ready: np.ndarray        # [N] int: the latest op making a non-early operand (-1: none)
+    op_deadline: np.ndarray     # [N] int: the first op reading a result (N: none, an output)
+    body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
+    body_last_trip: np.ndarray  # [N]: the trip count at the last op of a top-level loop body
+    op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
+    op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
+
+
+# Ops XLA's HloCostAnalysis counts as transcendentals, not flops.
+_TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "sin",
+    "cos", "tan", "atan2", "erf", "erfc", "erf_inv", "pow", "asin", "acos", "atan", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
+})
+# Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
+_ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
 
 def _flops(op, values) -> float:
+    """Flops as XLA's HloCostAnalysis counts them (so the estimate and cost_analysis() agree):
+    2 per multiply-add of a matmul or convolution, one per element of an elementwise op,
+    integer powers by their multiplies, transcendentals none."""
     name = op.primitive
     out = [values[r].shape for r in op.results]
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
-    if op.body or not out:
+    if op.body or not out or name in _TRANSCENDENTAL:
         return 0.0
+    if name in _ONE_FLOP:
+        return size(out[0])
+    if name == "integer_pow":  # square-and-multiply
+        y = abs(int(op.params.get("y", 2)))
+        return size(out[0]) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
     if name == "dot_general":
         (lc, _), _ = op.params["dimension_numbers"]
         k = size(tuple(values[op.operands[0]].shape[d] for d in lc))
         return 2.0 * size(out[0]) * k
     if name == "conv_general_dilated":
-        dn = op.params["dimension_numbers"]
-        rhs = values[op.operands[1]].shape
-        rhs_spec = dn.rhs_spec  # (out feature, in feature, *spatial)
-        window = size(tuple(rhs[d] for d in rhs_spec[2:]))
-        return 2.0 * size(out[0]) * window * rhs[rhs_spec[1]]
-    if name in _MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
+        return _conv_flops(op, values)
+    if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
                                      "broadcast_in_dim", "iota", "rng_bit_generator"):
         return 0.0
     if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
         return size(values[op.operands[0]].shape)
+    if name == "select_and_scatter_add":
+        # XLA expands it into a reduce-window whose comparator carries the window index (about
+        # 8 flops per window element) and a scatter-add: 34 flops per source element for a
+        # 2 x 2 window, as XLA:CPU's cost_analysis() counts the expansion.
+        window = size(op.params["window_dimensions"])
+        return size(values[op.operands[0]].shape) * (8.0 * window + 2.0)
     if name.startswith("scatter"):
         return size(values[op.operands[2]].shape) if len(op.operands) > 2 else 0.0
     if name == "sort":
@@ -110,6 +131,50 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def _conv_flops(op, values) -> float:
+    """Multiply-adds of a convolution that touch the input, x2, as XLA's HloCostAnalysis
+    counts them: per spatial dim, the (output position, kernel tap) pairs that land inside the
+    (dilated) input, not in its padding."""
+    p = op.params
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    lhs, rhs = values[op.operands[0]].shape, values[op.operands[1]].shape
+    out = values[op.results[0]].shape
+    taps = 1.0
+    for j, (ld, rd, od) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])):
+        stride, (lo, _) = p["window_strides"][j], p["padding"][j]
+        lhs_dil, rhs_dil = p["lhs_dilation"][j], p["rhs_dilation"][j]
+        dilated = (lhs[ld] - 1) * lhs_dil + 1
+        o = np.arange(out[od])[:, None] * stride - lo + np.arange(rhs[rd])[None, :] * rhs_dil
+        taps *= float(np.count_nonzero((o >= 0) & (o < dilated) & (o % lhs_dil == 0)))
+    per_group = lhs[lhs_spec[1]] / p.get("feature_group_count", 1)
+    return 2.0 * out[out_spec[0]] * out[out_spec[1]] * per_group * taps
+
+
+def _matmul_shape(op, values):
+    """(K, ((result dim, role, size), ...)) of a dot_general or convolution: the contraction
+    length and what each result dim is to the matmul unit; None for other ops. A convolution
+    is an implicit GEMM: batch and spatial dims are rows, output features columns, and input
+    features (of one group) times the window the contraction."""
+    if op.body or not op.results:
+        return None
+    out = values[op.results[0]].shape
+    if op.primitive == "dot_general":
+        (lc, _), (lb, _) = op.params["dimension_numbers"]
+        lhs = values[op.operands[0]].shape
+        k = float(np.prod([lhs[d] for d in lc], dtype=np.float64))
+        n_lhs_free = len(lhs) - len(lc) - len(lb)
+        roles = [DIM_BATCH if e < len(lb) else DIM_M if e < len(lb) + n_lhs_free else DIM_N
+                 for e in range(len(out))]
+        return k, tuple((e, r, out[e]) for e, r in enumerate(roles))
+    if op.primitive == "conv_general_dilated":
+        _, rhs_spec, out_spec = op.params["dimension_numbers"]
+        rhs = values[op.operands[1]].shape
+        k = float(rhs[rhs_spec[1]]) * float(np.prod([rhs[d] for d in rhs_spec[2:]]))
+        return k, tuple((e, DIM_N if e == out_spec[1] else DIM_M, out[e])
+                        for e in range(len(out)))
+    return None
 
 
 def static_tables(an) -> Static:
@@ -123,7 +188,8 @@ def build_static(an) -> Static:
     V, N = len(values), len(ops)
     width = max((v.ndim for v in values), default=0) or 1
     slot_class = np.full((V, width), -1, np.int32)
-    for v, classes in enumerate(an.value_classes):
+    split = split_classes(an)  # a class per domain: see _plan_arrays.py
+    for v, classes in enumerate(split.value_classes):
         if classes:
             slot_class[v, :len(classes)] = classes
     nbytes = np.array([v.nbytes for v in values], np.float64)
@@ -187,17 +253,14 @@ def build_static(an) -> Static:
     is_input = np.array([v.origin == INPUT for v in values])
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
-    fused = _fused(prog, an)
-    io_op, io_val = [], []
-    for op in ops:
-        if not op.body:
-            for v in sorted(set(op.operands) | set(op.results)):
-                if values[v].ndim:
-                    io_op.append(op.id)
-                    io_val.append(v)
+    fused = fused_values(prog)
+    attention_inside, op_kernel, op_flop_scale = attention_kernels(prog)
+    leaders = _sum_leaders(prog, {group_op[g] for g in range(len(group_op))
+                                  if group_is_reduction[g]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
+        attention_inside=attention_inside,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
         row_src_dim=arr("src_dim"), row_group=arr("group"),
@@ -207,11 +270,13 @@ def build_static(an) -> Static:
         operand_value=np.array(operand_value, np.int32),
         num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
+        op_matmul=tuple(_matmul_shape(op, values) for op in ops),
+        **_workspace(prog),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes, io_op=np.array(io_op, np.int32),
-        io_val=np.array(io_val, np.int32))
+        value_classes=an.value_classes, op_kernel=op_kernel, op_flop_scale=op_flop_scale,
+        op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders))
 
 
 def _liveness(prog):
@@ -242,22 +307,132 @@ def _liveness(prog):
     return start, end
 
 
-def _fused(prog, an) -> np.ndarray:
-    """Values XLA would not write to memory: made by a fusible op and read by exactly one
-    fusible op (or a reduction, which takes elementwise producers as an input fusion)."""
+# Ops a partial sum passes through unchanged in value (up to layout and precision).
+_LINEAR = frozenset({"convert_element_type", "reshape", "transpose", "squeeze", "expand_dims",
+                     "copy"})
+
+
+def _sum_leaders(prog, reducers) -> np.ndarray:
+    """[N]: for an op leaving partial sums that are only added to other such ops' (q, k and v
+    input gradients, add_any of a tied weight's gradients), the last op of that sum: XLA adds
+    the partial sums and reduces once there (AllReduceReassociate). -1 elsewhere."""
     values, ops = prog.values, prog.ops
-    fused = np.zeros(len(values), bool)
-    outputs = set(prog.outputs)
+    parent = {}
+
+    def find(i):
+        while parent.get(i, i) != i:
+            i = parent[i]
+        return i
+
+    def sources(v):
+        """The reducers whose partial sums reach v through single-reader linear ops and adds."""
+        p = values[v].producer
+        if p == NO_OP:
+            return None
+        op = ops[p]
+        if p in reducers:
+            return [p]
+        if op.primitive in _LINEAR or op.primitive in ("add", "add_any"):
+            found = []
+            for u in op.operands:
+                if len(prog.users(u)) != 1:
+                    return None
+                more = sources(u)
+                if more is None:
+                    return None
+                found += more
+            return found
+        return None
+
+    for op in ops:
+        if op.primitive not in ("add", "add_any") or op.body:
+            continue
+        found = sources(op.results[0])
+        if found and len(found) > 1:
+            root = find(found[0])
+            for q in found[1:]:
+                parent[find(q)] = root
+    leader = np.full(len(ops), -1, np.int64)
+    members: dict[int, list[int]] = {}
+    for q in parent:
+        members.setdefault(find(q), []).append(q)
+    for root, group in members.items():
+        group = sorted(set(group) | {root})
+        for q in group[:-1]:
+            leader[q] = group[-1]
+    return leader
+
+
+def _real_readers(prog, v: int, outputs, through) -> list:
+    """The ops that need v's reduced data: a reduction of partial sums commutes with layout
+    changes, casts and sums (`through`), so it can wait past them, to the first op that
+    needs whole values; None stands for the step's end (v reaches an output)."""
+    if v in outputs:
+        return [None]
+    out = []
+    for r in prog.users(v):
+        op = prog.ops[r]
+        if op.primitive in through and len(op.results) == 1:
+            out += _real_readers(prog, op.results[0], outputs, through)
+        else:
+            out.append(r)
+    return out
+
+
+_COMMUTES = _LINEAR | {"reduce_sum"}
+
+
+def _schedule(prog, sum_leader) -> dict:
+    """What the overlap of collectives with compute needs to know of program order."""
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    early = np.zeros(len(values), bool)
     for v in values:
-        if v.producer == NO_OP or v.id in outputs or v.ndim == 0:
-            continue
-        op = ops[v.producer]
-        if op.body or op.primitive in _NOT_FUSIBLE or v.id not in op.results:
-            continue
-        users = prog.users(v.id)
-        # One reader: XLA fuses the producer into it. With several readers it usually keeps
-        # the value (it duplicates only the cheapest producers), so we count it.
-        if len(users) == 1 and not ops[users[0]].body and \
-                ops[users[0]].primitive not in _NOT_FUSIBLE and ops[users[0]].region == op.region:
-            fused[v.id] = True
-    return fused
+        if v.producer == NO_OP:
+            early[v.id] = v.origin != "body"
+    for op in ops:  # program order: operands come first
+        if op.primitive == "scan":  # a scanned parameter slice is as early as the stack
+            for u, b in zip(op.operands, op.body):
+                early[b] = early[u] and values[b].origin == "body"
+        elif not op.body and op.primitive in MOVEMENT and all(early[u] for u in op.operands):
+            early[list(op.results)] = True
+    ready = np.full(N, -1, np.int64)
+    deadline = np.full(N, N, np.int64)
+    grouped = set(np.nonzero(sum_leader >= 0)[0]) | set(sum_leader[sum_leader >= 0])
+    outputs = set(prog.outputs)
+    for op in ops:
+        made = [values[u].producer for u in op.operands
+                if not early[u] and values[u].producer != NO_OP]
+        ready[op.id] = max(made, default=-1)
+        # partial sums added before their reduction (sum_leader) wait past the adds too
+        through = _COMMUTES | {"add", "add_any"} if op.id in grouped else _COMMUTES
+        readers = [r for v in op.results for r in _real_readers(prog, v, outputs, through)]
+        if readers and None not in readers:
+            deadline[op.id] = min(readers)
+    body_first = np.zeros(N, bool)
+    body_last_trip = np.zeros(N)
+    for op in ops:
+        if op.body and op.region == NO_OP and op.body_ops[1] > op.body_ops[0]:
+            body_first[op.body_ops[0]] = True
+            body_last_trip[op.body_ops[1] - 1] = float(ops[op.body_ops[0]].trip_count)
+    return dict(early=early, op_ready=ready, op_deadline=deadline, body_first=body_first,
+                body_last_trip=body_last_trip)
+
+
+def _workspace(prog) -> dict:
+    """Workspace XLA:CPU allocates inside an op. Its SelectAndScatterExpander rewrites a
+    max-pool gradient (select_and_scatter_add) as: an s32 iota per operand dim, a reduce-window
+    carrying the window maxima and their rank indices, their concatenation, and a scatter
+    (seen in its buffer assignment: rank x operand + (2 rank + 1) x window-output 4-byte
+    elements live together)."""
+    values, ops = prog.values, prog.ops
+    workspace = np.zeros(len(ops))
+    value = np.zeros(len(ops), np.int64)
+    for op in ops:
+        if op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:
+            source, operand = op.operands[0], op.operands[1]
+            rank = values[operand].ndim
+            numel = lambda v: float(np.prod(values[v].shape))  # noqa: E731
+            workspace[op.id] = 4.0 * (rank * numel(operand) + (2 * rank + 1) * numel(source))
+            value[op.id] = operand
+    return dict(op_workspace=workspace, op_workspace_value=value)

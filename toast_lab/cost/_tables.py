@@ -5,7 +5,8 @@ its fields below) gathered in named tuples.
   groups, operand rows, operands, op types and shared reads. A type's list of members (an op's
   operands, a group's dims) is a contiguous run `[start, end)` of a member table.
 - `MemoryTables`: temporaries with their live ranges, arguments and outputs (liveness sweep).
-- `MESH`: one record per mesh-axis mask.
+- `ScheduleTables`: program order, for overlapping collectives with compute.
+- `MESH`: one record per mesh-axis mask; `DEVICE`: the device, one record.
 - `PlanArrays` (_plan_arrays.py): the plan.
 
 Python passes each named tuple to the kernel as a plain tuple, which numba's dispatcher types
@@ -38,18 +39,28 @@ ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, grou
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]).
 OPERAND = record(value_type=_I, start=_I, end=_I)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
-# dtype; result_type -1 when no result has dims; groups, io and operands are member runs.
+# dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
+# matmul_k > 0 for matmuls and convolutions: their contraction length, and dims (a run of
+# op_dims) says what each result dim is to the matmul unit; kernel: _fusion.KERNEL_* (a fused
+# attention's matmul, or an op inside such a kernel), flop_scale the share of flops it runs;
+# sum_leader: the op type that reduces this one's partial sums with its own (-1: none);
+# workspace: bytes the compiler allocates inside the op, sharded like workspace_type.
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
-            operands_end=_I)
-# What an op reads and writes (bytes 0 where XLA fuses the value away), by value type.
+            operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
+            flop_scale=_F, sum_leader=_I, workspace=_F, workspace_type=_I)
+# A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
+OP_DIM = record(dim=_I, role=_I, size=_F)
+# What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
-# An op's operands that are not shared reads: operand type and whole-tensor bytes.
-OP_OPERAND = record(operand_type=_I, nbytes=_F)
+# An op's operands that are not shared reads: operand type, whole-tensor bytes, and whether
+# the value is known before any compute (a parameter: its gather can be prefetched).
+OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
 # reuses the buffer, so each read is costed per instance, in program order, deduplicated.
 SPAN = record(start=_I, end=_I)
-SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F)
+SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
+                     early=np.bool_)
 
 
 class TypeTables(NamedTuple):
@@ -70,17 +81,41 @@ class TypeTables(NamedTuple):
     op_groups: np.ndarray       # int64: the reduction groups of each op (indices into groups)
     op_io: np.ndarray           # OP_IO records
     op_operands: np.ndarray     # OP_OPERAND records
+    op_dims: np.ndarray         # OP_DIM records
     shared_values: np.ndarray   # SPAN records: the reads of each shared value
     shared_reads: np.ndarray    # SHARED_READ records
     num_ops: int
 
 
-# One record per mesh-axis mask: devices, and the slowest link's bandwidth (B/s) and latency (s).
-MESH = record(ways=_F, bandwidth=_F, latency=_F)
+# One record per mesh-axis mask: its devices, and what a collective over its axes costs
+# (_collectives.py): seconds per byte of the whole buffer of an all-gather or reduce-scatter,
+# their latency (s), and seconds per byte of a device's shard in an all-to-all.
+MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F)
+# The device, one record: its Efficiency (plan/_hardware.py), HBM bandwidth (B/s), and
+# whether its compiler emits real reduce-scatters (XLA:CPU all-reduces the whole buffer and
+# slices it: ReduceScatterDecomposer).
+DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
+                memory_bandwidth=_F, reduce_scatter=np.bool_)
 # Temporaries: live over positions [start, end) of program order.
 TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
-OUTPUT = record(nbytes=_F, value_type=_I, is_input=np.bool_)
+# An output, and the op position that writes it (0: an argument returned as it is).
+OUTPUT = record(nbytes=_F, value_type=_I, position=_I)
+# A donated input and the output XLA may write into its buffer (same shape and dtype); the
+# buffer is shared when both are sharded alike.
+ALIAS = record(input_type=_I, output_type=_I, nbytes=_F, output=_I)
+
+
+class ScheduleTables(NamedTuple):
+    """Program order, for the overlap of collectives with compute (see _kernel.schedule)."""
+
+    op_type: np.ndarray         # [N] the type of each op
+    ready: np.ndarray           # [N] the latest op making a non-early operand (-1: none)
+    deadline: np.ndarray        # [N] the first op reading a result (N: an output, none)
+    body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
+    body_last_trip: np.ndarray  # [N] the loop's trip count at the last op of its body
+    event: np.ndarray           # [N] bool: a loop's first or last op, or a shared read's op
+    reads_in_order: np.ndarray  # the shared reads (TypeTables.shared_reads) by position
 
 
 class MemoryTables(NamedTuple):
@@ -90,4 +125,7 @@ class MemoryTables(NamedTuple):
     temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
     inputs: np.ndarray          # INPUT records
     outputs: np.ndarray         # OUTPUT records (an output returned twice counts twice)
-    donate: bool
+    aliases: np.ndarray         # ALIAS records (none unless the model donates)
+    instances_by_type: np.ndarray  # SPAN records per op type, into instances
+    instances: np.ndarray       # int64 op positions, grouped by op type
+    combine_all_reduces: bool   # the compiler combines every all-reduce into one (XLA:CPU)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
-    GROUP, GROUP_MEMBER, OP, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN, TypeTables,
+    GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
+    TypeTables,
 )
 
 _I, _F = np.int64, np.float64
@@ -52,7 +53,13 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
     return end - lengths, end, [m for lst in lists for m in lst]
 
 
-def build_types(st: Static, an, peak: np.ndarray) -> Types:
+def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
+                flop_scale: np.ndarray, sum_leader: np.ndarray,
+                workspace: np.ndarray) -> Types:
+    """The types of `an` for one device: `peak` FLOP/s per op, `io` the (op, value) pairs that
+    move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
+    op that reduces each op's partial sums (-1: itself; _static._sum_leaders), and the bytes
+    the compiler allocates inside each op (sharded like st.op_workspace_value)."""
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
     tags = _Interner()
@@ -153,7 +160,7 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
         if not shared[o]:
             operands_of_op[st.operand_op[o]].append(o)
     io_of_op = [[] for _ in range(N)]
-    for opi, v in zip(st.io_op, st.io_val):
+    for opi, v in zip(*io):
         io_of_op[opi].append(int(v))
     ptypes = _Interner()
     op_type = np.empty(N, _I)
@@ -162,23 +169,38 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
         key = (int(value_type[r]) if r >= 0 else -1, float(st.nbytes[r]) if r >= 0 else 0.0,
                tuple(sorted(groups_of_op[n])), float(st.op_flops[n]), float(st.op_trip[n]),
                float(peak[n]),
-               tuple(sorted((int(value_type[v]), 0.0 if st.fused[v] else float(st.nbytes[v]))
-                            for v in io_of_op[n])),
-               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]))
-                            for o in operands_of_op[n])))
+               tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
+               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
+                             bool(st.early[st.operand_value[o]])) for o in operands_of_op[n])),
+               st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
+               float(workspace[n]), int(value_type[st.op_workspace_value[n]]))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
-    keys = list(ptypes)
+    # An op whose partial sums another reduces carries that op's type: a second interning,
+    # where a leader (never itself led) keeps a type of its own.
+    first, first_keys, ptypes = op_type.copy(), list(ptypes), _Interner()
+    for n in range(N):
+        lead = int(sum_leader[n])
+        op_type[n] = ptypes.id((int(first[n]), int(first[lead]) if lead >= 0 else -1))
+    leader_type = np.full(len(ptypes), -1, _I)
+    for n in np.nonzero(sum_leader >= 0)[0]:
+        leader_type[op_type[n]] = op_type[sum_leader[n]]
+    keys = [first_keys[k[0]] for k in ptypes]
     count = np.bincount(op_type, minlength=len(keys)).astype(_F)
     column = lambda i, dt=_F: np.array([k[i] for k in keys], dt)  # noqa: E731
     g_start, g_end, op_groups = _runs([k[2] for k in keys])
     io_start, io_end, io = _runs([k[6] for k in keys])
     o_start, o_end, opnds = _runs([k[7] for k in keys])
+    d_start, d_end, dims = _runs([k[8][1] for k in keys])
     ops = _records(OP, weight=count * column(4), count=count, flops=column(3), peak=column(5),
                    result_type=column(0, _I), result_nbytes=column(1), groups_start=g_start,
                    groups_end=g_end, io_start=io_start, io_end=io_end,
-                   operands_start=o_start, operands_end=o_end)
+                   operands_start=o_start, operands_end=o_end,
+                   matmul_k=[k[8][0] for k in keys], dims_start=d_start, dims_end=d_end,
+                   kernel=column(9, _I), flop_scale=column(10), sum_leader=leader_type,
+                   workspace=column(11), workspace_type=column(12, _I))
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
+    op_dims = np.array(dims, OP_DIM)
 
     # --- shared reads -------------------------------------------------------------------------
     inst = np.nonzero(shared)[0]
@@ -190,14 +212,15 @@ def build_types(st: Static, an, peak: np.ndarray) -> Types:
     shared_values = _records(SPAN, start=ptr[:-1], end=ptr[1:])
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
-                            trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]])
+                            trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
+                            early=st.early[st.operand_value[inst]])
 
     tables = TypeTables(
         value_classes=value_classes, value_tags=value_tags,
         tag_conflict=np.array(tag_conflict, _I), tag_dropped=tag_dropped,
-        conflict_class=np.array([c.class_id for c in an.conflicts], _I),
+        conflict_class=st.conflict_class,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
-        op_io=op_io, op_operands=op_operands, shared_values=shared_values,
+        op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, num_ops=N)
     return Types(value_type, op_type, tables)

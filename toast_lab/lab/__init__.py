@@ -9,12 +9,20 @@ Three layers, each usable alone:
   tree with repeated layers folded, the quotient graph coloured by class with collective
   badges and conflict marks, DOT for the browser's Graphviz, counterfactual prices of every
   choice, op details, the export snippet, expert rows), with a text rendering.
+- `diff(a, b)` -> `PlanDiff`: which classes and conflicts two plans decide differently and
+  what that does to step time, memory and collectives; drawn as the two plans side by side.
 - `Lab`: both plus the notebook widget (`LabView`, TypeScript in labextension/), fed on every
   change; front-end events go back to the session.
+
+Importing this package also registers `plan_display` with the plan stage, so `plan.save(...)`
+and `display(plan)` carry the view model the JupyterLab extension draws without a kernel.
 """
 
+from ..plan import register_display
 from ._build import ViewBuilder, estimate_view
+from ._diff import ClassChange, CollectiveChange, ConflictChange, PlanDiff, diff
 from ._lab import Lab, op_costs_buffer
+from ._plan_display import plan_display
 from ._scopes import ROOT, Group, ScopeTree, build_scope_tree
 from ._session import Change, PinError, SearchState, Session
 from ._viewmodel import (ChoiceView, ClassView, ConflictView, DetailsView, EdgeView, ExpertRow,
@@ -24,4 +32,8 @@ from ._viewmodel import (ChoiceView, ClassView, ConflictView, DetailsView, EdgeV
 __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder", "ViewModel",
            "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
            "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
-           "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer"]
+           "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer", "diff", "PlanDiff", "ClassChange",
+           "ConflictChange", "CollectiveChange"]
+
+# Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
+register_display(plan_display)

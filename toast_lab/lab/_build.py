@@ -15,7 +15,7 @@ import numpy as np
 
 from ..strategies import expert
 from ._collectives import UNLABELLED, op_collectives
-from ._counterfactuals import class_choices, conflict_choices
+from ._counterfactuals import class_choices, conflict_choices, unpriced_choice
 from ._details import op_details, snippet
 from ._dot import to_dot
 from ._graph import ProgramIndex, VisibleGraph
@@ -40,8 +40,9 @@ class ViewBuilder:
         prog = analysis.program
         self.program = {"name": prog.fn_name, "ops": len(prog.ops),
                         "fingerprint": prog.fingerprint()}
-        self.mesh_view = {"axes": dict(mesh.shape), "device": mesh.device.name,
-                          "memory_bytes": float(mesh.device.memory_bytes)}
+        self.mesh_view = None if mesh is None else {
+            "axes": dict(mesh.shape), "device": mesh.device.name,
+            "memory_bytes": float(mesh.device.memory_bytes)}
         self.trips = np.array([op.trip_count for op in prog.ops], np.int64)
         self._graphs: OrderedDict = OrderedDict()
         self._experts: tuple[ExpertRow, ...] | None = None
@@ -116,6 +117,35 @@ class ViewBuilder:
             estimate=estimate_view(est), experts=experts, search=_search_view(state),
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
             notice=notice)
+
+    def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
+        """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
+        the plan and its decisions, with no costs, prices, estimate or expert rows."""
+        expanded = self.default_expanded if expanded is None else expanded
+        graph = self.graph(expanded)
+        zeros = np.zeros(len(self.analysis.program.ops))
+        classes = tuple(ClassView(
+            id=c.id, name=c.name, size=c.size, bytes=int(c.bytes), layers=c.layers,
+            color=self.colors[c.id], axes=tuple(plan.axes_of(c.id)),
+            pinned=c.name in plan.pinned, choices=(unpriced_choice(plan.axes_of(c.id)),))
+            for c in self.analysis.classes)
+        conflicts = tuple(ConflictView(
+            id=c.id, name=c.name, class_id=c.class_id, class_name=c.class_name, where=c.where,
+            source=c.source, active=bool(plan.axes_of(c.class_id)),
+            resolution=plan.resolution_of(c.id), resolutions=tuple(c.resolutions),
+            pinned=c.name in plan.pinned,
+            choices=tuple(unpriced_choice(r, r == plan.resolution_of(c.id))
+                          for r in c.resolutions))
+            for c in self.analysis.conflicts)
+        nodes, edges = self._decorate(graph, plan, zeros, zeros, {}, conflicts)
+        dot = to_dot(self.program["name"], graph, nodes, edges, self.colors, conflicts,
+                     self.tree)
+        return ViewModel(
+            program=dict(self.program), mesh=None, classes=classes, conflicts=conflicts,
+            groups=self._group_views(graph, zeros, zeros), graph=GraphView(dot, nodes, edges),
+            estimate=None, experts=(), search=SearchView(False, 0, 0.0, 0.0, None, ()),
+            snippet=snippet(plan, None), error=None, selected=None, details=None,
+            pinned=tuple(sorted(plan.pinned)), notice=notice)
 
     def op_collectives(self, plan, comm) -> dict:
         """{representative op: its OpCollectives} for the ops the cost model charges

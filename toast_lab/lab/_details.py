@@ -32,10 +32,18 @@ def op_details(analysis, plan, op_id: int, compute_s: float, comm_s: float,
 
 
 def snippet(plan, mesh, path: str = "plan.json") -> str:
-    """Python that applies `plan` with plain JAX: the mesh, `jax.jit` with in/out shardings,
-    and the plan's logical-axis rules (class name -> mesh axes) for code that uses them."""
+    """Python that applies `plan` with plain JAX: the mesh (None: the plan's axes, sizes left
+    to fill in), `jax.jit` with in/out shardings, and the plan's logical-axis rules (class
+    name -> mesh axes) for code that uses them."""
     an = plan.analysis
-    axes = ", ".join(f"{a!r}: {n}" for a, n in mesh.shape.items())
+    if mesh is None:  # the plan's own axes, sizes to fill in
+        used = [a for _, axes in plan.assignments for a in axes]
+        axes = ", ".join(f"{a!r}: ..." for a in dict.fromkeys(used))
+        mesh_line = (f"mesh = tl.Mesh({{{axes}}}, device=...).jax_mesh()   # the mesh this plan "
+                     f"is for: its sizes must divide the classes")
+    else:
+        axes = ", ".join(f"{a!r}: {n}" for a, n in mesh.shape.items())
+        mesh_line = f"mesh = tl.Mesh({{{axes}}}, device={mesh.device.name!r}).jax_mesh()"
     rules = []
     for name, mesh_axes in plan.logical_axis_rules():
         rules.append(f"    ({name!r}, {mesh_axes!r}),")
@@ -45,7 +53,7 @@ def snippet(plan, mesh, path: str = "plan.json") -> str:
         "import toast_lab as tl",
         "",
         f"# {an.program.fn_name}: {plan!r}",
-        f"mesh = tl.Mesh({{{axes}}}, device={mesh.device.name!r}).jax_mesh()",
+        mesh_line,
         f"plan = tl.Plan.load({path!r}, tl.analyze(tl.trace(fn, *args)))",
         f"in_shardings, out_shardings = plan.shardings(mesh)   # pytrees of NamedSharding "
         f"({args} argument leaves)",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -29,9 +28,11 @@ from typing import Callable
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError
+from ..plan._planfile import write as write_plan_file
 from ..plan_search import search as run_search
+from ..strategies import expert as expert_strategies
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
-from ._viewmodel import Selection
+from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
 
@@ -94,8 +95,8 @@ class Session:
     device; default the device's memory), seed (of the first search; each next one adds 1),
     progress_every_s (how often a running search publishes its best plan)."""
 
-    def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = False,
-                 overlap: bool = False, memory_cap: float | None = None, seed: int = 0,
+    def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = True,
+                 overlap="scheduled", memory_cap: float | None = None, seed: int = 0,
                  progress_every_s: float = 0.2):
         self.analysis = analysis
         self.mesh = mesh
@@ -109,14 +110,14 @@ class Session:
         if plan.analysis is not analysis:
             raise ValueError("the plan is for another analysis; build it from this one "
                              "(Plan.load(path, session.analysis))")
-        plan.validate(mesh)
-        self._plan = plan
+        self._plan = plan.with_mesh(mesh)
         self._estimate = self.model.estimate(plan)
         self.error: str | None = None       # the last refusal or failure, readable
         self.notice: str | None = None      # what the last action did besides the obvious
         self.selected: Selection | None = None
         self._search = SearchState()
         self._generation = 0                # which search may publish
+        self._expert_plans: dict | None = None  # the expert strategies, built at first search
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._future: concurrent.futures.Future | None = None
@@ -216,7 +217,7 @@ class Session:
         if plan.analysis is not self.analysis:
             raise PlanError("the plan is for another analysis; load it with "
                             "Plan.load(path, session.analysis)")
-        plan.validate(self.mesh)
+        plan = plan.with_mesh(self.mesh)
         stopped = self._stop_for_change()
         with self.lock:
             self._set_plan(plan)
@@ -255,7 +256,9 @@ class Session:
 
     def search(self, budget_s: float | None = 10.0, *, background: bool = True,
                simulations: int | None = None, seed: int | None = None):
-        """Runs MCTS over the decisions that are not pinned, starting from the current plan.
+        """Runs MCTS over the decisions that are not pinned, starting from the best of the
+        current plan and the expert strategies (the answer is never worse than any of them
+        under the same pins).
 
         background=True: returns a Future of the SearchResult at once; the best plan so far
         becomes the current plan as it improves (listeners hear "plan"), and `stop()` ends it.
@@ -289,7 +292,7 @@ class Session:
                     callback=lambda p: self._progress(generation, p),
                     callback_every_s=self.progress_every_s,
                     cost_model=_LockedModel(self.model, self.lock),
-                    warm_start={"current": start})
+                    warm_start={**self._experts(), "current": start})
             except BaseException as err:  # noqa: BLE001 - shown to the person, never lost
                 self._search_failed(generation, err)
                 future.set_exception(err)
@@ -303,6 +306,13 @@ class Session:
         self._thread = threading.Thread(target=run, name="toast-lab search", daemon=True)
         self._thread.start()
         return future
+
+    def _experts(self) -> dict:
+        """The expert strategies of this analysis and mesh (built once, on the search thread)."""
+        with self.lock:
+            if self._expert_plans is None:
+                self._expert_plans = dict(expert_strategies(self.analysis, self.mesh))
+            return self._expert_plans
 
     def stop(self, timeout: float = 5.0):
         """Ends a running search (within one simulation) and waits for it; the best plan found
@@ -376,14 +386,18 @@ class Session:
     # --- export -------------------------------------------------------------------------------
 
     def export(self, path, extra: dict | None = None) -> Path:
-        """Writes the current plan as a plan file with its estimate (and `extra` keys, e.g. the
-        view model); `Plan.load(path, analysis)` gives the same plan back."""
+        """Writes the current plan as a plan file with its estimate, the expert strategies and
+        a view model, for JupyterLab to draw with no kernel; `Plan.load(path, analysis)` gives
+        the same plan back. extra: sections added to the file; its "view" (the Lab's view
+        model, as drawn) is the file's view, without the moment's error, notice and selection
+        (without one, the view a Lab on this plan would show first)."""
         with self.lock:
-            doc = self._plan.to_dict(self.mesh, self._estimate.to_dict())
-        doc.update(extra or {})
-        path = Path(path)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        return path
+            plan, est = self._plan, self._estimate.to_dict()
+        extra = dict(extra or {})
+        view = extra.pop("view", None)
+        doc = plan.to_dict(self.mesh, est, saved_view(view) if view is not None else None)
+        doc.update(extra)
+        return write_plan_file(doc, path)
 
     # --- listeners ----------------------------------------------------------------------------------
 

@@ -246,6 +246,19 @@ class ViewModel:
                 f"{len(self.conflicts)} conflicts{step})")
 
 
+def saved_view(view: dict) -> dict:
+    """A view model (as a dict) the way a plan file or a plan output keeps it: without the
+    moment's error, notice, selection and op details, and not searching. Keys it lacks stay
+    absent."""
+    out = dict(view)
+    for key in ("error", "notice", "selected", "details"):
+        if key in out:
+            out[key] = None
+    if isinstance(out.get("search"), dict):
+        out["search"] = dict(out["search"], running=False)
+    return out
+
+
 # --- dataclasses <-> JSON ---------------------------------------------------------------------
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -311,4 +324,4 @@ def _build(tp, data):
 
 __all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView",
            "NodeView", "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView",
-           "Selection", "FORMAT", "VERSION"]
+           "Selection", "FORMAT", "VERSION", "saved_view"]

@@ -7,6 +7,20 @@ except where
   first keeps the axis and the later one is replicated on that value (so FSDP reads naturally:
   batch on `data` first, then parameters on `data`; activations keep batch, parameters are
   gathered where they meet activations).
+
+A class can also take other axes in one *domain* of a training step (analysis/_domains.py:
+compute, parameters, optimizer): an override. MaxText's FSDP x TP shards the activations'
+`embed` over the tensor axis and the weights' over FSDP:
+
+    plan.with_axes("embed", "tensor").with_axes("embed", "fsdp", domain="parameters")
+
+and ZeRO-1 shards only the optimizer state over the data devices:
+
+    plan.with_axes("batch", "data").with_axes("embed", "data", domain="optimizer")
+
+A value's dims take their class's axes in the value's domain. An override does not move its
+class in the decision order; a class with an override is a decision even when its own axes
+are replicated (it stays in `assignments`, with ()).
 """
 
 from __future__ import annotations
@@ -15,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping
 
-from ..analysis import REPLICATE, Conflict, DimClass
-from . import _export, _planfile
+from ..analysis import DOMAINS, REPLICATE, Conflict, DimClass, domains
+from . import _display, _export, _planfile
 
 Axes = tuple[str, ...]
 
@@ -47,29 +61,47 @@ class Plan:
     assignments: (class id, mesh axes) in decision order — the order breaks ties where two
     classes meet on one value and want the same axis. Classes not listed are replicated.
     resolutions: (conflict id, resolution) — `keep_dimK` or `replicate`; unlisted conflicts
-    keep their first side. pinned: names of the classes and conflicts a person fixed.
+    keep their first side. pinned: names of the classes, conflicts and overrides a person
+    fixed. overrides: (class id, domain, mesh axes) — the class's axes on the values of one
+    domain, in the order made (see the module docstring); the override's name is
+    "<class>@<domain>".
+    mesh: the Mesh the plan was made for, when one was (search, the expert strategies, the
+    Lab, `with_mesh`, a plan file with a mesh section); `save` and `display(plan)` price the
+    plan on it. It is not part of the plan's identity (equal plans may remember other meshes).
     """
 
     analysis: object = field(repr=False)
     assignments: tuple[tuple[int, Axes], ...] = ()
     resolutions: tuple[tuple[int, str], ...] = ()
     pinned: frozenset[str] = frozenset()
+    overrides: tuple[tuple[int, str, Axes], ...] = ()
+    mesh: object = field(default=None, repr=False, compare=False)
 
     # --- construction ---------------------------------------------------------------------
 
     @classmethod
-    def replicated(cls, analysis) -> "Plan":
-        """Every class replicated: the unsharded program on every device."""
-        return cls(analysis)
+    def replicated(cls, analysis, mesh=None) -> "Plan":
+        """Every class replicated: the unsharded program on every device (for `mesh`, when
+        given)."""
+        return cls(analysis, mesh=mesh)
 
     @classmethod
     def from_decisions(cls, analysis, classes: Mapping | Iterable = (),
-                       conflicts: Mapping | Iterable = (), pinned: Iterable[str] = ()) -> "Plan":
-        """From {class name or id: axes} and {conflict name or id: resolution}, in order."""
+                       conflicts: Mapping | Iterable = (), pinned: Iterable[str] = (),
+                       overrides: Iterable = ()) -> "Plan":
+        """From {class name or id: axes} and {conflict name or id: resolution}, in order, and
+        (class name or id, domain, axes) overrides (each made right after its class)."""
         plan = cls(analysis)
         items = classes.items() if isinstance(classes, Mapping) else classes
+        pending = list(overrides)
         for name, axes in items:
             plan = plan.with_axes(name, axes)
+            k = plan._class(name).id
+            for o in [o for o in pending if plan._class(o[0]).id == k]:
+                plan = plan.with_axes(o[0], o[2], domain=o[1])
+                pending.remove(o)
+        for name, domain, axes in pending:
+            plan = plan.with_axes(name, axes, domain=domain)
         items = conflicts.items() if isinstance(conflicts, Mapping) else conflicts
         for name, res in items:
             plan = plan.with_resolution(name, res)
@@ -78,22 +110,50 @@ class Plan:
             plan._decision(name)
         return replace(plan, pinned=pinned)
 
-    def with_axes(self, cls, axes, pin: bool = False) -> "Plan":
+    def with_axes(self, cls, axes, pin: bool = False, domain: str | None = None) -> "Plan":
         """A new plan with class `cls` (name, id or DimClass) sharded over `axes`.
 
         axes: a mesh axis name, a tuple of them (major to minor), or () / None to replicate.
         A class already decided keeps its place in the decision order.
+        domain: "compute", "parameters" or "optimizer" to set the class's axes on that
+        domain's values only (an override, kept until `without_override`); None sets the
+        class's own axes, which every domain without an override takes.
         """
         c = self._class(cls)
         axes = _as_axes(axes)
+        if domain is not None:
+            return self._with_override(c, _domain(domain), axes, pin)
         assigned = dict(self.assignments)
         if c.id in assigned:
             new = tuple((k, axes if k == c.id else v) for k, v in self.assignments)
         else:
             new = self.assignments + ((c.id, axes),)
-        new = tuple((k, v) for k, v in new if v or k == c.id and pin)
+        held = self._overridden
+        new = tuple((k, v) for k, v in new if v or k == c.id and pin or k in held)
         pinned = self.pinned | {c.name} if pin else self.pinned
         return replace(self, assignments=new, pinned=pinned)
+
+    def _with_override(self, c: DimClass, domain: str, axes: Axes, pin: bool) -> "Plan":
+        key = (c.id, domain)
+        if any((k, d) == key for k, d, _ in self.overrides):
+            new = tuple((k, d, axes if (k, d) == key else a) for k, d, a in self.overrides)
+        else:
+            new = self.overrides + ((c.id, domain, axes),)
+        assignments = self.assignments
+        if c.id not in dict(assignments):  # the override makes its class a decision
+            assignments += ((c.id, ()),)
+        pinned = self.pinned | {f"{c.name}@{domain}"} if pin else self.pinned
+        return replace(self, assignments=assignments, overrides=new, pinned=pinned)
+
+    def without_override(self, cls, domain: str) -> "Plan":
+        """A new plan where class `cls` takes its own axes in `domain` again."""
+        c, domain = self._class(cls), _domain(domain)
+        new = tuple(o for o in self.overrides if (o[0], o[1]) != (c.id, domain))
+        held = {k for k, _, _ in new}
+        assignments = tuple((k, v) for k, v in self.assignments
+                            if v or k in held or k != c.id or c.name in self.pinned)
+        return replace(self, overrides=new, assignments=assignments,
+                       pinned=self.pinned - {f"{c.name}@{domain}"})
 
     def with_resolution(self, conflict, resolution: str, pin: bool = False) -> "Plan":
         """A new plan resolving `conflict` (name, id or Conflict) with `resolution`."""
@@ -113,8 +173,21 @@ class Plan:
 
     # --- reading --------------------------------------------------------------------------
 
-    def axes_of(self, cls) -> Axes:
-        return dict(self.assignments).get(self._class(cls).id, ())
+    def axes_of(self, cls, domain: str | None = None) -> Axes:
+        """The axes of class `cls`: its own, or those it takes in `domain` (its override
+        there, else its own). `cls` may also name an override, "<class>@<domain>"."""
+        try:
+            k = self._class(cls).id
+        except PlanError:
+            name, _, where = cls.rpartition("@") if isinstance(cls, str) else ("", "", "")
+            if domain is not None or where not in DOMAINS or not name:
+                raise
+            k, domain = self._class(name).id, where
+        if domain is not None:
+            axes = self._override_axes.get((k, _domain(domain)))
+            if axes is not None:
+                return axes
+        return dict(self.assignments).get(k, ())
 
     def resolution_of(self, conflict) -> str:
         c = self._conflict(conflict)
@@ -127,17 +200,25 @@ class Plan:
         return {classes[k].name: v for k, v in self.assignments if v}
 
     @property
+    def override_axes(self) -> dict[str, Axes]:
+        """{"<class>@<domain>": axes} for every override, in the order made."""
+        classes = self.analysis.classes
+        return {f"{classes[k].name}@{d}": a for k, d, a in self.overrides}
+
+    @property
     def conflict_resolutions(self) -> dict[str, str]:
-        """{conflict name: resolution} for every conflict whose class is sharded."""
+        """{conflict name: resolution} for every conflict whose class is sharded (in the
+        domain of the conflict's values)."""
         an = self.analysis
         out = {}
         for c in an.conflicts:
-            if self.axes_of(c.class_id):
+            if self._conflict_active(c):
                 out[c.name] = self.resolution_of(c)
         return out
 
     def mesh_axes_used(self) -> set[str]:
-        return {a for _, axes in self.assignments for a in axes}
+        return ({a for _, axes in self.assignments for a in axes}
+                | {a for _, _, axes in self.overrides for a in axes})
 
     @cached_property
     def _rank(self) -> dict[int, int]:
@@ -148,11 +229,42 @@ class Plan:
         return {k: v for k, v in self.assignments if v}
 
     @cached_property
+    def _overridden(self) -> frozenset[int]:
+        return frozenset(k for k, _, _ in self.overrides)
+
+    @cached_property
+    def _override_axes(self) -> dict[tuple[int, str], Axes]:
+        return {(k, d): a for k, d, a in self.overrides}
+
+    @cached_property
+    def _axes_by_domain(self) -> tuple[dict[int, Axes], ...]:
+        """Per domain (DOMAINS order): {class id: axes} of the classes sharded there."""
+        out = []
+        for d in DOMAINS:
+            axes = dict(self._axes_by_class)
+            for (k, dom), a in self._override_axes.items():
+                if dom == d:
+                    axes[k] = a
+            out.append({k: a for k, a in axes.items() if a})
+        return tuple(out)
+
+    @cached_property
+    def _domain_of(self):
+        """[V] the domain index (DOMAINS order) of every value."""
+        return domains(self.analysis).of_value
+
+    def _conflict_active(self, c: Conflict) -> bool:
+        """The conflict's class is sharded in the domain of the conflict's values."""
+        if not self.overrides:
+            return c.class_id in self._axes_by_class
+        return c.class_id in self._axes_by_domain[self._domain_of[c.site_value]]
+
+    @cached_property
     def dropped(self) -> frozenset[tuple[int, int]]:
         """(value, dim) pairs that conflict resolutions replicate."""
         out = set()
         for c in self.analysis.conflicts:
-            if c.class_id not in self._axes_by_class:
+            if not self._conflict_active(c):
                 continue
             res = self.resolution_of(c)
             for side in c.sides:
@@ -165,9 +277,13 @@ class Plan:
         return frozenset(out)
 
     def value_axes(self, value: int) -> tuple[Axes, ...]:
-        """Per dim of `value`: the mesh axes it is sharded over under this plan."""
+        """Per dim of `value`: the mesh axes it is sharded over under this plan (its classes'
+        axes in the value's domain)."""
         classes = self.analysis.value_classes[value]
-        axes_by_class, rank, dropped = self._axes_by_class, self._rank, self.dropped
+        rank, dropped = self._rank, self.dropped
+        axes_by_class = self._axes_by_class
+        if self.overrides:
+            axes_by_class = self._axes_by_domain[self._domain_of[value]]
         out: list[Axes] = [()] * len(classes)
         wanted = sorted((rank[c], d) for d, c in enumerate(classes) if c in axes_by_class)
         used: set[str] = set()
@@ -194,29 +310,46 @@ class Plan:
         """(in_specs, out_specs): PartitionSpec pytrees of the arguments and the result."""
         return _export.partition_specs(self)
 
-    def jit(self, fn, jax_mesh, constraints: str = "compute", **jit_kwargs):
-        """jax.jit(fn) with this plan's shardings and constraints (see _export.jit)."""
-        return _export.jit(self, fn, jax_mesh, constraints, **jit_kwargs)
+    def jit(self, fn, jax_mesh, constraints: str = "compute", donate: bool = True,
+            **jit_kwargs):
+        """jax.jit(fn) with this plan's shardings and constraints, donating the training state
+        like tl.estimate assumes (see _export.jit)."""
+        return _export.jit(self, fn, jax_mesh, constraints, donate, **jit_kwargs)
 
-    def logical_axis_rules(self):
-        """(class name, mesh axes or None) pairs, like flax's logical axis rules."""
-        return _export.logical_axis_rules(self)
+    def logical_axis_rules(self, domain: str | None = None):
+        """(class name, mesh axes or None) pairs, like flax's logical axis rules: the classes'
+        own axes, or those they take in `domain` (e.g. "parameters" for the weights' rules)."""
+        return _export.logical_axis_rules(self, domain)
 
     # --- plan files (see _planfile.py) ------------------------------------------------------
 
-    def save(self, path, mesh=None, estimate: dict | None = None):
-        """Writes this plan as versioned JSON; returns the path."""
-        return _planfile.write(self.to_dict(mesh, estimate), path)
+    def save(self, path, mesh=None, estimate: dict | None = None, view: dict | None = None):
+        """Writes this plan as versioned JSON; returns the path.
 
-    def to_dict(self, mesh=None, estimate: dict | None = None) -> dict:
-        return _planfile.plan_to_dict(self, mesh, estimate)
+        mesh: what the plan is for (default: the mesh it remembers). With one, the file also
+        carries the estimate, the expert strategies on the same cost model and the view model
+        that JupyterLab draws when the file is opened, with no kernel. estimate / view: ones
+        already built, written instead (the Lab passes the view it shows).
+        """
+        return _planfile.write(self.to_dict(mesh, estimate, view), path)
+
+    def to_dict(self, mesh=None, estimate: dict | None = None, view: dict | None = None) -> dict:
+        """The plan file's document (see `save`)."""
+        mesh = self.mesh if mesh is None else mesh
+        if view is None:
+            shown = _display.display_of(self, mesh)
+        else:  # the Lab's: the estimate and expert rows it shows are in it
+            shown = _display.PlanDisplay(view, view.get("estimate"), view.get("experts") or [])
+        return _planfile.plan_to_dict(self, mesh, shown.estimate if estimate is None else estimate,
+                                      shown.experts, shown.view)
 
     @classmethod
     def load(cls, path, analysis, check_fingerprint: bool = True, mesh=None) -> "Plan":
         """Reads a plan file for `analysis`; never executes code from the file.
 
         mesh: the Mesh the plan will run on; the file's mesh section and every axis it names
-        are checked against it (without it, against the file's own mesh section).
+        are checked against it (without it, against the file's own mesh section). The plan
+        remembers `mesh`, else the file's mesh when its device is a preset (`tl.devices()`).
         """
         return cls.from_dict(_planfile.read(path), analysis, source=str(path),
                              check_fingerprint=check_fingerprint, mesh=mesh)
@@ -227,13 +360,30 @@ class Plan:
         """The Plan of a plan-file document; raises PlanFileError naming `source`."""
         classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
                                                          check_fingerprint, mesh)
+        overrides = _planfile.overrides(doc, source)
         try:
-            plan = cls.from_decisions(analysis, classes, conflicts, pinned)
-            return plan if mesh is None else plan.validate(mesh)
+            plan = cls.from_decisions(analysis, classes, conflicts, pinned, overrides)
+            if mesh is not None:
+                return plan.with_mesh(mesh)
         except PlanError as err:
             raise _planfile.PlanFileError(f"{source}: {_planfile.shorten(str(err))}") from None
+        return _remember_file_mesh(plan, doc)
+
+    # --- display (see _display.py) ----------------------------------------------------------
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        """`display(plan)`: the graph coloured by this plan, its decisions, the estimate and the
+        expert strategies, drawn by the JupyterLab extension from the output alone (no kernel
+        or widget needed to show it again); text for everything else."""
+        return _display.mime_bundle(self)
 
     # --- validation -----------------------------------------------------------------------
+
+    def with_mesh(self, mesh) -> "Plan":
+        """This plan, remembering `mesh` (what `save` and `display(plan)` price it on). Raises
+        PlanError when the plan does not fit the mesh."""
+        self.validate(mesh)
+        return self if self.mesh is mesh else replace(self, mesh=mesh)
 
     def validate(self, mesh) -> "Plan":
         """Raises PlanError when the plan does not fit `mesh`; returns self otherwise."""
@@ -257,6 +407,19 @@ class Plan:
                 ways *= mesh.axis_size(a)
             if c.size % ways:
                 raise PlanError(_not_divisible(an, c, axes, ways))
+        for k, domain, axes in self.overrides:
+            c = an.classes[k]
+            unknown = [a for a in axes if a not in names]
+            if unknown:
+                raise PlanError(f"override {c.name}@{domain} shards class {c.name!r} over "
+                                f"{unknown}, which the mesh {mesh} does not have; mesh axes: "
+                                f"{sorted(names)}")
+            ways = 1
+            for a in axes:
+                ways *= mesh.axis_size(a)
+            if c.size % ways:
+                raise PlanError(f"override {c.name}@{domain}: "
+                                + _not_divisible(an, c, axes, ways))
         return self
 
     # --- helpers --------------------------------------------------------------------------
@@ -293,24 +456,45 @@ class Plan:
         try:
             return self._class(name)
         except PlanError:
+            pass
+        try:
             return self._conflict(name)
+        except PlanError as err:
+            cls, _, domain = name.rpartition("@")
+            if domain in DOMAINS and cls:
+                return self._class(cls)  # an override's name: "<class>@<domain>"
+            raise err from None
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Plan):
             return NotImplemented
         return (self.analysis is other.analysis
                 and dict(self.assignments) == dict(other.assignments)
-                and [k for k, v in self.assignments if v] == [k for k, v in other.assignments if v]
+                and self._order() == other._order()
+                and self._override_axes == other._override_axes
                 and self.conflict_resolutions == other.conflict_resolutions)
+
+    def _order(self) -> list[int]:
+        """The decision order of the classes that can hold an axis somewhere."""
+        return [k for k, v in self.assignments if v or k in self._overridden]
 
     def __hash__(self) -> int:
         return hash((tuple((k, v) for k, v in self.assignments if v),
+                     tuple(sorted(self._override_axes.items())),
                      tuple(sorted(self.conflict_resolutions.items()))))
 
     def __repr__(self) -> str:
         parts = [f"{n}={axes}" for n, axes in self.class_axes.items()]
+        parts += [f"{n}={axes}" for n, axes in self.override_axes.items()]
         parts += [f"{n}: {r}" for n, r in self.conflict_resolutions.items()]
         return f"Plan({', '.join(parts) or 'replicated'})"
+
+
+def _domain(domain) -> str:
+    if domain not in DOMAINS:
+        raise PlanError(f"no domain {domain!r}: a class can take other axes in one of "
+                        f"{list(DOMAINS)} (see toast_lab.analysis.domains)")
+    return domain
 
 
 def _not_divisible(an, c: DimClass, axes: Axes, ways: int) -> str:
@@ -326,3 +510,17 @@ def _not_divisible(an, c: DimClass, axes: Axes, ways: int) -> str:
     return (f"class {c.name!r} has size {c.size}{example}, which is not divisible by the "
             f"{ways} devices of mesh axes {axes}; choose axes whose sizes multiply to a "
             f"divisor of {c.size}, or replicate it")
+
+
+def _remember_file_mesh(plan: Plan, doc: dict) -> Plan:
+    """`plan` remembering the mesh of the file's mesh section when it names a preset device and
+    the plan fits it; unchanged otherwise (a custom device's numbers are not in the file)."""
+    from ._hardware import get_device
+    from ._mesh import Mesh
+
+    section = doc.get("mesh")
+    try:
+        mesh = Mesh(dict(section["axes"]), device=get_device(section["device"]))
+        return plan.with_mesh(mesh)
+    except (TypeError, KeyError, ValueError):  # no section, a custom device, a bad section
+        return plan

@@ -6,13 +6,22 @@ turn decisions into a Plan.
 A file names its decisions by class and conflict *names*, which are deterministic for a given
 program, and carries the program's fingerprint so a plan for another program fails clearly.
 
-    {"format": "toast-lab-plan", "version": 1,
+    {"format": "toast-lab-plan", "version": 2,
      "program": {"name": "gpt_train_step", "fingerprint": "3f2a...", "classes": 8},
      "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
+     "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
      "pinned": ["batch"],
-     "estimate": {...}}                                             # optional, informative
+     "estimate": {...},                                             # optional, informative
+     "experts": [{"name": "dp", "step_time_s": ..., ...}],          # v2, optional, informative
+     "view": {"format": "toast-lab-view", ...}}                     # v2, optional, for display
+
+Version 2 added "overrides" (a class's axes in one domain of the step, see plan/_plan.py; only
+present when a plan has some) and "experts" and "view": what the JupyterLab extension draws
+without a kernel (notes/VIEWMODEL.md). Those two are informative: loading a plan never reads
+them, and skips the view's text without parsing it (_skip.py), so no size or nesting depth there
+can break a load. Version 1 files load unchanged.
 """
 
 from __future__ import annotations
@@ -21,16 +30,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..analysis import DOMAINS
+from . import _skip
+
 FORMAT = "toast-lab-plan"
-VERSION = 1
+VERSION = 2        # what this toast-lab writes; it reads 1 and 2
 
 
 class PlanFileError(ValueError):
     """A plan file that cannot be loaded: says which file, what is wrong and what to do."""
 
 
-def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any]:
-    """The file's document for `plan` (a Plan; read through its public attributes)."""
+def plan_to_dict(plan, mesh=None, estimate: dict | None = None, experts: list | None = None,
+                 view: dict | None = None) -> dict[str, Any]:
+    """The file's document for `plan` (a Plan; read through its public attributes), with the
+    informative sections that are given."""
     an = plan.analysis
     prog = an.program
     doc: dict[str, Any] = {
@@ -43,14 +57,47 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None) -> dict[str, Any
         "conflicts": plan.conflict_resolutions,
         "pinned": sorted(plan.pinned),
     }
+    if plan.overrides:
+        overrides: dict[str, dict[str, list[str]]] = {}
+        for k, domain, axes in plan.overrides:
+            overrides.setdefault(an.classes[k].name, {})[domain] = list(axes)
+        doc["overrides"] = overrides
     if estimate is not None:
         doc["estimate"] = estimate
+    if experts:
+        doc["experts"] = experts
+    if view is not None:
+        doc["view"] = view
     return doc
+
+
+def to_text(doc: dict) -> str:
+    """The file's text: the decisions indented for people and diffs; the view model, last and
+    on one line (tens of kilobytes a person does not read, for the extension)."""
+    head = {k: v for k, v in doc.items() if k != "view"}
+    text = _dumps(head, "")
+    if doc.get("view") is not None:
+        view = json.dumps(doc["view"], separators=(",", ":"), allow_nan=False)
+        text = f'{text[:-2]},\n  "view": {view}\n}}'
+    return text + "\n"
+
+
+def _dumps(x, pad: str) -> str:
+    """JSON indented by two spaces, with lists of plain values on one line (mesh axes)."""
+    if isinstance(x, dict) and x:
+        inner = pad + "  "
+        items = ",\n".join(f"{inner}{json.dumps(str(k))}: {_dumps(v, inner)}"
+                           for k, v in x.items())
+        return "{\n" + items + "\n" + pad + "}"
+    if isinstance(x, list) and any(isinstance(v, (dict, list)) for v in x):
+        inner = pad + "  "
+        return "[\n" + ",\n".join(inner + _dumps(v, inner) for v in x) + "\n" + pad + "]"
+    return json.dumps(x, allow_nan=False)
 
 
 def write(doc: dict, path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(to_text(doc))
     return path
 
 
@@ -89,7 +136,8 @@ def read(path) -> dict:
                             f"{err.start}); a plan file is JSON written by toast-lab: was it "
                             f"saved by another program or corrupted?") from None
     try:
-        return json.loads(text)  # plain JSON: no pickle, no eval, nothing executes
+        # plain JSON: no pickle, no eval, nothing executes; the view is skipped unread
+        return json.loads(_skip.without_member(text, "view"))
     except json.JSONDecodeError as err:
         raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
                             f"{err.msg}); the file is corrupted or was not written by toast-lab"
@@ -100,6 +148,28 @@ def read(path) -> dict:
     except ValueError as err:  # Python's limit on integer digits (CVE-2020-10735)
         raise PlanFileError(f"{path}: a number in the file is too long to read "
                             f"({str(err).split(';')[0]}); the file is corrupted") from None
+
+
+def overrides(doc, source: str = "<dict>") -> list[tuple[str, str, tuple[str, ...]]]:
+    """[(class name, domain, axes)] of a plan document's "overrides" section (none in format
+    1 files). Call after `decisions`, which checks the rest of the document."""
+    section = doc.get("overrides", {}) if isinstance(doc, dict) else {}
+    ok = isinstance(section, dict) and all(
+        isinstance(k, str) and isinstance(v, dict) and all(
+            isinstance(d, str) and isinstance(a, list) and all(isinstance(x, str) for x in a)
+            for d, a in v.items()) for k, v in section.items())
+    if not ok:
+        raise PlanFileError(f"{source}: \"overrides\" must map class names to {{domain: list "
+                            f"of mesh axis names}}, e.g. {{\"embed\": {{\"parameters\": "
+                            f"[\"fsdp\"]}}}}")
+    out = []
+    for name, by_domain in section.items():
+        for domain, axes in by_domain.items():
+            if domain not in DOMAINS:
+                raise PlanFileError(f"{source}: override of class {name!r} names domain "
+                                    f"{domain!r}; domains are {list(DOMAINS)}")
+            out.append((name, domain, tuple(axes)))
+    return out
 
 
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,
@@ -121,7 +191,7 @@ def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = Tr
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         fail(f"\"version\" must be a positive integer (this toast-lab writes {VERSION}), got "
              f"{echo(version)}")
-    if version > VERSION:
+    if version > VERSION:  # 1 and 2 differ only in informative sections
         fail(f"written by a newer toast-lab (plan format {version}; this one reads up to "
              f"{VERSION}): upgrade toast-lab")
     meta = doc.get("program")

@@ -1,8 +1,9 @@
 """Stage 7, the plan search (DESIGN.md §7): Monte Carlo Tree Search over the decisions (one per
-class and conflict, ordered by bytes at stake) around pinned ones, with a memory cap, an anytime
-budget, a stop event and progress callbacks; exhaustive enumeration and random search are
-reference points on the same cost model. Takes an Analysis, a Mesh and pins; gives a
-`SearchResult` (the best plan that fits, its estimate, the history of improvements).
+class and conflict, ordered by bytes at stake, and per-domain overrides where they matter)
+around pinned ones, with a memory cap, an anytime budget, a stop event and progress callbacks,
+starting from the expert strategies; exhaustive enumeration and random search are reference
+points on the same cost model. Takes an Analysis, a Mesh and pins; gives a `SearchResult` (the
+best plan that fits, its estimate, the history of improvements).
 """
 
 from ._baselines import EXHAUSTIVE_LIMIT, enumerate_choices, exhaustive, random_search

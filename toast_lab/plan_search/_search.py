@@ -9,7 +9,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..cost import CostModel
+from ..strategies import expert
 from . import _mcts
+from ._space import OVERRIDE_CLASSES, plan_order
 from ._tracker import (SearchResult, Tracker, budget_left, check_budget, setup,
                        warm_start_plans)
 from ._tree import Tree
@@ -34,41 +36,50 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
            warm_start: Mapping | None = None) -> SearchResult:
     """Monte Carlo Tree Search for the fastest plan that fits in memory.
 
-    pins: {class name: mesh axes, conflict name: resolution} fixed at the root.
+    pins: {class name: mesh axes, conflict name: resolution, "<class>@<domain>": mesh axes}
+    fixed at the root.
     budget_s / simulations: stop after either (None: no limit on that one); with a simulation
     budget the same seed gives the same result; a time budget stops at a wall-clock point.
     memory_cap: bytes per device (default: the device's memory). stop: a threading.Event that
     ends the search within one simulation. callback(SearchProgress) every `callback_every_s`
-    and once at the end. warm_start: {name: Plan} whose choices seed the incumbent (e.g. the
-    expert strategies); by default the search starts from the pinned, otherwise replicated plan.
+    and once at the end. warm_start: {name: Plan} whose choices seed the incumbent; by default
+    the expert strategies (tl.strategies.expert), so the answer is never worse than the best
+    of them under the same pins and cap; {} starts from the pinned, otherwise replicated plan.
+    The best of them also sets the space's rank order (see _space.py), so it is in the space
+    exactly, with the overrides of every one of them.
     """
     check_budget(budget_s, simulations, stop, callback, callback_every_s)
     if budget_s is None and simulations is None and stop is None:
         raise ValueError("search needs a budget: budget_s, simulations or a stop event")
-    warm = warm_start_plans(warm_start, analysis, mesh)
-    model, space, cap = setup(analysis, mesh, pins, memory_cap, cost_model)
+    warm = warm_start_plans(expert(analysis, mesh) if warm_start is None else warm_start,
+                            analysis, mesh)
+    model, space, cap = setup(analysis, mesh, pins, memory_cap, cost_model,
+                              overrides=[(k, d) for p in warm for k, d, _ in p.overrides],
+                              override_classes=OVERRIDE_CLASSES)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
-    incumbent = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)
+    reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)
     # The first evaluation compiles the kernel (seconds on a fresh install): before the clock.
-    ref_step, ref_peak = model.step_and_peak(*space.arrays(incumbent))
-    tracker = Tracker(space, model, cap, callback, callback_every_s, "mcts")
-    tracker.record(incumbent, ref_step, ref_peak)  # never an empty answer
+    ref_step, ref_peak = model.step_and_peak(*space.arrays(reference))
+    incumbent, start = reference, (ref_step, ref_peak)
     best_reward = reward(ref_step, ref_peak, cap, ref_step)
-    for plan in warm:
-        ch = space.choices_of(plan)
-        ch = np.where(space.pinned >= 0, space.pinned, ch)
-        step, peak = model.step_and_peak(*space.arrays(ch))
-        tracker.record(ch, step, peak)
+    for plan in warm:  # each in its own rank order; the best one's becomes the space's
+        ordered = space.reordered(plan_order(plan))
+        ch = np.where(space.pinned >= 0, space.pinned, ordered.choices_of(plan))
+        step, peak = model.step_and_peak(*ordered.arrays(ch))
         r = reward(step, peak, cap, ref_step)
         if r > best_reward:
-            best_reward, incumbent = r, ch.copy()
+            best_reward, incumbent, start, space = r, ch, (step, peak), ordered
+    tracker = Tracker(space, model, cap, callback, callback_every_s, "mcts")
+    tracker.record(reference, *model.step_and_peak(*space.arrays(reference)))
+    if incumbent is not reference:  # never an empty answer, never worse than the best start
+        tracker.record(incumbent, *start)
     if n == 0:
         return tracker.result(space.size)
     tree = Tree(capacity=1024, max_choices=int(space.num_choices.max()))
     stats = {"min": math.inf, "max": -math.inf}
-    policy = _mcts.incumbent_policy(space, incumbent)
     choices = np.zeros(n, np.int64)
+
     def evaluate(ch) -> float:
         step, peak = model.step_and_peak(*space.arrays(ch))
         tracker.record(ch, step, peak)
@@ -76,16 +87,22 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
         stats["min"], stats["max"] = min(stats["min"], r), max(stats["max"], r)
         return r
 
-    while budget_left(tracker, budget_s, simulations, stop):
+    def more() -> bool:
+        return budget_left(tracker, budget_s, simulations, stop)
+
+    if incumbent is not reference and more():  # the corner of the best start
+        _mcts.polish(space, incumbent, evaluate, best_reward, more)
+    # The tree search itself starts from scratch: its rollouts follow its own best plan, so a
+    # good start (kept by the tracker) does not pin the exploration to its neighbourhood.
+    own, own_reward = reference.copy(), reward(ref_step, ref_peak, cap, ref_step)
+    policy = _mcts.incumbent_policy(space, own)
+    while more():
         path, depth = _mcts.select_and_expand(tree, space, choices, rng, stats)
         _mcts.rollout(space, choices, depth, policy, rng)
         r = evaluate(choices)
         _mcts.backup(tree, path, r)
-        if r > best_reward:  # the rollout policy follows the best plan found, polished
-            polished, r2 = _mcts.polish(
-                space, choices, evaluate, r,
-                lambda: budget_left(tracker, budget_s, simulations, stop))
-            best_reward = r2
-            incumbent[:] = polished
+        if r > own_reward:  # the rollout policy follows the best plan found, polished
+            polished, own_reward = _mcts.polish(space, choices, evaluate, r, more)
+            own[:] = polished
     return tracker.result(space.size, tree.size,
                           {"reward_min": stats["min"], "reward_max": stats["max"]})

@@ -1,77 +1,117 @@
-"""The decision space: one decision per class and per conflict, ordered by bytes at stake.
+"""The decision space: one decision per class and per conflict, ordered by bytes at stake, and
+per-domain overrides where they matter.
 
 A class's choices are replication or a set of mesh axes whose device count divides its size
 (axis order within a dim does not change the cost model, so sets are enough: mesh order, major
 to minor). A conflict's choices are its resolutions; it matters only once its class is sharded,
 so it comes right after that class and is skipped (choice 0) while the class is replicated.
-Pins fix a decision's choice at the root.
+
+An override decision (kind OVERRIDE) sets a class's axes in one domain of the step (parameters
+or optimizer state, see analysis/_domains.py): choice 0 keeps the class's own axes there, the
+others are replication or a set of mesh axes. Offering one per class and domain would double
+the tree's depth and multiply the space by (1 + 2^axes) per decision, for little: a space
+offers them for the `override_classes` classes with the most bytes in each of those domains
+(the search asks for OVERRIDE_CLASSES: the weights' width dim, where FSDP, ZeRO and MaxText
+differ; the exhaustive and random baselines, none), plus any named in `overrides` (the search
+names those of the plans it starts from) or pinned. They come right after their class.
+
+Two orders: the *tree order* of the decisions (by bytes at stake, what MCTS decides first) and
+the *rank order* of the classes (which class keeps a mesh axis two classes of one value want,
+Plan's first-decision-wins). The rank order is the tree order unless `order` says otherwise:
+the search takes it from the best plan it starts from, so that plan is in the space exactly
+(Megatron-SP needs the tensor-parallel classes ranked before the sequence, whatever their
+bytes). Pins fix a decision's choice at the root.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, domains
 from ..cost import PlanArrays, axis_bits, plan_arrays
 from ..plan import Plan, PlanError
 
-CLASS, CONFLICT = "class", "conflict"
+CLASS, CONFLICT, OVERRIDE = "class", "conflict", "override"
+# Override decisions the search offers per domain without being asked for: the classes with
+# the most bytes there.
+OVERRIDE_CLASSES = 1
+INHERIT = None  # an override decision's choice 0: the class's own axes
 
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str                    # CLASS or CONFLICT
-    index: int                   # class id or conflict id
-    name: str
-    choices: tuple               # CLASS: tuples of axis names; CONFLICT: resolution names
-    masks: tuple[int, ...] = ()  # CLASS: the bit mask of each choice
+    kind: str                    # CLASS, CONFLICT or OVERRIDE
+    index: int                   # class id (CLASS, OVERRIDE) or conflict id
+    name: str                    # OVERRIDE: "<class>@<domain>"
+    choices: tuple               # CLASS: tuples of axis names; CONFLICT: resolution names;
+                                 # OVERRIDE: INHERIT, then tuples of axis names
+    masks: tuple[int, ...] = ()  # CLASS, OVERRIDE: the bit mask of each choice (-1: INHERIT)
     pinned: int = -1             # the pinned choice, or -1
-    parent: int = -1             # CONFLICT: the position of its class's decision
+    parent: int = -1             # CONFLICT, OVERRIDE: the position of its class's decision
+    domain: str = ""             # OVERRIDE: the domain it sets
 
     def label(self, choice: int) -> str:
         c = self.choices[choice]
-        if self.kind == CLASS:
+        if self.kind == OVERRIDE and c is INHERIT:
+            return "as its class"
+        if self.kind in (CLASS, OVERRIDE):
             return "replicated" if not c else "x".join(c)
         return c
 
 
 class Space:
-    """Decisions in search order, with conversions from a choice vector to plans and arrays."""
+    """Decisions in search order, with conversions from a choice vector to plans and arrays.
 
-    def __init__(self, analysis, mesh, pins: Mapping | None = None):
+    pins: {class, conflict or "<class>@<domain>" override name: axes or resolution}.
+    overrides: (class id or name, domain) pairs to offer override decisions for, beyond the
+    `override_classes` largest per domain. order: class ids in rank order (see the module
+    docstring); classes not listed follow in tree order.
+    """
+
+    def __init__(self, analysis, mesh, pins: Mapping | None = None,
+                 overrides: Iterable = (), order: Sequence[int] | None = None,
+                 override_classes: int = 0):
         self.analysis = analysis
         self.mesh = mesh
         names = tuple(mesh.axis_names)
         bit = axis_bits(mesh)
         pins = dict(pins or {})
         self._check_pins(pins)
+        axes_choices = []
+        for m in range(1, 1 << len(names)):
+            axes = tuple(a for i, a in enumerate(names) if m >> i & 1)
+            axes_choices.append((axes, int(np.prod([mesh.axis_size(a) for a in axes])), m))
+
+        def divisible(cls):
+            return [(axes, m) for axes, ways, m in axes_choices if cls.size % ways == 0]
+
+        def pinned_axes(name, cls, options):
+            want = _axes(pins[name])
+            unknown = [a for a in want if a not in bit]
+            if unknown:
+                raise PlanError(f"pin {name}={want}: the mesh has no axes {unknown}; its axes "
+                                f"are {list(names)}")
+            key = sum(bit[a] for a in want)
+            if key not in options:
+                ways = int(np.prod([mesh.axis_size(a) for a in want]))
+                raise PlanError(f"pin {name}={want}: class {cls.name!r} has size {cls.size}, "
+                                f"not divisible by the {ways} devices of {want}")
+            return options.index(key)
+
+        offered = self._offered(analysis, pins, overrides, override_classes)
         conflicts_of: dict[int, list] = {}
         for c in analysis.conflicts:
             conflicts_of.setdefault(c.class_id, []).append(c)
         decisions: list[Decision] = []
         for cls in sorted(analysis.classes, key=lambda c: (-c.bytes, c.id)):
-            choices = [()]
-            for m in range(1, 1 << len(names)):
-                axes = tuple(a for i, a in enumerate(names) if m >> i & 1)
-                ways = int(np.prod([mesh.axis_size(a) for a in axes]))
-                if cls.size % ways == 0:
-                    choices.append(axes)
-            masks = tuple(sum(bit[a] for a in axes) for axes in choices)
-            pinned = -1
-            if cls.name in pins:
-                want = _axes(pins[cls.name])
-                key = sum(bit.get(a, 0) for a in want)
-                unknown = [a for a in want if a not in bit]
-                if unknown:
-                    raise PlanError(f"pin {cls.name}={want}: the mesh has no axes {unknown}; "
-                                    f"its axes are {list(names)}")
-                if key not in masks:
-                    ways = int(np.prod([mesh.axis_size(a) for a in want]))
-                    raise PlanError(f"pin {cls.name}={want}: class {cls.name!r} has size "
-                                    f"{cls.size}, not divisible by the {ways} devices of {want}")
-                pinned = masks.index(key)
+            options = divisible(cls)
+            choices = [()] + [axes for axes, _ in options]
+            masks = tuple([0] + [m for _, m in options])
+            pinned = pinned_axes(cls.name, cls, masks) if cls.name in pins else -1
+            domains_here = [d for d in DOMAINS if (cls.id, d) in offered]
             if len(choices) == 1 and pinned < 0:
                 continue  # nothing divides: always replicated
             pos = len(decisions)
@@ -90,16 +130,67 @@ class Space:
                     pinned_res = c.resolutions.index(pins[c.name])
                 decisions.append(Decision(CONFLICT, c.id, c.name, tuple(c.resolutions), (),
                                           pinned_res, parent=pos))
+            for d in domains_here:
+                name = f"{cls.name}@{d}"
+                o_masks = (-1,) + masks
+                o_pinned = pinned_axes(name, cls, o_masks) if name in pins else -1
+                decisions.append(Decision(OVERRIDE, cls.id, name, (INHERIT, *choices),
+                                          o_masks, o_pinned, parent=pos, domain=d))
         self.decisions = tuple(decisions)
         self.num_choices = np.array([len(d.choices) for d in decisions], np.int64)
         self.pinned = np.array([d.pinned for d in decisions], np.int64)
+        self._set_order(order)
+
+    @staticmethod
+    def _offered(an, pins, overrides, largest) -> set[tuple[int, str]]:
+        """(class id, domain) pairs that get an override decision (see the module docstring)."""
+        out = set()
+        if largest:
+            split = _domain_bytes(an)
+            for d in (PARAMETERS, OPTIMIZER):
+                ranked = sorted(((b, k) for (k, dom), b in split.items() if dom == d and b > 0),
+                                key=lambda bk: (-bk[0], bk[1]))
+                out.update((k, d) for _, k in ranked[:largest])
+        for cls, d in overrides:
+            k = cls if isinstance(cls, int) else an.class_named(cls).id
+            out.add((k, d))
+        for name in pins:
+            cls, _, d = name.rpartition("@")
+            if d in DOMAINS and cls and any(c.name == cls for c in an.classes):
+                out.add((an.class_named(cls).id, d))
+        return out
+
+    def _set_order(self, order) -> None:
+        """Rank positions of the class decisions: `order` first, then the rest in tree order."""
+        classes = [p for p, d in enumerate(self.decisions) if d.kind == CLASS]
+        if order is not None:
+            where = {d.index: p for p, d in ((p, self.decisions[p]) for p in classes)}
+            first = [where[k] for k in dict.fromkeys(order) if k in where]
+            classes = first + [p for p in classes if p not in set(first)]
+        self._rank_positions = tuple(classes)
+        self._overrides = tuple(p for p, d in enumerate(self.decisions) if d.kind == OVERRIDE)
+        self._conflicts = tuple(p for p, d in enumerate(self.decisions) if d.kind == CONFLICT)
+
+    def reordered(self, order: Sequence[int] | None) -> "Space":
+        """The same decisions with another rank order (class ids, see the module docstring)."""
+        out = object.__new__(Space)
+        out.__dict__.update(self.__dict__)
+        out._set_order(order)
+        return out
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Class ids in rank order."""
+        return tuple(self.decisions[p].index for p in self._rank_positions)
 
     def _check_pins(self, pins: Mapping) -> None:
         an = self.analysis
         known = {c.name for c in an.classes} | {c.name for c in an.conflicts}
+        known |= {f"{c.name}@{d}" for c in an.classes for d in (PARAMETERS, OPTIMIZER)}
         unknown = [p for p in pins if p not in known]
         if unknown:
-            raise PlanError(f"pins name no class or conflict: {unknown}; classes: "
+            raise PlanError(f"pins name no class, conflict or override (<class>@parameters, "
+                            f"<class>@optimizer): {unknown}; classes: "
                             f"{[c.name for c in an.classes]}")
 
     @property
@@ -119,36 +210,74 @@ class Space:
         return d.kind == CONFLICT and choices[d.parent] == 0
 
     def arrays(self, choices) -> PlanArrays:
-        """(class masks, class ranks, conflict resolutions) for the cost model's kernel."""
-        decisions = list(zip(self.decisions, choices))
-        return plan_arrays(self.analysis,
-                           ((d.index, d.masks[c]) for d, c in decisions if d.kind == CLASS),
-                           ((d.index, c) for d, c in decisions if d.kind == CONFLICT))
+        """(split-class masks, ranks, conflict resolutions) for the cost model's kernel."""
+        decisions = self.decisions
+        return plan_arrays(
+            self.analysis,
+            [(decisions[p].index, decisions[p].masks[choices[p]]) for p in self._rank_positions],
+            [(decisions[p].index, choices[p]) for p in self._conflicts],
+            [(decisions[p].index, decisions[p].domain, decisions[p].masks[choices[p]])
+             for p in self._overrides if choices[p]])
 
     def plan(self, choices) -> Plan:
-        plan = Plan.replicated(self.analysis)
-        pinned = []
-        for d, c in zip(self.decisions, choices):
-            if d.pinned >= 0:
-                pinned.append(d.name)
-            if d.kind == CLASS:
-                if c:
-                    plan = plan.with_axes(d.index, d.choices[c])
-            elif choices[d.parent]:
-                plan = plan.with_resolution(d.index, d.choices[c])
+        plan = Plan.replicated(self.analysis, self.mesh)
+        overrides_of: dict[int, list[int]] = {}
+        for p in self._overrides:
+            if choices[p]:
+                overrides_of.setdefault(self.decisions[p].parent, []).append(p)
+        for p in self._rank_positions:  # rank order: the plan's decision order
+            d = self.decisions[p]
+            for o in overrides_of.get(p, ()):  # places its class in the order, replicated
+                od = self.decisions[o]
+                plan = plan.with_axes(od.index, od.choices[choices[o]], domain=od.domain)
+            if choices[p]:
+                plan = plan.with_axes(d.index, d.choices[choices[p]])
+        for p in self._conflicts:
+            d = self.decisions[p]
+            if choices[d.parent]:
+                plan = plan.with_resolution(d.index, d.choices[choices[p]])
+        pinned = [d.name for d in self.decisions if d.pinned >= 0]
         return plan.pin(*pinned) if pinned else plan
 
     def choices_of(self, plan: Plan) -> np.ndarray:
-        """The choice vector of a plan (plans outside the space snap to the nearest choice)."""
+        """The choice vector of a plan (plans outside the space snap to the nearest choice;
+        the rank order is the space's, see `order`)."""
         out = np.zeros(len(self.decisions), np.int64)
         bit = axis_bits(self.mesh)
+        own = plan.override_axes
         for pos, d in enumerate(self.decisions):
             if d.kind == CLASS:
                 m = sum(bit[a] for a in plan.axes_of(d.index))
                 out[pos] = d.masks.index(m) if m in d.masks else 0
+            elif d.kind == OVERRIDE:
+                if d.name in own:
+                    m = sum(bit[a] for a in own[d.name])
+                    out[pos] = d.masks.index(m, 1) if m in d.masks[1:] else 0
             else:
                 out[pos] = d.choices.index(plan.resolution_of(d.index))
         return out
+
+
+def plan_order(plan: Plan) -> tuple[int, ...]:
+    """A plan's classes in its decision order (for `Space(order=)`)."""
+    return tuple(k for k, _ in plan.assignments)
+
+
+def _domain_bytes(an) -> dict[tuple[int, str], int]:
+    """{(class id, domain): bytes of that domain's values the class is on}."""
+
+    def build():
+        of = domains(an).of_value
+        out: dict[tuple[int, str], int] = {}
+        for v, classes in enumerate(an.value_classes):
+            d = DOMAINS[of[v]]
+            nbytes = an.program.values[v].nbytes
+            for c in set(classes):
+                if c >= 0:
+                    out[(c, d)] = out.get((c, d), 0) + nbytes
+        return out
+
+    return an.derived("plan_search.domain_bytes", build)
 
 
 def _axes(value) -> tuple[str, ...]:

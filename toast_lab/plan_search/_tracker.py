@@ -117,11 +117,12 @@ class Tracker:
                             stats or {})
 
 
-def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None):
+def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, overrides=(),
+          override_classes: int = 0):
     if memory_cap is not None:
         _check_number("memory_cap", memory_cap, "bytes per device, e.g. 16 * 2**30")
     model = model or cost_model(analysis, mesh)
-    space = Space(analysis, mesh, pins)
+    space = Space(analysis, mesh, pins, overrides, override_classes=override_classes)
     cap = float(mesh.device.memory_bytes if memory_cap is None else memory_cap)
     if not cap > 0:
         raise ValueError(f"memory_cap must be a positive number of bytes, got {memory_cap!r}")

@@ -1,8 +1,10 @@
 """The expert strategies: data, fully-sharded data, tensor (Megatron) and sequence parallelism,
-and their 2-D combinations, each a Plan built from the class roles."""
+their 2-D combinations, and the published recipes that shard one class differently in two
+domains of the step (ZeRO-1/2, MaxText), each a Plan built from the class roles."""
 
 from __future__ import annotations
 
+from ..analysis import OPTIMIZER, PARAMETERS, domains
 from ..plan import Plan
 from ._roles import Roles, find_roles
 
@@ -51,15 +53,19 @@ class _Builder:
         self.plan = Plan.replicated(an)
         self.placed = 0
 
-    def put(self, cls, axes) -> bool:
+    def put(self, cls, axes, domain=None) -> bool:
         if cls is None or not axes:
             return False
         fitted = _fit(self.an, self.mesh, cls, tuple(axes))
         if not fitted:
             return False
-        self.plan = self.plan.with_axes(cls, fitted)
+        self.plan = self.plan.with_axes(cls, fitted, domain=domain)
         self.placed += 1
         return True
+
+    def free(self, cls, domain=None) -> bool:
+        """The class holds no axes yet (in `domain`, where its own axes count too)."""
+        return not self.plan.axes_of(cls, domain)
 
 
 def expert(an, mesh) -> Strategies:
@@ -77,32 +83,45 @@ def expert(an, mesh) -> Strategies:
             return
         b = _Builder(an, mesh)
         for step in steps:
-            kind, cls, axes = step
+            kind, cls, axes, *domain = step
+            domain = domain[0] if domain else None
             if kind == "one":
-                ok = b.put(cls, axes)
+                ok = b.put(cls, axes, domain)
                 if not ok and step is steps[0]:
                     skipped[name] = (f"class {an.classes[cls].name!r} (size "
                                      f"{an.classes[cls].size}) cannot be split over {axes}")
                     return
+            elif kind == "rest":  # those of the classes that hold no axes there yet
+                for c in cls:
+                    if b.free(c, domain):
+                        b.put(c, axes, domain)
             else:
                 for c in cls:
-                    b.put(c, axes)
+                    b.put(c, axes, domain)
         if b.placed == 0:
             skipped[name] = "no class divides over the mesh"
             return
-        plans[name] = b.plan.validate(mesh)
+        plans[name] = b.plan.with_mesh(mesh)
 
     has_batch = (roles.batch is not None, "the program has no batch-like class")
     has_seq = (roles.sequence is not None, "the program has no sequence class")
     has_tp = (bool(roles.tensor_parallel), "no parameter classes to split (no weights)")
     has_fsdp = (bool(roles.fsdp), "no parameters to shard")
     two_d = (model_axis is not None, "needs a mesh with two or more axes")
+    has_opt = (bool(domains(an).optimizer_state),
+               "the step has no optimizer state (no state input that only the update reads)")
+    has_width = (roles.width is not None, "the model has no width class (a residual stream)")
 
     make("dp", [("one", roles.batch, every)], [has_batch])
     make("fsdp", [("one", roles.batch, every), ("many", roles.fsdp, every)],
          [has_batch, has_fsdp])
     make("megatron", [("many", roles.tensor_parallel, every)], [has_tp])
     make("sp", [("one", roles.sequence, every)], [has_seq])
+    # ZeRO-1/2 (Megatron's distributed optimizer): data parallel, with the optimizer state —
+    # and the weight gradients that feed it — sharded over the same devices; the gradients are
+    # reduce-scattered into it and the updated parameters all-gathered back.
+    make("zero1", [("one", roles.batch, every), ("rest", roles.fsdp, every, OPTIMIZER)],
+         [has_batch, has_fsdp, has_opt])
     if model_axis is not None:
         make("dp+tp", [("one", roles.batch, data_axes),
                        ("many", roles.tensor_parallel, (model_axis,))],
@@ -118,7 +137,38 @@ def expert(an, mesh) -> Strategies:
                                 ("many", roles.tensor_parallel, (model_axis,)),
                                 ("many", roles.fsdp, data_axes[-1:])],
                  [has_batch, has_tp, has_fsdp])
+        _published(make, roles, data_axes, model_axis,
+                   [has_batch, has_tp, has_fsdp, has_seq, has_opt, has_width])
     else:
-        for name in ("dp+tp", "fsdp+tp", "dp+sp"):
+        for name in ("dp+tp", "fsdp+tp", "dp+sp", "zero1+tp", "fsdp+tp+sp", "maxtext"):
             skipped[name] = "needs a mesh with two or more axes"
     return Strategies(plans, skipped, roles)
+
+
+def _published(make, roles, data_axes, model_axis, needs) -> None:
+    """The 2-D recipes of published large-model runs. Tensor parallelism is decided before
+    FSDP, which takes only the classes it left (so a weight is split once over each axis)."""
+    has_batch, has_tp, has_fsdp, has_seq, has_opt, has_width = needs
+    batch = ("one", roles.batch, data_axes)
+    tp = ("many", roles.tensor_parallel, (model_axis,))
+    make("zero1+tp", [batch, tp, ("rest", roles.fsdp, data_axes, OPTIMIZER)],
+         [has_batch, has_tp, has_fsdp, has_opt])
+    # Megatron-SP (Korthikanti et al., 2022) with FSDP: activations between the tensor-parallel
+    # regions sharded by position over the model axis (decided after the tensor-parallel
+    # classes, which keep the axis inside attention and the MLP): an all-gather before and a
+    # reduce-scatter after each region instead of an all-reduce; weights FSDP over the data
+    # axes (every one; over the innermost only in the `dp+` variant).
+    sp = ("one", roles.sequence, (model_axis,))
+    make("fsdp+tp+sp", [batch, tp, sp, ("rest", roles.fsdp, data_axes)],
+         [has_batch, has_tp, has_fsdp, has_seq])
+    if len(data_axes) >= 2:
+        make("dp+fsdp+tp+sp", [batch, tp, sp, ("rest", roles.fsdp, data_axes[-1:])],
+             [has_batch, has_tp, has_fsdp, has_seq])
+    # MaxText's default rules: activations' embed ("activation_embed") on the tensor axis,
+    # the weights' and optimizer state's embed on the innermost data axis ("fsdp"), heads, MLP
+    # and vocabulary on the tensor axis, the batch over every data axis.
+    fsdp = data_axes[-1:]
+    make("maxtext", [batch, ("one", roles.width, (model_axis,)), tp,
+                     ("one", roles.width, fsdp, PARAMETERS), ("one", roles.width, fsdp, OPTIMIZER),
+                     ("rest", roles.fsdp, fsdp)],
+         [has_batch, has_tp, has_width, has_opt])

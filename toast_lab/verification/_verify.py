@@ -501,13 +501,15 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
 
     step = plan.jit(fn, jax_mesh, constraints=constraints, compiler_options=options)
     in_shardings, _ = plan.shardings(jax_mesh)
-    placed = jax.device_put(args, in_shardings)
+    # Copies: plan.jit donates the training state, and device_put may reuse a buffer of
+    # `args` as a shard (jax 0.10.2 does so even with may_alias=False), which the caller keeps.
+    placed = jax.device_put(jax.tree.map(_fresh_copy, args), in_shardings)
     placed_kw = jax.device_put(kwargs, NamedSharding(jax_mesh, PartitionSpec()))
     start = time.perf_counter()
     compiled = step.lower(*placed, **placed_kw).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(placed, placed_kw) if kwargs else compiled(*placed))
+    out = jax.block_until_ready(compiled(*placed, placed_kw) if kwargs else compiled(*placed))
     run_s = time.perf_counter() - start
 
     reference = jax.jit(fn, compiler_options=options)
@@ -580,6 +582,10 @@ def _dtype_name(dtype) -> str:
 
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _fresh_copy(x):
+    return x.copy() if hasattr(x, "copy") else x
 
 
 def _cpu_devices() -> list:

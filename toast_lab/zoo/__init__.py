@@ -14,7 +14,8 @@ leaves are plain tuples of logical dim names (`str | None`, one per dim of the l
 arguments are named: AdamW's moments take their params' names, its step count `()`.
 `fn.config` is the resolved config.
 
-Models: `mlp`, `gpt`, `gpt_scan`, `cnn`, `moe`, `gnn`; see each module's docstring for shapes.
+Models: `mlp`, `gpt`, `gpt_scan`, `cnn`, `moe`, `gnn`, `llama`; see each module's docstring
+for shapes.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from ._cnn import CNN
 from ._common import Model, make_step, opt_state_names
 from ._gnn import GNN
 from ._gpt import GPT, GPT_SCAN
+from ._llama import LLAMA
 from ._mlp import MLP
 from ._moe import MOE
 
-_MODELS: dict[str, Model] = {m.name: m for m in (MLP, GPT, GPT_SCAN, CNN, MOE, GNN)}
+_MODELS: dict[str, Model] = {m.name: m for m in (MLP, GPT, GPT_SCAN, CNN, MOE, GNN, LLAMA)}
 
 __all__ = ["config", "get", "names", "sample"]
 

@@ -1,0 +1,176 @@
+"""Estimated step time, exposed communication, MFU and peak memory of public training recipes.
+
+    python benchmarks/step_time.py [--only llama2-7b-h100x8 ...] [--search SECONDS]
+
+Each row traces a zoo model at full size (abstract arguments: nothing is allocated) with the
+shapes and parallelism of a public recipe, named in the table below, and estimates one
+training step per device with tl.estimate (donated state, collectives scheduled). The
+figures are the model's; nothing here is fitted to published step times (the cost model's
+constants come from device measurements and datasheets, see toast_lab/plan/_hardware.py).
+
+MFU = model flops per step / (step time x devices x peak bf16 FLOP/s), model flops by PaLM's
+count (Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T per token, N the parameters, L
+layers, H heads, Q head size, T sequence length (recomputation not counted).
+--search S also runs tl.search for S seconds around the recipe's batch sharding and reports
+its plan's step time under the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import toast_lab as tl
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A public recipe: model config, mesh, and its parallelism as class -> mesh axes (in
+    decision order: the batch first, so activations keep it where parameters want the same
+    axis, as FSDP runs)."""
+
+    name: str
+    model: str
+    config: dict
+    mesh: dict
+    device: str
+    parallelism: str
+    plan: dict
+    source: str
+    across_slices: tuple = ()  # mesh axes between slices, over the data-center network
+
+
+def fsdp(*axes):
+    """Batch over every axis, parameters' embed dim over the FSDP axes (ZeRO-3)."""
+    return {"batch": axes, "embed": axes[-1:]}
+
+
+RECIPES = (
+    Recipe("llama2-7b-h100x8", "llama", dict(size="llama2-7b", batch=8, remat=True),
+           {"data": 8}, "h100", "FSDP", fsdp("data"),
+           "Llama-2-7B, seq 4096, 1 sequence per GPU, FSDP over one 8xH100 node with full "
+           "activation checkpointing (PyTorch FSDP / torchtitan recipes)"),
+    Recipe("llama3.1-8b-h100x8", "llama", dict(size="llama3.1-8b", batch=8, remat=True),
+           {"data": 8}, "h100", "FSDP", fsdp("data"),
+           "Llama-3.1-8B, seq 8192, local batch 1, FSDP on 8 H100s, full activation "
+           "checkpointing (torchtitan llama3_8b.toml)"),
+    Recipe("llama3.1-8b-h100x64", "llama", dict(size="llama3.1-8b", batch=64, remat=True),
+           {"data": 64}, "h100", "FSDP", fsdp("data"),
+           "the same on 8 nodes (64 H100s, one 400 Gb/s InfiniBand NIC per GPU), FSDP over all"),
+    Recipe("llama2-7b-h100x256", "llama", dict(size="llama2-7b", batch=256, remat=True),
+           {"data": 256}, "h100", "FSDP", fsdp("data"),
+           "Llama-2-7B on 32 nodes (256 H100s), FSDP over all, 1 sequence of 4096 per GPU"),
+    Recipe("llama2-7b-v5p-128", "llama", dict(size="llama2-7b", batch=512, seq=2048,
+                                              remat=True),
+           {"data": 128}, "tpu-v5p", "FSDP", fsdp("data"),
+           "MaxText llama2-7b on a v5p-128 slice: FSDP over 128 chips, per-device batch 4, "
+           "seq 2048, full remat (MaxText v5p training configs)"),
+    Recipe("llama2-7b-v5p-2x128", "llama", dict(size="llama2-7b", batch=1024, seq=2048,
+                                                remat=True),
+           {"slice": 2, "data": 128}, "tpu-v5p", "DP x FSDP", fsdp("slice", "data"),
+           "the v5p-128 recipe on two slices over the data-center network (MaxText multislice: "
+           "data parallel across slices, FSDP within)", across_slices=("slice",)),
+    Recipe("llama2-7b-v5e-256", "llama", dict(size="llama2-7b", batch=256, seq=2048,
+                                              remat=True),
+           {"data": 256}, "tpu-v5e", "FSDP", fsdp("data"),
+           "MaxText llama2-7b on a v5e-256 pod: FSDP over 256 chips, per-device batch 1, "
+           "seq 2048 (MaxText v5e training configs)"),
+    Recipe("llama3.1-8b-v6e-256", "llama", dict(size="llama3.1-8b", batch=256, remat=True),
+           {"data": 256}, "tpu-v6e", "FSDP", fsdp("data"),
+           "MaxText llama3.1-8b on a v6e-256 pod: FSDP over 256 chips, per-device batch 1, "
+           "seq 8192 (MaxText Trillium recipes)"),
+    Recipe("gpt3-175b-v5p-1024", "gpt_scan", dict(size="gpt3-175b", batch=2048, remat=True,
+                                                  dtype="bfloat16"),
+           {"data": 128, "model": 8}, "tpu-v5p", "FSDP x TP",
+           {"batch": ("data",), "embed": ("data",), "heads": ("model",), "mlp": ("model",)},
+           "MaxText gpt3-175b on v5p-1024: FSDP x tensor parallel (128 x 8), per-device batch "
+           "2, seq 2048 (MaxText gpt3-175b config)"),
+    Recipe("gpt2-xl-megatron-h100x8", "gpt", dict(size="gpt2-xl", batch=32, remat=True,
+                                                   dtype="bfloat16"),
+           {"data": 4, "model": 2}, "h100", "DP x TP",
+           {"batch": ("data",), "heads": ("model",), "mlp": ("model",), "vocab": ("model",)},
+           "Megatron-LM GPT (1.5B, 48 layers) on 8 H100s: tensor parallel 2 x data parallel 4, "
+           "global batch 32, seq 1024, activation recomputation (Megatron-LM "
+           "examples/pretrain_gpt.sh style; plain-JAX attention, costed unfused)"),
+)
+
+
+def model_flops(an, cfg, tokens: float) -> float:
+    """PaLM's model flops of one step: (6 N + 12 L H Q T) per token."""
+    prog = an.program
+    n = sum(prog.values[v].nbytes / prog.values[v].dtype.itemsize
+            for v, name in zip(prog.inputs, prog.input_names) if name.startswith("params/"))
+    heads = cfg.heads
+    attention = 12 * cfg.layers * heads * (cfg.embed // heads) * cfg.seq
+    return (6 * n + attention) * tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--search", type=float, default=0.0)
+    args = parser.parse_args()
+    rows = [r for r in RECIPES if not args.only or r.name in args.only]
+    print("| recipe | devices | device | parallelism | step (s) | compute (s) | exposed comm (s) | "
+          "comm by axis (s) | MFU | peak / device (GiB) | fits |"
+          + (" search step (s) |" if args.search else ""))
+    print("|---|---:|---|---|---:|---:|---:|---|---:|---:|---|" + ("---:|" if args.search else ""))
+    for r in rows:
+        fn, fargs = tl.zoo.get(r.model, **r.config)
+        cfg = fn.config
+        an = tl.analyze(tl.trace(fn, *fargs))
+        dcn = tl.get_device(r.device).inter_node
+        mesh = tl.Mesh(r.mesh, device=r.device, links={a: dcn for a in r.across_slices})
+        plan = tl.Plan.from_decisions(an, r.plan)
+        est = tl.estimate(an, plan, mesh)
+        peak = mesh.device.peak_flops["bfloat16"]
+        mfu = model_flops(an, cfg, cfg.batch * cfg.seq) / (est.step_time_s * mesh.size * peak)
+        axes = ", ".join(f"{a} {t:.3f}" for a, t in est.communication_by_axis.items())
+        cells = [r.name, f"{mesh.size}", r.device, r.parallelism, f"{est.step_time_s:.3f}",
+                 f"{est.compute_s:.3f}", f"{est.exposed_communication_s:.3f}", axes or "-",
+                 f"{mfu:.1%}", f"{est.peak_memory_bytes / 2**30:.1f}",
+                 "yes" if est.feasible else "NO"]
+        if args.search:
+            t0 = time.perf_counter()
+            pins = {"batch": plan.axes_of("batch")}
+            res = tl.search(an, mesh, pins=pins, budget_s=args.search, seed=0)
+            found = res.estimate.step_time_s if res.estimate else float("nan")
+            cells.append(f"{found:.3f} ({time.perf_counter() - t0:.0f} s)")
+        print("| " + " | ".join(cells) + " |", flush=True)
+    print("\nSources:")
+    for r in rows:
+        print(f"- {r.name}: {r.source}")
+    print("\nMatmul efficiency the model gives one device (fraction of bf16 peak), M x N x K:")
+    shapes = ((8192, 8192, 8192), (4096, 11008, 4096), (4096, 4096, 128), (1024, 1024, 1024),
+              (128, 4096, 4096))
+    print("| device | " + " | ".join("x".join(map(str, s)) for s in shapes) + " |")
+    print("|---|" + "---:|" * len(shapes))
+    for device in ("h100", "a100", "tpu-v5p", "tpu-v6e"):
+        spec = tl.get_device(device)
+        row = []
+        for m, n, k in shapes:
+            row.append(f"{_efficiency(spec, m, n, k):.2f}")
+        print(f"| {device} | " + " | ".join(row) + " |")
+
+
+def _efficiency(spec, m, n, k) -> float:
+    """The model's matmul efficiency for one bf16 matmul on one device (compute-bound part)."""
+    import dataclasses
+
+    import jax
+    fast = dataclasses.replace(spec, memory_bandwidth=1e18)  # the flops side of the roofline
+
+    def f(x, w):
+        return x @ w
+
+    an = tl.analyze(tl.trace(f, jax.ShapeDtypeStruct((m, k), "bfloat16"),
+                             jax.ShapeDtypeStruct((k, n), "bfloat16")))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=fast))
+    return float(2.0 * m * n * k / (est.compute_s * np.float64(spec.peak_flops["bfloat16"])))
+
+
+if __name__ == "__main__":
+    main()
