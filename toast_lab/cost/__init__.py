@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
+from ._op_collectives import OpCollective
 from ..plan import PlanError
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
@@ -32,5 +33,5 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
+           "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
            "plan_arrays"]
