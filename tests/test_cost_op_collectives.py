@@ -82,3 +82,16 @@ def test_fsdp_gathers_each_weight_before_its_matmul(analysis):
 def test_replicated_plan_pays_no_collective(analysis):
     mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
     assert CostModel(analysis, mesh).op_collectives(tl.Plan.replicated(analysis)) == {}
+
+
+def test_op_costs_communication_is_each_ops_own_collectives(analysis):
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    model = CostModel(analysis, mesh)
+    for name, plan in _plans(analysis, mesh, seed=7).items():
+        _, comm = model.op_costs(plan)
+        per_op = model.op_collectives(plan)
+        own = np.zeros(len(comm))
+        for o, cs in per_op.items():
+            own[o] = sum(c.time_s for c in cs)
+        np.testing.assert_allclose(comm, own, rtol=1e-12, err_msg=name)
+        assert comm.sum() == pytest.approx(model.estimate(plan).communication_s, rel=1e-9)

@@ -4,7 +4,8 @@ Takes an Analysis, a Mesh and a Plan; gives an `Estimate` (compute by roofline, 
 an alpha-beta model per mesh axis, peak memory by liveness). The program is compiled once into
 flat tables (_static.py), compressed into types (_types.py) and evaluated by a numba kernel
 (_kernel.py), fast enough for thousands of plans a second; `CostModel.incremental` edits one
-plan a decision at a time.
+plan a decision at a time, and `CostModel.op_collectives` reads the estimate's collectives back
+to the ops that pay them (for views).
 """
 
 from __future__ import annotations

@@ -264,10 +264,14 @@ class CostModel:
 
     def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(compute s, communication s) per op of the program, for views that colour the
-        graph by cost. Ops of one type share their type's total evenly."""
-        _, _, op_compute, op_comm, _ = self._run(self.plan_arrays(plan))
-        share = self.ty.op_type
-        return (op_compute / self.op_count)[share], (op_comm / self.op_count)[share]
+        graph by cost. Ops of one type share their type's compute evenly; communication is
+        each op's own collectives (op_collectives: a value read by several ops is gathered
+        at the first that needs it)."""
+        arrays = self.plan_arrays(plan)
+        _, _, op_compute, _, _ = self._run(arrays)
+        charges = op_charges(self, arrays)
+        comm = np.bincount(charges.op, weights=charges.seconds, minlength=self.st.num_ops)
+        return (op_compute / self.op_count)[self.ty.op_type], comm
 
     def op_collectives(self, plan) -> dict[int, tuple[OpCollective, ...]]:
         """{op id: the collectives it pays under `plan`}, for every op that pays one: the
