@@ -10,7 +10,6 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.lab import Lab, Session, ViewBuilder, ViewModel, build_scope_tree
-from toast_lab.lab._collectives import op_collectives
 from toast_lab.lab._palette import MUTED, NEUTRAL
 
 LAYERS = 3
@@ -246,12 +245,12 @@ def test_collective_labels_are_the_cost_models_kinds_and_axes(gpt, builder):
     badges = {b for e in vm.graph.edges if e.badge for b in e.badge.split(", ")}
     assert any(b.startswith("all-gather") for b in badges)
     assert badges <= charged
-    # an op's own reading: the all-gather of an FSDP weight before its matmul
-    model = tl.cost_model(an, mesh)
-    _, comm = model.op_costs(fsdp)
-    labels = {c.label for o in np.nonzero(comm > 0)[0]
-              for c in op_collectives(an, fsdp, int(o), mesh.axis_names)}
-    assert labels <= charged
+    # the ops' own reading: the all-gather of an FSDP weight before its matmul
+    per_op = tl.cost_model(an, mesh).op_collectives(fsdp)
+    labels = {c.label for cs in per_op.values() for c in cs}
+    assert labels <= charged and seen <= labels
+    assert any(c.kind == "all-gather" and an.program.ops[o].primitive == "dot_general"
+               for o, cs in per_op.items() for c in cs)
 
 
 def test_details_of_a_selected_op(gpt, builder, session):

@@ -27,6 +27,15 @@ T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE, T_SCHEDULED,
 NUM_TOTALS = 11
 # The most distinct shardings one shared value is gathered to (more are charged, not kept).
 MAX_SHARDINGS = 16
+# The ledger (`charges`): one row per place the kernel may charge a collective, so that each
+# charge can be read back to its op (CostModel.op_collectives). Rows, with M op-type operands
+# (TypeTables.op_operands), G op-type reductions (op_groups) and S shared reads: 2m and 2m + 1
+# the all-gather and all-to-all of operand m; 2M + 2g and + 1 the reduce-scatter and all-reduce
+# of group entry g (a contraction sharded on the result's axes and on others pays both);
+# 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s. Columns below; a count of 0 is no charge. The hot path
+# (`run`) passes a ledger of no rows and records nothing.
+L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
+LEDGER_WIDTH = 5
 
 
 @njit(cache=True, inline="always")
@@ -49,18 +58,25 @@ def _a2a_time(nbytes, mask, mesh):
 
 
 @njit(cache=True, inline="always")
-def _charge(coll, kind, mask, weight, nbytes, seconds):
-    """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds."""
+def _charge(coll, kind, mask, weight, nbytes, seconds, ledger, row):
+    """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds, and
+    records them in ledger row `row` (when the ledger has rows)."""
     coll[kind, mask, 0] += weight
     coll[kind, mask, 1] += nbytes * weight
     coll[kind, mask, 2] += seconds * weight
+    if row < ledger.shape[0]:
+        ledger[row, L_KIND] = kind
+        ledger[row, L_MASK] = mask
+        ledger[row, L_COUNT] = weight
+        ledger[row, L_BYTES] = nbytes
+        ledger[row, L_SECONDS] = seconds
 
 
 @njit(cache=True, inline="always")
-def _reshard(coll, gather, a2a, nbytes, weight, mesh):
+def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
     those in `a2a` moved between dims; nbytes is the operand's per-device size. Charges
-    `weight` of each; returns (seconds, bytes) of one."""
+    `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of one."""
     seconds = 0.0
     moved = 0.0
     if gather != 0:
@@ -68,12 +84,12 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
         t = _gather_time(b, gather, mesh)
         seconds += t
         moved += b
-        _charge(coll, AG, gather, weight, b, t)
+        _charge(coll, AG, gather, weight, b, t, ledger, row)
     if a2a != 0:
         t = _a2a_time(nbytes, a2a, mesh)
         seconds += t
         moved += nbytes
-        _charge(coll, A2A, a2a, weight, nbytes, t)
+        _charge(coll, A2A, a2a, weight, nbytes, t, ledger, row + 1)
     return seconds, moved
 
 
@@ -161,9 +177,12 @@ def value_type_masks(plan, tables):
 
 
 @njit(cache=True, inline="always")
-def evaluate_types(plan, tables, mesh, device):
-    """Everything but the liveness sweep: per type, so cheap whatever the depth."""
+def evaluate_types(plan, tables, mesh, device, ledger):
+    """Everything but the liveness sweep: per type, so cheap whatever the depth. Records
+    every charge in `ledger` when it has rows (see L_KIND)."""
     dev = device[0]
+    group_rows = 2 * tables.op_operands.shape[0]
+    read_rows = group_rows + 2 * tables.op_groups.shape[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
@@ -232,7 +251,7 @@ def evaluate_types(plan, tables, mesh, device):
             member = tables.op_operands[i]
             ot = member.operand_type
             pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh)
+            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh, ledger, 2 * i)
             gtime += t
             gbytes += b
             if member.early:
@@ -272,14 +291,14 @@ def evaluate_types(plan, tables, mesh, device):
                     done |= m
                     if scatter:
                         t = _gather_time(size, m, mesh)
-                        _charge(coll, RS, m, w, size, t)
+                        _charge(coll, RS, m, w, size, t, ledger, group_rows + 2 * i)
                         if dev.reduce_scatter:
                             size /= mesh[m].ways
                         else:  # XLA:CPU: an all-reduce of it all, then a slice
                             reduced[p] += size
                     else:
                         t = 2.0 * _gather_time(size, m, mesh)
-                        _charge(coll, AR, m, w, size, t)
+                        _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
                         reduced[p] += size  # the all-reduce writes a new buffer
                     ptime += t
         flops = op.flops / mesh[res_mask | psum].ways
@@ -329,7 +348,7 @@ def evaluate_types(plan, tables, mesh, device):
                 kept_end[found] = read.position + 1
                 continue
             pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
+            t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
             op_comm[read.op_type] += t * read.trip
             totals[T_COMM] += t * read.trip
             read_time[j] = t
@@ -450,7 +469,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
-        evaluate_types(PlanArrays(*plan), tables, mesh, device)
+        evaluate_types(PlanArrays(*plan), tables, mesh, device, np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
     totals[T_SCHEDULED] = step
@@ -464,6 +483,18 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
+
+
+@njit(cache=True)
+def charges(plan, tables, mesh, device):
+    """The ledger of one plan (see L_KIND): every collective the kernel charges, in the row of
+    the place that charges it. Not the hot path: `run` gives the same totals without it."""
+    tables = TypeTables(*tables)
+    rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
+                + tables.shared_reads.shape[0])
+    ledger = np.zeros((rows, LEDGER_WIDTH))
+    evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)
+    return ledger
 
 
 @njit(cache=True, inline="always")
