@@ -145,9 +145,18 @@ def test_analyse_estimate_experts_search_and_jit(name):
         assert tl.estimate(an, plan, MESH).flops > 0
     res = tl.search(an, MESH, simulations=50, budget_s=None, warm_start=experts)
     assert res.feasible
-    out = experts["dp"].jit(fn, MESH.jax_mesh())(*tl.verification.concrete_args(args),
-                                                 **kwargs)
+    # plan.jit donates the training state (as training loops do): give it copies, since the
+    # module's arrays are shared by every test.
+    fresh = jax.tree.map(lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x,
+                         tl.verification.concrete_args(args))
+    out = experts["dp"].jit(fn, MESH.jax_mesh())(*fresh, **kwargs)
     assert jax.tree.structure(out) == an.program.out_tree
+    # what it consumed is the training state, and only that
+    donated = tl.plan.donated_arguments(an.program)
+    for i, arg in enumerate(fresh):
+        for leaf in jax.tree.leaves(arg):
+            if isinstance(leaf, jax.Array):
+                assert leaf.is_deleted() == (i in donated), (name, i, donated)
 
 
 @pytest.mark.slow

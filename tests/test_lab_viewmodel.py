@@ -3,13 +3,13 @@
 import collections
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import toast_lab as tl
 from toast_lab.lab import Lab, Session, ViewBuilder, ViewModel, build_scope_tree
-from toast_lab.lab._collectives import op_collectives
 from toast_lab.lab._palette import MUTED, NEUTRAL
 
 LAYERS = 3
@@ -96,6 +96,30 @@ def test_view_model_round_trips_through_json(builder, session):
     for key in ("program", "mesh", "classes", "conflicts", "groups", "graph", "estimate",
                 "experts", "search", "snippet", "error", "selected", "details", "pinned"):
         assert key in doc
+
+
+def _shape(x):
+    """The field names of a JSON document, recursively (a list of objects by its first)."""
+    if isinstance(x, dict):
+        return {k: _shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shape(x[0])] if x and isinstance(x[0], dict) else []
+    return None
+
+
+def test_the_browser_fixture_is_a_current_view_model(builder, session):
+    """tests/data/lab_view_gpt.json (tests/e2e/make_view_fixture.py) has the fields the builder
+    emits now; regenerate it when this fails."""
+    fixture = json.loads((Path(__file__).parent / "data" / "lab_view_gpt.json").read_text())
+    assert ViewModel.from_dict(fixture).to_dict() == fixture
+    fresh = builder.build(session).to_dict()
+    for part in ("classes", "conflicts", "groups"):
+        assert _shape(fixture[part][:1]) == _shape(fresh[part][:1]), part
+    for part in ("nodes", "edges"):
+        assert _shape(fixture["graph"][part][:1]) == _shape(fresh["graph"][part][:1]), part
+    assert set(fixture) == set(fresh)
+    assert set(fixture["estimate"]) == set(fresh["estimate"])
+    assert set(fixture["search"]) == set(fresh["search"])
 
 
 def test_colours_and_ids_are_deterministic(gpt):
@@ -221,12 +245,12 @@ def test_collective_labels_are_the_cost_models_kinds_and_axes(gpt, builder):
     badges = {b for e in vm.graph.edges if e.badge for b in e.badge.split(", ")}
     assert any(b.startswith("all-gather") for b in badges)
     assert badges <= charged
-    # an op's own reading: the all-gather of an FSDP weight before its matmul
-    model = tl.cost_model(an, mesh)
-    _, comm = model.op_costs(fsdp)
-    labels = {c.label for o in np.nonzero(comm > 0)[0]
-              for c in op_collectives(an, fsdp, int(o), mesh.axis_names)}
-    assert labels <= charged
+    # the ops' own reading: the all-gather of an FSDP weight before its matmul
+    per_op = tl.cost_model(an, mesh).op_collectives(fsdp)
+    labels = {c.label for cs in per_op.values() for c in cs}
+    assert labels <= charged and seen <= labels
+    assert any(c.kind == "all-gather" and an.program.ops[o].primitive == "dot_general"
+               for o, cs in per_op.items() for c in cs)
 
 
 def test_details_of_a_selected_op(gpt, builder, session):

@@ -218,9 +218,12 @@ def test_expert_in_the_loop(execute):
     ex = execute("expert_in_the_loop")
     compare = ex.tagged("check-compare")
     completed = _ms(compare, "Megatron pins + MCTS")
-    experts = re.findall(r"^expert (\S+)\s+([\d.]+) ms", compare, re.M)
+    experts = re.findall(r"^expert (\S+)\s+([\d.]+) ms\s+[\d.]+ [GT]iB\s+(fits|NO)$", compare,
+                         re.M)
     assert len(experts) >= 5, compare
-    for name, ms in experts:
+    fitting = [(name, ms) for name, ms, fits in experts if fits == "fits"]
+    assert fitting, compare
+    for name, ms in fitting:  # the search rejects plans that do not fit
         assert completed <= float(ms) + 1e-6, f"the completed plan is slower than {name}"
     assert "keeps the Megatron pins: True" in compare
     assert "fits: True" in compare

@@ -40,6 +40,11 @@ export class GraphPane {
   private edges = new Map<string, EdgeView>();
   private view: ViewModel | null = null;
   private highlighted: number | null = null;
+  /** A group just toggled: the next layout shows it (its cluster, or its node) readably. */
+  private pendingFocus: string | null = null;
+  /** The layout running now, and the newest view that arrived meanwhile. */
+  private laying: Promise<void> | null = null;
+  private waiting: ViewModel | null = null;
   /** Per-op [compute_s, comm_s] pairs from the widget's op_costs buffer, when it has one. */
   opCosts: Float64Array | null = null;
   /** ms from update() to the graph in the page, for the last layout (also data-render-ms). */
@@ -74,7 +79,11 @@ export class GraphPane {
     this.installPanZoom();
   }
 
-  /** Draws `view`; re-lays out only when its DOT changed. */
+  /**
+   * Draws `view`; re-lays out only when its DOT changed. One layout at a time: views that
+   * arrive while Graphviz runs (a search sends several a second) wait, and only the newest of
+   * them is laid out next, so the page never works through a backlog of stale graphs.
+   */
   async update(view: ViewModel): Promise<void> {
     this.view = view;
     this.nodes = new Map(view.graph.nodes.map(n => [n.id, n]));
@@ -83,6 +92,24 @@ export class GraphPane {
       this.decorate();
       return;
     }
+    if (this.laying) {
+      this.waiting = view; // laid out when the current layout is in
+      return this.laying;
+    }
+    this.laying = this.layOut(view);
+    try {
+      await this.laying;
+    } finally {
+      this.laying = null;
+    }
+    const next = this.waiting;
+    this.waiting = null;
+    if (next) {
+      await this.update(this.view ?? next);
+    }
+  }
+
+  private async layOut(view: ViewModel): Promise<void> {
     const started = performance.now();
     const request = ++this.request;
     this.dot = view.graph.dot;
@@ -93,7 +120,7 @@ export class GraphPane {
     try {
       const text = await this.layout.layout(view.graph.dot);
       if (request !== this.request) {
-        return; // a newer view arrived while Graphviz ran
+        return; // disposed while Graphviz ran
       }
       this.install(text);
       this.status.hidden = true;
@@ -123,6 +150,15 @@ export class GraphPane {
     if (id !== null) {
       root.querySelectorAll(`.cls-${id}`).forEach(el => el.classList.add('tl-hot'));
     }
+  }
+
+  /**
+   * After the next new layout, brings group `group` into view at a readable scale: its open
+   * cluster from the top, or its collapsed node centred. (Opening a group makes the graph
+   * taller; kept as it was, the zoom would show its new ops too small or off screen.)
+   */
+  focusOn(group: string): void {
+    this.pendingFocus = group;
   }
 
   /** Marks the node drawn for `nodeId` as selected. */
@@ -158,9 +194,11 @@ export class GraphPane {
     this.svgEl = root;
     this.zoomG = zoom;
     this.decorate();
+    const focus = this.pendingFocus;
+    this.pendingFocus = null;
     if (firstLayout) {
       this.fit(false);
-    } else {
+    } else if (focus === null || !this.showGroup(focus)) {
       this.applyZoom(); // keep the user's pan and zoom across updates
     }
   }
@@ -268,6 +306,39 @@ export class GraphPane {
   }
 
   // Pan and zoom ---------------------------------------------------------------------------
+
+  /** Shows group `group` readably (see focusOn); false when it is not drawn. */
+  private showGroup(group: string): boolean {
+    const root = this.svgEl;
+    if (!root) {
+      return false;
+    }
+    const cluster = root.querySelector(`g.cluster[id="${CSS.escape(`cluster:${group}`)}"]`);
+    const el = cluster ?? root.querySelector(`g.node[id="${CSS.escape(`group.${group}`)}"]`);
+    if (!el) {
+      return false;
+    }
+    this.applyZoom();
+    const W = this.viewport.clientWidth || 600;
+    const H = this.viewport.clientHeight || 400;
+    const pad = 16;
+    // The element's box in graph units, from where it is drawn now.
+    const vp = this.viewport.getBoundingClientRect();
+    const r = el.getBoundingClientRect();
+    const x = (r.left - vp.left - this.tx) / this.k;
+    const y = (r.top - vp.top - this.ty) / this.k;
+    const w = r.width / this.k;
+    const hgt = r.height / this.k;
+    // An open group: as large as fits, but readable. A closed one: centred at the scale the
+    // reader chose (or a readable one), not blown up to fill the pane.
+    const k = cluster
+      ? Math.min(Math.max(Math.min((W - 2 * pad) / w, (H - 2 * pad) / hgt), MIN_FIT_SCALE), MAX_FIT_SCALE)
+      : Math.max(this.k, MIN_FIT_SCALE);
+    const tx = w * k <= W - 2 * pad ? (W - w * k) / 2 - x * k : pad - x * k;
+    const ty = cluster && hgt * k > H - 2 * pad ? pad - y * k : (H - hgt * k) / 2 - y * k;
+    this.setZoom(k, tx, ty);
+    return true;
+  }
 
   private fit(always: boolean): void {
     const W = this.viewport.clientWidth || 600;
@@ -382,7 +453,7 @@ export class GraphPane {
     const group = cluster?.id.startsWith('cluster:') ? cluster.id.slice('cluster:'.length) : null;
     if (group !== null && this.view?.groups.some(x => x.id === group)) {
       return { id: cluster!.id, kind: 'group', group, label: group, op: null, classes: [], conflicts: [],
-               compute_s: 0, comm_s: 0, collectives: [] };
+               compute_s: 0, comm_s: 0, collectives: [], sharded: [] };
     }
     return undefined;
   }
@@ -408,7 +479,8 @@ export class GraphPane {
   }
 
   private describeNode(n: NodeView): (Node | string)[] {
-    const group = n.group !== null ? this.view?.groups.find(g => g.id === n.group) : undefined;
+    // An op node's `group` is the scope it sits in: its counts are the scope's, not the op's.
+    const group = n.kind === 'group' && n.group !== null ? this.view?.groups.find(g => g.id === n.group) : undefined;
     const conflicts = n.conflicts
       .map(c => this.view?.conflicts[c])
       .filter((c): c is ConflictView => !!c);

@@ -15,16 +15,36 @@ export class GraphLayout {
   private seq = 0;
   private pending = new Map<number, { resolve: (s: string) => void; reject: (e: Error) => void }>();
   private cache = new Map<string, string>();
+  /** Layouts under way, by DOT: a second request for the same graph waits for the first. */
+  private running = new Map<string, Promise<string>>();
   private mainThread: Promise<{ renderString(dot: string, o: object): string }> | null = null;
 
   /** The SVG text for `dot`. */
-  async layout(dot: string): Promise<string> {
+  layout(dot: string): Promise<string> {
     const hit = this.cache.get(dot);
     if (hit !== undefined) {
       this.cache.delete(dot);
       this.cache.set(dot, hit);
-      return hit;
+      return Promise.resolve(hit);
     }
+    let run = this.running.get(dot);
+    if (!run) {
+      run = this.compute(dot).finally(() => this.running.delete(dot));
+      this.running.set(dot, run);
+    }
+    return run;
+  }
+
+  /**
+   * Lays `dot` out ahead of time, so that drawing it later takes no Graphviz time (the Lab's
+   * model calls this when a view arrives before any view of it is on the page: while the
+   * kernel is still busy, the page's worker starts and lays out the first graph).
+   */
+  prefetch(dot: string): void {
+    this.layout(dot).catch(() => undefined); // a failure shows when the graph is drawn
+  }
+
+  private async compute(dot: string): Promise<string> {
     let svg: string;
     try {
       svg = await this.inWorker(dot);

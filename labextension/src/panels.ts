@@ -158,6 +158,19 @@ export function lockIcon(): SVGSVGElement {
   return icon;
 }
 
+/** A circled "i" drawn in SVG (the Unicode one is missing from common fonts). */
+export function infoIcon(): SVGSVGElement {
+  const NS = 'http://www.w3.org/2000/svg';
+  const icon = document.createElementNS(NS, 'svg');
+  icon.setAttribute('viewBox', '0 0 12 12');
+  icon.setAttribute('class', 'tl-info-icon');
+  icon.innerHTML =
+    '<circle cx="6" cy="6" r="5.3" fill="none" stroke="currentColor" stroke-width="1.2"/>' +
+    '<rect x="5.35" y="5" width="1.3" height="4" fill="currentColor"/>' +
+    '<circle cx="6" cy="3.3" r=".8" fill="currentColor"/>';
+  return icon;
+}
+
 function choiceList(
   name: string,
   choices: ChoiceView[],
@@ -168,6 +181,7 @@ function choiceList(
   const est = view.estimate;
   const valid = choices.filter(ch => ch.valid);
   const refused = choices.filter(ch => !ch.valid);
+  const noted = valid.filter(ch => ch.note);
   return h(
     'div',
     null,
@@ -196,7 +210,12 @@ function choiceList(
             'data-label': ch.label,
             onclick: (() => host.send({ event: 'pin', name, value: ch.value })) as EventListener
           },
-          h('span', { className: 'tl-choice-label' }, ch.current ? `● ${ch.label}` : ch.label),
+          h(
+            'span',
+            { className: 'tl-choice-label' },
+            ch.current ? `● ${ch.label}` : ch.label,
+            ch.note ? h('span', { className: 'tl-note-mark', title: ch.note }, infoIcon()) : null
+          ),
           h(
             'span',
             { className: 'tl-choice-cost' },
@@ -209,6 +228,15 @@ function choiceList(
         );
       })
     ),
+    noted.length
+      ? h(
+          'ul',
+          { className: 'tl-note-list' },
+          noted.map(ch =>
+            h('li', { className: 'tl-choice-note', 'data-label': ch.label, title: ch.note ?? '' }, infoIcon(), h('span', { className: 'tl-note-label' }, ch.label), ` — ${ch.note}`)
+          )
+        )
+      : null,
     refused.length
       ? h(
           'ul',
@@ -321,7 +349,7 @@ function stackedBar(
   const legend = h(
     'div',
     { className: 'tl-bar-legend' },
-    parts.map(([name, v, color]) => h('span', null, h('span', { className: 'tl-swatch', style: `background:${color}` }), `${name} ${unit(v)}`)),
+    parts.filter(p => p[1] !== 0).map(([name, v, color]) => h('span', null, h('span', { className: 'tl-swatch', style: `background:${color}` }), `${name} ${unit(v)}`)),
     capacity !== null ? h('span', null, h('span', { className: 'tl-capacity-key' }), `capacity ${unit(capacity)}`) : null
   );
   return h('div', null, bar, legend);

@@ -6,8 +6,8 @@ import { chip, fill, h } from './dom';
 import * as fmt from './format';
 import { GraphPane } from './graph';
 import { sharedLayout } from './layout';
-import { decisionsPanel, detailsPanel, estimatePanel, exportPanel, PanelHost, scopesPanel } from './panels';
-import { GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
+import { decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
+import { EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
 
 type Tab = 'decisions' | 'estimate' | 'scopes' | 'details' | 'export';
 const TABS: [Tab, string][] = [
@@ -25,25 +25,45 @@ export class LabGraphView implements PanelHost {
   private graph: GraphPane;
   private header = h('div', { className: 'tl-header' });
   private banner = h('div', { className: 'tl-error', role: 'alert', hidden: true });
+  private noticeBar = h('div', { className: 'tl-notice', role: 'status', hidden: true });
   private legend = h('div', { className: 'tl-legend' });
   private tabBar = h('div', { className: 'tl-tabs', role: 'tablist' });
   private tabBody = h('div', { className: 'tl-tab-body' });
   private tab: Tab = 'decisions';
   private sticky: number | null = null;
+  private hovered: number | null = null;
   private dismissedError: string | null = null;
+  private dismissedNotice: string | null = null;
   /** Read-only mode: which scopes are open, and the node last clicked (no kernel to ask). */
   private localOpen = new Set<string>();
   private localNode: NodeView | null = null;
   private budget = h('input', { className: 'tl-input tl-budget', type: 'number', min: 1, step: 1, value: 30, title: 'Search budget in seconds' });
   private exportPath = h('input', { className: 'tl-input tl-path', type: 'text', value: 'plan.json', spellcheck: 'false' });
+  private titleBox = h('div', { className: 'tl-title' });
+  private figures = h('div', { className: 'tl-figures' });
+  private progress = h('div', { className: 'tl-progress', 'data-running': 'false' });
+  private searchMessage = h('div', { className: 'tl-search-message', hidden: true });
+  private searchButton!: HTMLButtonElement;
+  private stopButton!: HTMLButtonElement;
+  /** What the tab body was drawn from, so that an update that changes none of it keeps it. */
+  private tabKey = '';
+  private tabBarKey = '';
+  private legendKey = '';
 
   constructor(private sink: LabEventSink) {
     this.graph = new GraphPane(sharedLayout(), { click: n => this.clickNode(n) });
+    fill(
+      this.header,
+      this.titleBox,
+      this.figures,
+      h('div', { className: 'tl-search-box' }, this.makeControls(), this.progress, this.searchMessage)
+    );
     this.node = h(
       'div',
       { className: `tl-lab${sink.interactive ? '' : ' tl-readonly'}` },
       this.header,
       this.banner,
+      this.noticeBar,
       h(
         'div',
         { className: 'tl-body' },
@@ -73,6 +93,7 @@ export class LabGraphView implements PanelHost {
     }
     this.renderHeader();
     this.renderBanner();
+    this.renderNotice();
     this.renderLegend();
     this.renderTabs();
     const drawn = this.graph.update(view);
@@ -102,17 +123,25 @@ export class LabGraphView implements PanelHost {
   highlight(classId: number | null, sticky: boolean): void {
     if (sticky) {
       this.sticky = this.sticky === classId ? null : classId;
-      this.renderLegend();
+      this.hovered = null;
+    } else {
+      this.hovered = classId;
     }
-    const shown = classId ?? this.sticky;
-    this.graph.highlight(sticky ? this.sticky : shown);
+    this.showHighlight();
+  }
+
+  /** The class hovered, else the one clicked, lit in the graph and the legend alike. */
+  private showHighlight(): void {
+    const shown = this.hovered ?? this.sticky;
+    this.graph.highlight(shown);
     this.legend.querySelectorAll('.tl-legend-item').forEach(el => {
-      el.classList.toggle('tl-on', Number((el as HTMLElement).dataset.class) === (sticky ? this.sticky : shown));
+      el.classList.toggle('tl-on', Number((el as HTMLElement).dataset.class) === shown);
     });
   }
 
   toggle(group: string): void {
     if (this.interactive) {
+      this.graph.focusOn(group);
       this.sink.send({ event: 'toggle', group });
       return;
     }
@@ -147,6 +176,36 @@ export class LabGraphView implements PanelHost {
     }
   }
 
+  /**
+   * The header's controls are made once and only updated: an update rebuilding them would
+   * swallow a click whose mousedown and mouseup fall on either side of it (a search updates the
+   * view several times a second, and Stop must work then).
+   */
+  private makeControls(): HTMLElement {
+    this.searchButton = h(
+      'button',
+      {
+        className: 'tl-button tl-primary tl-search',
+        title: 'Search for a better plan in the background (pins are kept)',
+        onclick: (() => this.send({ event: 'search', budget_s: Math.max(1, Number(this.budget.value) || 30) })) as EventListener
+      },
+      'Search'
+    );
+    this.stopButton = h(
+      'button',
+      {
+        className: 'tl-button tl-stop',
+        disabled: true,
+        title: 'Stop the search and keep the best plan so far',
+        onclick: (() => this.send({ event: 'stop' })) as EventListener
+      },
+      'Stop'
+    );
+    return this.interactive
+      ? h('div', { className: 'tl-search-controls' }, h('label', null, 'budget ', this.budget, ' s'), this.searchButton, this.stopButton)
+      : h('div', { className: 'tl-readonly-note', title: 'No kernel: open it with tl.Lab to change it' }, 'saved plan · read-only');
+  }
+
   private renderHeader(): void {
     const v = this.view!;
     const est = v.estimate;
@@ -154,20 +213,29 @@ export class LabGraphView implements PanelHost {
     const mesh = v.mesh
       ? `${Object.entries(v.mesh.axes).map(([a, n]) => `${a}=${n}`).join(' × ')} · ${v.mesh.device}`
       : 'no mesh';
-    const figures = h(
-      'div',
-      { className: 'tl-figures' },
-      figure('step time', est ? fmt.seconds(est.step_time_s) : '–', ''),
+    fill(
+      this.titleBox,
+      h('span', { className: 'tl-program' }, v.program.name),
+      h('span', { className: 'tl-muted' }, ` ${v.program.ops.toLocaleString()} ops · ${mesh}`)
+    );
+    this.titleBox.title = `${v.program.name}: ${v.program.ops.toLocaleString()} ops · ${mesh}`;
+    fill(
+      this.figures,
+      figure('step time', est ? fmt.seconds(est.step_time_s) : '–', '', est ? stepSplit(est) : null),
       figure(
         'peak memory',
         est ? `${fmt.bytes(est.peak_memory_bytes)} / ${fmt.bytes(est.memory_capacity_bytes)}` : '–',
-        est && !est.feasible ? 'tl-bad' : ''
+        est && !est.feasible ? 'tl-bad' : '',
+        est && !est.feasible ? h('div', { className: 'tl-figure-split tl-bad' }, 'does not fit') : null
       ),
       figure('pinned', String(v.pinned.length), '')
     );
-    const progress = h(
-      'div',
-      { className: `tl-progress${s.running ? ' tl-running' : ''}`, 'data-running': String(s.running) },
+    this.searchButton.disabled = s.running;
+    this.stopButton.disabled = !s.running;
+    this.progress.className = `tl-progress${s.running ? ' tl-running' : ''}`;
+    this.progress.dataset.running = String(s.running);
+    fill(
+      this.progress,
       s.running ? h('span', { className: 'tl-spinner' }) : null,
       s.simulations > 0 || s.running
         ? `${s.running ? 'searching' : 'searched'} · ${s.simulations.toLocaleString()} sims · ${s.elapsed_s.toFixed(1)} s · ${Math.round(s.sims_per_s).toLocaleString()}/s · best ${fmt.seconds(s.best_step_time_s)}`
@@ -175,46 +243,12 @@ export class LabGraphView implements PanelHost {
           ? 'not searched yet'
           : '' // a saved plan: how it was found is not in it
     );
-    const controls = this.interactive
-      ? h(
-          'div',
-          { className: 'tl-search-controls' },
-          h('label', null, 'budget ', this.budget, ' s'),
-          h(
-            'button',
-            {
-              className: 'tl-button tl-primary tl-search',
-              disabled: s.running,
-              title: 'Search for a better plan in the background (pins are kept)',
-              onclick: (() => this.send({ event: 'search', budget_s: Math.max(1, Number(this.budget.value) || 30) })) as EventListener
-            },
-            'Search'
-          ),
-          h(
-            'button',
-            {
-              className: 'tl-button tl-stop',
-              disabled: !s.running,
-              title: 'Stop the search and keep the best plan so far',
-              onclick: (() => this.send({ event: 'stop' })) as EventListener
-            },
-            'Stop'
-          )
-        )
-      : h('div', { className: 'tl-readonly-note', title: 'No kernel: open it with tl.Lab to change it' }, 'saved plan · read-only');
-    const focused = document.activeElement;
-    fill(
-      this.header,
-      h(
-        'div',
-        { className: 'tl-title' },
-        h('span', { className: 'tl-program' }, v.program.name),
-        h('span', { className: 'tl-muted' }, ` ${v.program.ops.toLocaleString()} ops · ${mesh}`)
-      ),
-      figures,
-      h('div', { className: 'tl-search-box' }, controls, progress)
-    );
-    refocus(focused);
+    // How the last search ended (its plan count and best, or why nothing fits).
+    const message = !s.running && s.message ? s.message : null;
+    this.searchMessage.hidden = message === null;
+    this.searchMessage.textContent = message ?? '';
+    this.searchMessage.title = message ?? '';
+    this.searchMessage.classList.toggle('tl-bad', message !== null && s.best_step_time_s === null);
   }
 
   private renderBanner(): void {
@@ -246,8 +280,46 @@ export class LabGraphView implements PanelHost {
     this.banner.hidden = false;
   }
 
+  /** What the last action did besides the obvious ("wrote plan.json"): quiet, dismissable. */
+  private renderNotice(): void {
+    const v = this.view!;
+    const notice = v.notice ?? null;
+    // After a search the notice repeats its message, which the header already shows.
+    if (!notice || notice === this.dismissedNotice || notice === v.search.message) {
+      this.noticeBar.hidden = true;
+      if (!notice) {
+        this.dismissedNotice = null;
+      }
+      return;
+    }
+    fill(
+      this.noticeBar,
+      h('span', { className: 'tl-notice-icon' }, infoIcon()),
+      h('span', { className: 'tl-notice-text' }, notice),
+      h(
+        'button',
+        {
+          className: 'tl-link-button',
+          title: 'Hide this message',
+          onclick: (() => {
+            this.dismissedNotice = notice;
+            this.noticeBar.hidden = true;
+          }) as EventListener
+        },
+        'dismiss'
+      )
+    );
+    this.noticeBar.hidden = false;
+  }
+
   private renderLegend(): void {
     const v = this.view!;
+    const key = JSON.stringify([this.sticky, v.classes.map(c => [c.name, c.color, c.axes, c.size, c.bytes])]);
+    if (key === this.legendKey) {
+      this.showHighlight(); // a new layout has no highlight yet
+      return;
+    }
+    this.legendKey = key;
     fill(
       this.legend,
       v.classes.map(c =>
@@ -268,7 +340,7 @@ export class LabGraphView implements PanelHost {
       h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-conflict' }), 'conflict site'),
       h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-coll' }), 'collective')
     );
-    this.graph.highlight(this.sticky);
+    this.showHighlight();
   }
 
   private renderTabs(): void {
@@ -277,26 +349,36 @@ export class LabGraphView implements PanelHost {
     const badge: Partial<Record<Tab, string>> = {
       decisions: `${v.classes.length}${activeConflicts ? ` · ${activeConflicts}⚠` : ''}`
     };
-    fill(
-      this.tabBar,
-      TABS.map(([t, label]) =>
-        h(
-          'button',
-          {
-            className: `tl-tab${t === this.tab ? ' tl-tab-on' : ''}`,
-            role: 'tab',
-            'data-tab': t,
-            'aria-selected': String(t === this.tab),
-            onclick: (() => {
-              this.tab = t;
-              this.renderTabs();
-            }) as EventListener
-          },
-          label,
-          badge[t] ? h('span', { className: 'tl-tab-badge' }, badge[t]) : null
+    // Rebuilt only when they change: a button replaced under the pointer loses its click.
+    const barKey = JSON.stringify([this.tab, badge]);
+    if (barKey !== this.tabBarKey) {
+      this.tabBarKey = barKey;
+      fill(
+        this.tabBar,
+        TABS.map(([t, label]) =>
+          h(
+            'button',
+            {
+              className: `tl-tab${t === this.tab ? ' tl-tab-on' : ''}`,
+              role: 'tab',
+              'data-tab': t,
+              'aria-selected': String(t === this.tab),
+              onclick: (() => {
+                this.tab = t;
+                this.renderTabs();
+              }) as EventListener
+            },
+            label,
+            badge[t] ? h('span', { className: 'tl-tab-badge' }, badge[t]) : null
+          )
         )
-      )
-    );
+      );
+    }
+    const key = JSON.stringify([this.tab, this.tabInputs(v)]);
+    if (key === this.tabKey) {
+      return; // e.g. a search's progress: the panel's content is the same
+    }
+    this.tabKey = key;
     const scroll = this.tabBody.scrollTop;
     const same = this.tabBody.dataset.tab === this.tab;
     let body: HTMLElement;
@@ -325,10 +407,55 @@ export class LabGraphView implements PanelHost {
       this.tabBody.scrollTop = scroll; // an update must not throw the reader back to the top
     }
   }
+
+  /** What the current tab's panel is drawn from (its memo key). */
+  private tabInputs(v: ViewModel): unknown {
+    switch (this.tab) {
+      case 'decisions':
+        return [v.classes, v.conflicts, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes];
+      case 'estimate':
+        return [v.estimate, v.experts, v.classes.map(c => c.axes)];
+      case 'scopes':
+        return [v.groups, v.classes.map(c => c.color), v.conflicts.map(c => c.active), v.selected, [...this.localOpen]];
+      case 'details':
+        return [v.details, v.classes.map(c => c.color), this.localNode?.id ?? null];
+      case 'export':
+        return [v.snippet];
+    }
+  }
 }
 
-function figure(label: string, value: string, cls: string): HTMLElement {
-  return h('div', { className: `tl-figure ${cls}` }, h('div', { className: 'tl-figure-value' }, value), h('div', { className: 'tl-figure-label' }, label));
+function figure(label: string, value: string, cls: string, detail: HTMLElement | null = null): HTMLElement {
+  return h(
+    'div',
+    { className: `tl-figure ${cls}`, 'data-figure': label },
+    h('div', { className: 'tl-figure-value' }, value),
+    h('div', { className: 'tl-figure-label' }, label),
+    detail
+  );
+}
+
+/**
+ * The step time split, always in view: compute, then communication per mesh axis (and how
+ * much of it is exposed when the estimate overlaps communication with compute).
+ */
+function stepSplit(est: EstimateView): HTMLElement {
+  const axes = Object.entries(est.communication_by_axis ?? {}).filter(([, t]) => t > 0);
+  const parts = [
+    `compute ${fmt.seconds(est.compute_s)}`,
+    ...axes.map(([a, t]) => `${a} ${fmt.seconds(t)}`)
+  ];
+  if (axes.length === 0) {
+    parts.push('no communication');
+  }
+  if (est.exposed_communication_s !== undefined && est.exposed_communication_s !== null && est.communication_s > 0) {
+    parts.push(`${fmt.seconds(est.exposed_communication_s)} exposed`);
+  }
+  return h(
+    'div',
+    { className: 'tl-figure-split', title: 'Step time: compute, and communication per mesh axis' },
+    parts.join(' · ')
+  );
 }
 
 /** Updates rebuild the DOM around persistent inputs; give one back the focus it had. */

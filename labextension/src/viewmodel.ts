@@ -20,6 +20,8 @@ export interface ViewModel {
   selected: { kind: 'op' | 'group' | 'class' | 'conflict'; id: string } | null;
   details: DetailsView | null;
   pinned: string[];
+  /** What the last action did besides the obvious (not an error), e.g. "wrote plan.json". */
+  notice?: string | null;
 }
 
 export interface ClassView {
@@ -56,6 +58,8 @@ export interface ChoiceView {
   reason: string | null;
   step_time_s: number | null;
   peak_memory_bytes: number | null;
+  /** What else happens when chosen, e.g. an axis another class holds stays with it. */
+  note?: string | null;
 }
 
 export interface GroupView {
@@ -89,6 +93,8 @@ export interface NodeView {
   compute_s: number;
   comm_s: number;
   collectives: string[];
+  /** The classes the plan shards on what it computes (its colours), largest first. */
+  sharded?: number[];
 }
 
 export interface EdgeView {
@@ -98,6 +104,8 @@ export interface EdgeView {
   classes: number[];
   label: string;
   badge: string | null;
+  /** The classes the plan shards on these tensors (the edge's colours). */
+  sharded?: number[];
 }
 
 export interface EstimateView {
@@ -110,6 +118,8 @@ export interface EstimateView {
   memory_capacity_bytes: number;
   feasible: boolean;
   memory_breakdown: Record<string, number>;
+  /** Per top-level name scope: its compute and communication seconds. */
+  by_scope?: Record<string, { compute_s: number; comm_s: number }>;
   [key: string]: unknown;
 }
 
@@ -129,6 +139,8 @@ export interface SearchView {
   sims_per_s: number;
   best_step_time_s: number | null;
   history: [number, number, number, number][];
+  /** How the last search ended (null while none has). */
+  message?: string | null;
 }
 
 export interface DetailsView {

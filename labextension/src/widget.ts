@@ -5,8 +5,9 @@
  * Events go to the kernel as custom messages `{"event": ..., ...}`.
  */
 import type * as Backbone from 'backbone';
-import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
+import { DOMWidgetModel, DOMWidgetView, IBackboneModelOptions, ISerializers } from '@jupyter-widgets/base';
 
+import { sharedLayout } from './layout';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 import { LabGraphView } from './view';
 import { isViewModel, LabEvent } from './viewmodel';
@@ -30,6 +31,21 @@ export class LabViewModel extends DOMWidgetModel {
     ...DOMWidgetModel.serializers,
     op_costs: { deserialize: opCostsFromBuffer }
   };
+
+  initialize(attributes: Backbone.ObjectHash, options: IBackboneModelOptions): void {
+    super.initialize(attributes, options);
+    // The model exists from the Lab's construction on (the kernel opens its comm then), well
+    // before the Lab is displayed: start Graphviz and lay out the first graph meanwhile.
+    this.prefetch();
+    this.on('change:view', () => this.prefetch());
+  }
+
+  private prefetch(): void {
+    const view = this.get('view') as unknown;
+    if (isViewModel(view) && Object.keys(this.views ?? {}).length === 0) {
+      sharedLayout().prefetch(view.graph.dot);
+    }
+  }
 }
 
 /** The op_costs buffer as [compute_s, comm_s, compute_s, comm_s, ...] (little-endian float64). */

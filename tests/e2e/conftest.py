@@ -60,45 +60,28 @@ class LabServer:
         sep = "&" if "?" in path else "?"
         return f"{self.url}{path}{sep}reset&token={self.token}"
 
-
-@pytest.fixture(scope="session")
-def chromium_path() -> str:
-    if not Path(CHROMIUM).exists():
-        unavailable(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        unavailable("the playwright package is not installed (pip install '.[test]')")
-    return CHROMIUM
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
-@pytest.fixture(scope="session")
-def lab_server(chromium_path, tmp_path_factory) -> LabServer:
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "root"
-    root.mkdir()
-    yield from _serve(base, root)
+class ServerError(RuntimeError):
+    """JupyterLab did not start; the message ends with its log."""
 
 
-@pytest.fixture(scope="session")
-def kernelless_lab_server(lab_server, tmp_path_factory) -> LabServer:
-    """A second JupyterLab on the same files with no kernel to start (no kernel specs): what
-    a reader without toast-lab's Python (or any kernel) sees of saved plans and notebooks."""
-    base = tmp_path_factory.mktemp("lab-no-kernel")
-    yield from _serve(base, lab_server.root, ["--KernelSpecManager.ensure_native_kernel=False",
-                                              "--KernelSpecManager.allowed_kernelspecs=none"])
-
-
-def _serve(base: Path, root: Path, extra_args=()):
-    """Starts JupyterLab on `root` (settings and runtime files under `base`), yields its
-    LabServer, and stops it."""
-    try:
-        import jupyterlab  # noqa: F401
-    except ImportError:
-        unavailable("jupyterlab is not installed (pip install '.[test]')")
-    ext = built_extension()
-    if ext is None:
-        unavailable("the toast-lab extension is not built: run `pip install .` or `npm run build`")
+def start_lab_server(base: Path, ext: Path, timeout_s: float = 90, root: Path | None = None,
+                     extra_args=()) -> LabServer:
+    """JupyterLab on a free port with `ext` (a built toast-lab extension) first on its path,
+    its own config and runtime dirs under `base`, and this checkout first on PYTHONPATH (so the
+    kernel imports the code under test), serving `root` (default: a new `base`/root) with
+    `extra_args` for the server. Used by the tests and by benchmarks/lab_latency.py."""
+    if root is None:
+        root = base / "root"
+        root.mkdir(parents=True)
     # This checkout's extension first on JUPYTER_PATH, so the tests see the code they test.
     share = base / "share"
     (share / "labextensions").mkdir(parents=True)
@@ -127,10 +110,10 @@ def _serve(base: Path, root: Path, extra_args=()):
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + timeout_s
     while True:  # the server, not a page: poll its status API until it answers
         if process.poll() is not None:
-            pytest.fail(f"JupyterLab exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+            raise ServerError(f"JupyterLab exited ({process.returncode}):\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"{url}api/status?token={token}", timeout=2) as r:
                 if r.status == 200:
@@ -139,28 +122,72 @@ def _serve(base: Path, root: Path, extra_args=()):
             pass
         if time.monotonic() > deadline:
             process.terminate()
-            pytest.fail(f"JupyterLab did not start in 90 s:\n{log.read_text()[-3000:]}")
+            raise ServerError(f"JupyterLab did not start in {timeout_s:.0f} s:\n"
+                              f"{log.read_text()[-3000:]}")
         time.sleep(0.2)
-    server = LabServer(url, token, root, process, log)
-    yield server
-    process.terminate()
+    return LabServer(url, token, root, process, log)
+
+
+def launch_browser(pw, chromium_path: str = CHROMIUM):
+    """Debian's Chromium, headless, through Playwright (a persistent context of its own);
+    returns (context, its user-data dir to remove after closing it)."""
+    user_data = tempfile.mkdtemp(prefix="toast-lab-chromium-")
+    context = pw.chromium.launch_persistent_context(
+        user_data, executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": 1500, "height": 950}, device_scale_factor=1)
+    context.set_default_timeout(30_000)
+    return context, user_data
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    if not Path(CHROMIUM).exists():
+        unavailable(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
     try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        import playwright  # noqa: F401
+    except ImportError:
+        unavailable("the playwright package is not installed (pip install '.[test]')")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def lab_server(chromium_path, tmp_path_factory) -> LabServer:
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        unavailable("jupyterlab is not installed (pip install '.[test]')")
+    ext = built_extension()
+    if ext is None:
+        unavailable("the toast-lab extension is not built: run `pip install .` or `npm run build`")
+    try:
+        server = start_lab_server(tmp_path_factory.mktemp("lab"), ext)
+    except ServerError as err:
+        pytest.fail(str(err))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def kernelless_lab_server(lab_server, tmp_path_factory) -> LabServer:
+    """A second JupyterLab on the same files with no kernel to start (no kernel specs): what
+    a reader without toast-lab's Python (or any kernel) sees of saved plans and notebooks."""
+    try:
+        server = start_lab_server(
+            tmp_path_factory.mktemp("lab-no-kernel"), built_extension(), root=lab_server.root,
+            extra_args=["--KernelSpecManager.ensure_native_kernel=False",
+                        "--KernelSpecManager.allowed_kernelspecs=none"])
+    except ServerError as err:
+        pytest.fail(str(err))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
 def browser_context(chromium_path):
     from playwright.sync_api import sync_playwright
 
-    user_data = tempfile.mkdtemp(prefix="toast-lab-chromium-")
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            user_data, executable_path=chromium_path, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 950}, device_scale_factor=1)
-        context.set_default_timeout(30_000)
+        context, user_data = launch_browser(pw, chromium_path)
         yield context
         context.close()
     shutil.rmtree(user_data, ignore_errors=True)

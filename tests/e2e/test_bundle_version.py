@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tomllib
 
 from .conftest import REPO, built_extension, unavailable
@@ -24,3 +27,24 @@ def test_built_bundle_version_matches_the_python_package():
     # The widget asks the front end for this module and a version range the bundle satisfies.
     assert LabView._model_module.default_value == bundle["name"]
     assert LabView._view_module_version.default_value == f"^{bundle['version']}"
+
+
+def test_jupyter_lists_the_extension_enabled(tmp_path):
+    """`jupyter labextension list` (as a user checks an install) shows toast-lab, this
+    release, enabled and OK: its package.json, install.json and bundle are what JupyterLab
+    accepts. The built extension is put first on JUPYTER_PATH, as the browser tests do."""
+    ext = built_extension()
+    if ext is None:
+        unavailable("the toast-lab extension is not built: run `pip install .` or `npm run build`")
+    share = tmp_path / "share"
+    (share / "labextensions").mkdir(parents=True)
+    (share / "labextensions" / "toast-lab").symlink_to(ext)
+    env = dict(os.environ, JUPYTER_PATH=os.pathsep.join(
+        [str(share), os.environ.get("JUPYTER_PATH", "")]).rstrip(os.pathsep))
+    out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    listing = out.stdout + out.stderr
+    version = json.loads((REPO / "package.json").read_text())["version"]
+    line = next((ln for ln in listing.splitlines() if "toast-lab" in ln), None)
+    assert line is not None, listing
+    assert f"toast-lab v{version}" in line and "enabled" in line and "OK" in line, listing

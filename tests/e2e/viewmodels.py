@@ -1,22 +1,17 @@
-"""View models for the browser tests and the benchmark, built the way the Lab builds them.
+"""A hand-made view model for the kernel-less plan viewer's tests (test_plan_viewer.py).
 
-`gpt_view()` is a realistic view model (notes/VIEWMODEL.md) of a small GPT training step on a
-2×2×2 mesh: classes batch/seq/embed/heads/head_dim/mlp/vocab, the conflict of `seq` at the
-attention logits resolved by keeping the query side, the repeated block shown once (×4), and
-DOT written with the `graphviz` package like the Lab's view-model builder writes it.
-`synthetic_view(layers)` is a graph of `layers` expanded layers, to time the layout of a big
-model. Run this file to rewrite tests/data/lab_view_gpt.json.
+`gpt_view()` is a view model (notes/VIEWMODEL.md) of a small GPT training step on a 2×2×2 mesh
+written by hand before the Lab's ViewBuilder existed: its ids follow the first draft of the
+contract (`op_104`, `grp_block*/mlp`) and it lacks note/notice/sharded. The Lab's own view
+model, which the widget tests use, is tests/data/lab_view_gpt.json, written by
+make_view_fixture.py with the real ViewBuilder; the plan viewer's tests should move to it.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import graphviz
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-GPT_VIEW = DATA / "lab_view_gpt.json"
 
 # Paul Tol's "bright" qualitative scheme: distinct for the common colour-vision deficiencies.
 PALETTE = ["#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB"]
@@ -366,44 +361,6 @@ def gpt_view(expanded: frozenset[str] = frozenset({"block*", "block*/attn"})) ->
     }
 
 
-def synthetic_view(layers: int = 24) -> dict:
-    """`layers` expanded transformer layers (about 14 ops each), for timing the layout."""
-    view = gpt_view()
-    gr = _Graph("synthetic")
-    d = gr.dot
-    gr.node(d, "in_x", "input", "x f32[8,2048,4096]", classes=[0, 1, 2])
-    last = "in_x"
-    names = ["ln1", "q", "k", "v", "logits", "softmax", "attn_v", "o_proj", "add1", "ln2",
-             "fc_in", "gelu", "fc_out", "add2"]
-    op = 0
-    for layer in range(layers):
-        with d.subgraph(name=f"cluster_l{layer}", graph_attr={"label": f"layer {layer}",
-                        "style": "rounded", "color": "#a7b0b9"}) as sg:
-            ids = {}
-            for n in names:
-                op += 1
-                nid = f"op_{op}"
-                ids[n] = nid
-                cls = [0, 1, 3] if n in ("q", "k", "v", "logits", "softmax", "attn_v") else [0, 1, 2]
-                gr.node(sg, nid, "op", f"{n}\nf32[8,2048,4096]", classes=cls, op=op,
-                        conflicts=[0] if n == "logits" else (), compute=1e-4, comm=0.0)
-            wiring = [("ln1", "q"), ("ln1", "k"), ("ln1", "v"), ("q", "logits"), ("k", "logits"),
-                      ("logits", "softmax"), ("softmax", "attn_v"), ("v", "attn_v"),
-                      ("attn_v", "o_proj"), ("o_proj", "add1"), ("add1", "ln2"), ("ln2", "fc_in"),
-                      ("fc_in", "gelu"), ("gelu", "fc_out"), ("fc_out", "add2"), ("add1", "add2")]
-            gr.edge(d, last, ids["ln1"], "f32[8,2048,4096]", [0, 1, 2])
-            gr.edge(d, last, ids["add1"], "f32[8,2048,4096]", [0, 1, 2])
-            for a, b in wiring:
-                badge = "all-reduce model" if b in ("add1", "add2") and a != "add1" else None
-                gr.edge(d, ids[a], ids[b], "f32[8,2048,4096]", [0, 1, 3], badge=badge)
-            last = ids["add2"]
-    gr.node(d, "out_y", "output", "loss")
-    gr.edge(d, last, "out_y", "f32[]")
-    view["program"] = {"name": f"synthetic_{layers}_layers", "ops": op, "fingerprint": "0" * 16}
-    view["graph"] = {"dot": d.source, "nodes": gr.nodes, "edges": gr.edges}
-    return view
-
-
 def plan_file(view: dict) -> dict:
     """A plan file (format v2) that carries its view model, as lab.export writes it."""
     return {"format": "toast-lab-plan", "version": 2,
@@ -413,8 +370,3 @@ def plan_file(view: dict) -> dict:
             "classes": {c["name"]: c["axes"] for c in view["classes"]},
             "conflicts": {c["name"]: c["resolution"] for c in view["conflicts"]},
             "pinned": view["pinned"], "estimate": view["estimate"], "view": view}
-
-
-if __name__ == "__main__":
-    GPT_VIEW.write_text(json.dumps(gpt_view(), indent=1) + "\n")
-    print(f"wrote {GPT_VIEW}")

@@ -4,13 +4,15 @@ Takes an Analysis, a Mesh and a Plan; gives an `Estimate` (compute by roofline, 
 an alpha-beta model per mesh axis, peak memory by liveness). The program is compiled once into
 flat tables (_static.py), compressed into types (_types.py) and evaluated by a numba kernel
 (_kernel.py), fast enough for thousands of plans a second; `CostModel.incremental` edits one
-plan a decision at a time.
+plan a decision at a time, and `CostModel.op_collectives` reads the estimate's collectives back
+to the ops that pay them (for views).
 """
 
 from __future__ import annotations
 
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
+from ._op_collectives import OpCollective
 from ..plan import PlanError
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
@@ -32,5 +34,5 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
+           "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
            "plan_arrays"]

@@ -31,7 +31,8 @@ class Estimate:
     each level of the network takes). peak_memory_bytes = argument + output + temporaries −
     aliased (donated) bytes, the way XLA's memory_analysis() adds them up. feasible: the peak
     fits the device's memory. collectives: {(kind, mesh axes): CollectiveCost}.
-    memory_breakdown: bytes by category at the peak. by_scope: {top-level name scope:
+    memory_breakdown: bytes by category at the peak, adding up to it (none negative: outputs
+    in donated buffers are not counted again). by_scope: {top-level name scope:
     (compute_s, communication_s)}.
     """
 

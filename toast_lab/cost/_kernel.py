@@ -27,6 +27,17 @@ T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE, T_SCHEDULED,
 NUM_TOTALS = 11
 # The most distinct shardings one shared value is gathered to (more are charged, not kept).
 MAX_SHARDINGS = 16
+# The ledger (`charges`): one row per place the kernel may charge a collective, so that each
+# charge can be read back to its op (CostModel.op_collectives). Rows, with M op-type operands
+# (TypeTables.op_operands), G op-type reductions (op_groups) and S shared reads: 2m and 2m + 1
+# the all-gather and all-to-all of operand m; 2M + 2g and + 1 the reduce-scatter and all-reduce
+# of group entry g (a contraction sharded on the result's axes and on others pays both);
+# 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
+# 2M + 2G + 2S + 2p and + 1 the all-to-all of the updates and the all-gather of the indices of
+# op type p when it is a scatter partitioned by operand passthrough. Columns below; a count of
+# 0 is no charge. The hot path (`run`) passes a ledger of no rows and records nothing.
+L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
+LEDGER_WIDTH = 5
 
 
 @njit(cache=True, inline="always")
@@ -49,18 +60,25 @@ def _a2a_time(nbytes, mask, mesh):
 
 
 @njit(cache=True, inline="always")
-def _charge(coll, kind, mask, weight, nbytes, seconds):
-    """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds."""
+def _charge(coll, kind, mask, weight, nbytes, seconds, ledger, row):
+    """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds, and
+    records them in ledger row `row` (when the ledger has rows)."""
     coll[kind, mask, 0] += weight
     coll[kind, mask, 1] += nbytes * weight
     coll[kind, mask, 2] += seconds * weight
+    if row < ledger.shape[0]:
+        ledger[row, L_KIND] = kind
+        ledger[row, L_MASK] = mask
+        ledger[row, L_COUNT] = weight
+        ledger[row, L_BYTES] = nbytes
+        ledger[row, L_SECONDS] = seconds
 
 
 @njit(cache=True, inline="always")
-def _reshard(coll, gather, a2a, nbytes, weight, mesh):
+def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
     those in `a2a` moved between dims; nbytes is the operand's per-device size. Charges
-    `weight` of each; returns (seconds, bytes) of one."""
+    `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of one."""
     seconds = 0.0
     moved = 0.0
     if gather != 0:
@@ -68,17 +86,17 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh):
         t = _gather_time(b, gather, mesh)
         seconds += t
         moved += b
-        _charge(coll, AG, gather, weight, b, t)
+        _charge(coll, AG, gather, weight, b, t, ledger, row)
     if a2a != 0:
         t = _a2a_time(nbytes, a2a, mesh)
         seconds += t
         moved += nbytes
-        _charge(coll, A2A, a2a, weight, nbytes, t)
+        _charge(coll, A2A, a2a, weight, nbytes, t, ledger, row + 1)
     return seconds, moved
 
 
 @njit(cache=True, inline="always")
-def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w):
+def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, row):
     """A combining scatter whose operand is sharded on its pass-through (window) dims over
     axes that also shard the updates' scatter dims (an FSDP embedding gradient: the table on
     `embed`, the tokens' gradient on `batch`, both over one axis). XLA's SPMD partitioner
@@ -90,7 +108,8 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w):
       and no partial sums are left over those axes;
     - index passthrough: whole operand + updates and indices as they are: partial sums.
     Returns (the axes operand passthrough takes, seconds, bytes of the new buffers); no
-    axes where index passthrough wins or nothing is contested."""
+    axes where index passthrough wins or nothing is contested. Ledger rows `row` (the
+    all-to-all) and `row + 1` (the all-gather)."""
     window = 0
     for d in range(eff.shape[1]):
         if op.scatter_window >> d & 1:
@@ -107,10 +126,10 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w):
     if passthrough > op.result_nbytes + updates + indices:
         return 0, 0.0, 0.0
     t = _a2a_time(moved, contested, mesh)
-    _charge(coll, A2A, contested, w, moved, t)
+    _charge(coll, A2A, contested, w, moved, t, ledger, row)
     gathered = indices * mesh[contested].ways
     tg = _gather_time(gathered, contested, mesh)
-    _charge(coll, AG, contested, w, gathered, tg)
+    _charge(coll, AG, contested, w, gathered, tg, ledger, row + 1)
     return contested, t + tg, moved + gathered
 
 
@@ -198,9 +217,13 @@ def value_type_masks(plan, tables):
 
 
 @njit(cache=True, inline="always")
-def evaluate_types(plan, tables, mesh, device):
-    """Everything but the liveness sweep: per type, so cheap whatever the depth."""
+def evaluate_types(plan, tables, mesh, device, ledger):
+    """Everything but the liveness sweep: per type, so cheap whatever the depth. Records
+    every charge in `ledger` when it has rows (see L_KIND)."""
     dev = device[0]
+    group_rows = 2 * tables.op_operands.shape[0]
+    read_rows = group_rows + 2 * tables.op_groups.shape[0]
+    scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
@@ -269,7 +292,7 @@ def evaluate_types(plan, tables, mesh, device):
             member = tables.op_operands[i]
             ot = member.operand_type
             pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh)
+            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh, ledger, 2 * i)
             gtime += t
             gbytes += b
             if member.early:
@@ -283,7 +306,8 @@ def evaluate_types(plan, tables, mesh, device):
         res_mask = op_res[p]
         ptime = 0.0
         if op.scatter_updates > 0.0 and psum != 0:
-            taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w)
+            taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w,
+                                               ledger, scatter_rows + 2 * p)
             psum &= ~taken
             gtime += t
             gathered[p] += b
@@ -315,14 +339,14 @@ def evaluate_types(plan, tables, mesh, device):
                     done |= m
                     if scatter:
                         t = _gather_time(size, m, mesh)
-                        _charge(coll, RS, m, w, size, t)
+                        _charge(coll, RS, m, w, size, t, ledger, group_rows + 2 * i)
                         if dev.reduce_scatter:
                             size /= mesh[m].ways
                         else:  # XLA:CPU: an all-reduce of it all, then a slice
                             reduced[p] += size
                     else:
                         t = 2.0 * _gather_time(size, m, mesh)
-                        _charge(coll, AR, m, w, size, t)
+                        _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
                         reduced[p] += size  # the all-reduce writes a new buffer
                     ptime += t
         flops = op.flops / mesh[res_mask | psum].ways
@@ -372,7 +396,7 @@ def evaluate_types(plan, tables, mesh, device):
                 kept_end[found] = read.position + 1
                 continue
             pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, g, a, pdb, read.trip, mesh)
+            t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
             op_comm[read.op_type] += t * read.trip
             totals[T_COMM] += t * read.trip
             read_time[j] = t
@@ -493,7 +517,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
-        evaluate_types(PlanArrays(*plan), tables, mesh, device)
+        evaluate_types(PlanArrays(*plan), tables, mesh, device, np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
     totals[T_SCHEDULED] = step
@@ -507,6 +531,18 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
+
+
+@njit(cache=True)
+def charges(plan, tables, mesh, device):
+    """The ledger of one plan (see L_KIND): every collective the kernel charges, in the row of
+    the place that charges it. Not the hot path: `run` gives the same totals without it."""
+    tables = TypeTables(*tables)
+    rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
+                + tables.shared_reads.shape[0] + tables.ops.shape[0])
+    ledger = np.zeros((rows, LEDGER_WIDTH))
+    evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)
+    return ledger
 
 
 @njit(cache=True, inline="always")

@@ -36,6 +36,7 @@ from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
 from ._static import static_tables
 from ._fusion import fused_live_ends, memory_traffic
+from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
 from ._types import build_types
 
@@ -226,9 +227,12 @@ class CostModel:
             peak_memory_bytes=arg + out + temp - alias,
             argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
             memory_capacity_bytes=self.capacity, collectives=collectives,
+            # Outputs written into donated argument buffers take no memory of their own: the
+            # categories add up to the peak, with none negative, so a chart can stack them.
             memory_breakdown={"parameters and optimizer state": state,
-                              "other arguments": arg - state, "outputs": out,
-                              "temporaries (peak)": temp, "aliased": -alias},
+                              "other arguments": arg - state,
+                              "outputs (not donated)": out - alias,
+                              "temporaries (peak)": temp},
             by_scope=by_scope, overlap=self.overlap, device=self.mesh.device.name,
             exposed_communication_s=exposed, communication_by_axis=by_axis)
 
@@ -263,10 +267,22 @@ class CostModel:
 
     def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
         """(compute s, communication s) per op of the program, for views that colour the
-        graph by cost. Ops of one type share their type's total evenly."""
-        _, _, op_compute, op_comm, _ = self._run(self.plan_arrays(plan))
-        share = self.ty.op_type
-        return (op_compute / self.op_count)[share], (op_comm / self.op_count)[share]
+        graph by cost. Ops of one type share their type's compute evenly; communication is
+        each op's own collectives (op_collectives: a value read by several ops is gathered
+        at the first that needs it)."""
+        arrays = self.plan_arrays(plan)
+        _, _, op_compute, _, _ = self._run(arrays)
+        charges = op_charges(self, arrays)
+        comm = np.bincount(charges.op, weights=charges.seconds, minlength=self.st.num_ops)
+        return (op_compute / self.op_count)[self.ty.op_type], comm
+
+    def op_collectives(self, plan) -> dict[int, tuple[OpCollective, ...]]:
+        """{op id: the collectives it pays under `plan`}, for every op that pays one: the
+        estimate's `collectives` read back to the ops that charge them (the kernel's ledger,
+        _op_collectives.py). Over all ops, the count, bytes and seconds of each (kind, mesh
+        axes) add up to `estimate(plan).collectives[(kind, axes)]`. Slower than `estimate`
+        (a second kernel entry that records every charge): for views, not for search."""
+        return op_collectives(op_charges(self, self.plan_arrays(plan)), self.mask_axes)
 
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""

@@ -53,6 +53,7 @@ class Static:
     row_operand: np.ndarray     # [R] int32 index into operand arrays
     operand_op: np.ndarray      # [O] int32
     operand_value: np.ndarray   # [O] int32
+    operand_slot: np.ndarray    # [O] int32: its position among the op's operands
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
@@ -200,7 +201,7 @@ def build_static(an) -> Static:
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
                             "operand")}
     group_is_reduction, group_op = [], []
-    operand_op, operand_value = [], []
+    operand_op, operand_value, operand_slot = [], [], []
     op_flops = np.zeros(N, np.float64)
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
@@ -251,6 +252,7 @@ def build_static(an) -> Static:
             if added:
                 operand_op.append(op.id)
                 operand_value.append(u)
+                operand_slot.append(t)
 
     live_start, live_end = _liveness(prog)
     is_input = np.array([v.origin == INPUT for v in values])
@@ -271,6 +273,7 @@ def build_static(an) -> Static:
         group_op=np.array(group_op, np.int32), row_operand=arr("operand"),
         operand_op=np.array(operand_op, np.int32),
         operand_value=np.array(operand_value, np.int32),
+        operand_slot=np.array(operand_slot, np.int32),
         num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),

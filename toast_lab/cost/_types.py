@@ -28,6 +28,12 @@ class Types(NamedTuple):
     value_type: np.ndarray      # [V] the type of each value
     op_type: np.ndarray         # [N] the type of each op
     tables: TypeTables
+    # Where each of Static's operands (one per op and operand tensor) is costed: its member of
+    # its op type's run (an index into tables.op_operands), or its shared read (an index into
+    # tables.shared_reads); -1 for the other. CostModel.op_collectives reads charges back to ops
+    # through them.
+    operand_member: np.ndarray  # [O]
+    operand_read: np.ndarray    # [O]
 
 
 class _Interner(dict):
@@ -202,6 +208,13 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    scatter_indices=column(13), scatter_indices_type=column(14, _I),
                    scatter_updates=column(15), scatter_updates_type=column(16, _I),
                    scatter_window=column(17, _I))
+    # Each op's unshared operands in the order of its type's run (the order of the key).
+    operand_member = np.full(num_operands, -1, _I)
+    key = lambda o: (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),  # noqa: E731
+                     bool(st.early[st.operand_value[o]]))
+    for n in range(N):
+        for k, o in enumerate(sorted(operands_of_op[n], key=key)):
+            operand_member[o] = o_start[op_type[n]] + k
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
     op_dims = np.array(dims, OP_DIM)
@@ -218,6 +231,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                             op_type=op_type[op_of_read], position=op_of_read,
                             trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
                             early=st.early[st.operand_value[inst]])
+    operand_read = np.full(num_operands, -1, _I)
+    operand_read[inst] = np.arange(len(inst))
 
     tables = TypeTables(
         value_classes=value_classes, value_tags=value_tags,
@@ -227,7 +242,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, num_ops=N)
-    return Types(value_type, op_type, tables)
+    return Types(value_type, op_type, tables, operand_member, operand_read)
 
 
 def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:

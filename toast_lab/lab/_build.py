@@ -14,7 +14,6 @@ from collections import Counter, OrderedDict
 import numpy as np
 
 from ..strategies import expert
-from ._collectives import UNLABELLED, op_collectives
 from ._counterfactuals import class_choices, conflict_choices, unpriced_choice
 from ._details import op_details, snippet
 from ._dot import to_dot
@@ -43,10 +42,9 @@ class ViewBuilder:
         self.mesh_view = None if mesh is None else {
             "axes": dict(mesh.shape), "device": mesh.device.name,
             "memory_bytes": float(mesh.device.memory_bytes)}
-        self.trips = np.array([op.trip_count for op in prog.ops], np.int64)
         self._graphs: OrderedDict = OrderedDict()
         self._experts: tuple[ExpertRow, ...] | None = None
-        self._collectives: tuple = (None, {})
+        self._collectives: tuple = (None, None, {})  # (model, plan, op_collectives)
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -94,7 +92,7 @@ class ViewBuilder:
             graph = self.graph(expanded)
             compute, comm = model.op_costs(plan)
             self.op_costs = (compute, comm)  # the widget's op_costs buffer
-            colls = self.op_collectives(plan, comm)
+            colls = self.op_collectives(model, plan)
             current = (est.step_time_s, est.peak_memory_bytes)
             classes = tuple(self._class_view(model, plan, c, current, session.shared, price)
                             for c in self.analysis.classes)
@@ -105,7 +103,7 @@ class ViewBuilder:
             if selected is not None and selected.kind == "op":
                 o = int(selected.id)
                 details = op_details(self.analysis, plan, o, compute[o], comm[o],
-                                     colls.get(int(self.tree.rep[o]), ()))
+                                     colls.get(o, ()))
             experts = self.experts(model)
             pinned = tuple(sorted(plan.pinned))
             snip = snippet(plan, self.mesh)
@@ -147,16 +145,14 @@ class ViewBuilder:
             snippet=snippet(plan, None), error=None, selected=None, details=None,
             pinned=tuple(sorted(plan.pinned)), notice=notice)
 
-    def op_collectives(self, plan, comm) -> dict:
-        """{representative op: its OpCollectives} for the ops the cost model charges
-        communication, under `plan` (cached for the last plan)."""
-        cached_plan, cached = self._collectives
-        if cached_plan is not None and cached_plan == plan:
+    def op_collectives(self, model, plan) -> dict:
+        """{op id: its OpCollectives} under `plan`, as the cost model charges them
+        (CostModel.op_collectives; cached for the last plan)."""
+        cached_model, cached_plan, cached = self._collectives
+        if cached_model is model and cached_plan == plan:
             return cached
-        reps = np.unique(self.tree.rep[np.nonzero(comm > 0)[0]])
-        names = tuple(self.mesh.axis_names)
-        out = {int(o): op_collectives(self.analysis, plan, int(o), names) for o in reps}
-        self._collectives = (plan, out)
+        out = model.op_collectives(plan)
+        self._collectives = (model, plan, out)
         return out
 
     # --- parts ------------------------------------------------------------------------------------
@@ -188,15 +184,11 @@ class ViewBuilder:
         node_compute = np.bincount(graph.node_of_op, weights=compute, minlength=n)
         node_comm = np.bincount(graph.node_of_op, weights=comm, minlength=n)
         node_colls: list[Counter] = [Counter() for _ in range(n)]
-        charged = np.nonzero(comm > 0)[0]
-        # the layers' copies of an op share its labels: count (node, representative) pairs
-        key = graph.node_of_op[charged] * len(prog.ops) + tree.rep[charged]
-        keys, inverse = np.unique(key, return_inverse=True)
-        runs = np.bincount(inverse, weights=self.trips[charged]).astype(np.int64)
-        for k, times in zip(keys.tolist(), runs.tolist()):
-            node, rep = divmod(k, len(prog.ops))
-            for c in colls.get(rep, ()) or (None,):
-                node_colls[node][c.label if c is not None else UNLABELLED] += times
+        pays = np.zeros(len(prog.ops), bool)  # the ops that pay a collective
+        for o, cs in colls.items():
+            pays[o] = True
+            for c in cs:  # a folded layer's node counts every layer's collectives
+                node_colls[graph.node_of_op[o]][c.label] += round(c.count)
         sharded_classes = {k for k, axes in plan.assignments if axes}
         nodes = []
         for i, spec in enumerate(graph.nodes):
@@ -224,11 +216,11 @@ class ViewBuilder:
         for spec in graph.edges:
             badges: Counter = Counter()
             dst = index.pair_dst[spec.pairs]
-            pairs = spec.pairs[(dst >= 0) & (comm[np.maximum(dst, 0)] > 0)]
+            pairs = spec.pairs[(dst >= 0) & pays[np.maximum(dst, 0)]]
             for d, slot in zip(index.pair_dst[pairs].tolist(), index.pair_slot[pairs].tolist()):
-                for c in colls.get(int(tree.rep[d]), ()):
+                for c in colls[d]:
                     if c.operand == slot:
-                        badges[c.label] += int(self.trips[d])
+                        badges[c.label] += round(c.count)
             badge = ", ".join(k for k, _ in badges.most_common(2)) or None
             edges.append(EdgeView(
                 id=spec.id, source=graph.nodes[spec.source].id,

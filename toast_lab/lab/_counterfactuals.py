@@ -58,27 +58,31 @@ def refusal(analysis, mesh, cls, axes) -> str | None:
 
 
 def first_decision_note(analysis, plan, cls, axes, shared: Counter) -> str | None:
-    """What first-decision-wins does to `cls` on `axes` under `plan`, or None."""
+    """What first-decision-wins does to `cls` on `axes` under `plan`, or None: per mesh axis,
+    which classes decided earlier keep it on the tensors they share with `cls`, and which
+    decided later lose it to `cls` (one clause each, so a choice's note stays one line)."""
     if not axes:
         return None
     order = [k for k, _ in plan.assignments]
     mine = order.index(cls.id) if cls.id in order else len(order)
-    notes = []
+    keep: dict[str, list[str]] = {}    # axis -> classes decided first that keep it
+    lose: dict[str, list[str]] = {}    # axis -> classes decided later that lose it
     for pos, (k, other) in enumerate(plan.assignments):
         if k == cls.id or not other:
             continue
         common = [a for a in axes if a in other]
-        n = shared[(min(k, cls.id), max(k, cls.id))]
-        if not common or not n:
+        if not common or not shared[(min(k, cls.id), max(k, cls.id))]:
             continue
-        name = analysis.classes[k].name
         axis = "×".join(common)
-        if pos < mine:
-            notes.append(f"{name} (decided first) keeps {axis} on the {n} tensors they share; "
-                         f"{cls.name} is not sharded over {axis} there")
-        else:
-            notes.append(f"{cls.name} is decided before {name}: it takes {axis} on the {n} "
-                         f"tensors they share, and {name} loses it there")
+        (keep if pos < mine else lose).setdefault(axis, []).append(analysis.classes[k].name)
+    notes = []
+    for axis, names in keep.items():
+        verb = "keeps" if len(names) == 1 else "keep"
+        notes.append(f"{_names(names)} (decided first) {verb} {axis} on the tensors shared "
+                     f"with {cls.name}; {cls.name} is not sharded over {axis} there")
+    for axis, names in lose.items():
+        notes.append(f"{cls.name} is decided first: it takes {axis} from {_names(names)} on "
+                     f"the tensors they share")
     return "; ".join(notes) or None
 
 
@@ -89,6 +93,10 @@ def unpriced_choice(value, current: bool = True) -> ChoiceView:
     return ChoiceView(label=label, value=value if isinstance(value, str) else tuple(value),
                       current=current, valid=True, reason=None, step_time_s=None,
                       peak_memory_bytes=None)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, price: bool

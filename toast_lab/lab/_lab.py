@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -29,6 +30,9 @@ from ._viewmodel import ViewModel
 log = logging.getLogger("toast_lab.lab")
 
 DEFAULT_BUDGET_S = 10.0
+# How often a running search refreshes the view: a better plan, its counts alone (seconds).
+PLAN_EVERY_S = 0.5
+COUNTS_EVERY_S = 1.0
 
 
 def op_costs_buffer(compute_s, comm_s) -> bytes:
@@ -36,6 +40,28 @@ def op_costs_buffer(compute_s, comm_s) -> bytes:
     a = np.empty((len(compute_s), 2), "<f8")
     a[:, 0], a[:, 1] = compute_s, comm_s
     return a.tobytes()
+
+
+_FIELDS = {"name": "a class or conflict name", "group": "a scope path such as 'block*/attn'"}
+
+
+def _field(event: dict, key: str):
+    """`event[key]`, or a ValueError saying which field the event lacks and what it holds."""
+    if key not in event:
+        raise ValueError(f"the {event.get('event')!r} event has no {key!r} ({_FIELDS[key]}); "
+                         f"it came as {event!r}. The front end and toast_lab may be of "
+                         f"different versions: reinstall with `pip install .`")
+    return event[key]
+
+
+def _in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where the Lab will be displayed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _default_widget():
@@ -81,13 +107,24 @@ class Lab:
         self._expanded = set(self.builder.default_expanded if expanded is None
                              else set(expanded) | {ROOT})
         self._error: str | None = None        # a crash of the view layer itself
+        self._refreshed_at = 0.0
         self._refresh_lock = threading.RLock()
         self._view: ViewModel | None = None
+        self._charts = None                   # LabCharts, made for the first display
+        self._charts_lock = threading.RLock()  # making, updating, saving the charts
+        self._charts_mutex = threading.Lock()  # the next view for the charts
+        self._charts_next: ViewModel | None = None
+        self._charts_busy = False
+        self._charts_idle = threading.Event()
+        self._charts_idle.set()
         self.widget = _default_widget() if widget is None else (widget or None)
         if self.widget is not None:
             self.widget.on_event(self._on_event)
         self.session.add_listener(self._on_change)
         self.refresh()
+        if self.widget is not None and _in_kernel():
+            threading.Thread(target=self._prepare_charts, name="toast-lab charts",
+                             daemon=True).start()
 
     # --- the session, as a notebook uses it -------------------------------------------------------
 
@@ -190,8 +227,48 @@ class Lab:
                 self._push_error()
                 return self._view
             self._view = vm
+            self._refreshed_at = time.perf_counter()
             self._send(vm.to_dict(), costs)
+            if self._charts is not None:
+                self._update_charts_later(vm)
             return vm
+
+    # --- the charts, off the critical path ------------------------------------------------------
+
+    def _update_charts_later(self, vm: ViewModel) -> None:
+        """Moves the charts to `vm` in a thread of their own: a pin's new view reaches the page
+        without waiting for Bokeh (each chart property set is a document patch, ~2 ms), and
+        views that arrive while the charts update (a search) collapse into the newest."""
+        with self._charts_mutex:
+            self._charts_next = vm
+            if self._charts_busy:
+                return
+            self._charts_busy = True
+            self._charts_idle.clear()
+        threading.Thread(target=self._update_charts, name="toast-lab charts update",
+                         daemon=True).start()
+
+    def _update_charts(self) -> None:
+        while True:
+            with self._charts_mutex:
+                vm, self._charts_next = self._charts_next, None
+                if vm is None:
+                    self._charts_busy = False
+                    self._charts_idle.set()
+                    return
+            try:
+                with self._charts_lock:
+                    self._charts.update(vm)
+            except Exception as err:  # noqa: BLE001 - a chart must not stop the Lab
+                log.exception("toast-lab: the charts could not be updated")
+                with self._refresh_lock:
+                    self._error = (f"the charts could not be updated: {type(err).__name__}: "
+                                   f"{err}")
+                    self._push_error()
+
+    def _settle_charts(self, timeout: float = 10.0) -> bool:
+        """Waits until the charts show the latest view (tests, benchmarks)."""
+        return self._charts_idle.wait(timeout)
 
     def _send(self, doc: dict, costs: bytes | None) -> None:
         w = self.widget
@@ -219,6 +296,14 @@ class Lab:
             log.exception("toast-lab: could not show an error in the widget")
 
     def _on_change(self, change: str) -> None:
+        # A running search reports several times a second. Each view costs the kernel a
+        # rebuild (on the search's own thread) and the page a redraw and a new layout (on the
+        # same cores): while it runs, a better plan goes out at most every PLAN_EVERY_S and
+        # the counts alone every COUNTS_EVERY_S. Its end always goes out.
+        if change in ("search", "plan") and self.session.search_state.running:
+            wait = COUNTS_EVERY_S if change == "search" else PLAN_EVERY_S
+            if time.perf_counter() - self._refreshed_at < wait:
+                return
         self.refresh()
 
     def _on_event(self, event: dict) -> None:
@@ -227,11 +312,11 @@ class Lab:
         self._error = None
         try:
             if name == "pin":
-                self.session.pin(event["name"], event.get("value"))
+                self.session.pin(_field(event, "name"), event.get("value"))
             elif name == "unpin":
-                self.session.unpin(event["name"])
+                self.session.unpin(_field(event, "name"))
             elif name == "toggle":
-                self.toggle(event["group"])
+                self.toggle(_field(event, "group"))
             elif name == "select":
                 self.select(event.get("kind"), event.get("id"))
             elif name == "search":
@@ -260,11 +345,85 @@ class Lab:
     def to_text(self) -> str:
         return self._view.to_text() if self._view is not None else repr(self)
 
+    @property
+    def charts(self):
+        """The live Bokeh charts (search progress against the expert strategies, memory per
+        device against capacity), made on first use and then fed on every change; None where
+        Bokeh or jupyter_bokeh is missing."""
+        if self._charts is None:
+            self._make_charts()
+        return self._charts
+
+    def _make_charts(self) -> None:
+        # Made outside the view's lock (importing Bokeh and building the figures takes a
+        # second or more), then brought up to the view of the moment under it.
+        with self._charts_lock:
+            if self._charts is not None or self._view is None:
+                return
+            try:
+                from ._charts import LabCharts
+            except ImportError as err:
+                log.info("toast-lab: no charts (%s)", err)
+                return
+            view = self._view
+            charts = LabCharts(view)
+            with self._refresh_lock:  # from now on every refresh reaches the charts
+                self._charts = charts
+                if self._view is not view:
+                    self._update_charts_later(self._view)
+
+    def _prepare_charts(self) -> None:
+        """Makes the charts in a background thread, so that displaying the Lab (usually the
+        next thing a notebook does) finds them ready."""
+        try:
+            self._make_charts()
+        except Exception:  # noqa: BLE001 - displaying will try again and say what broke
+            log.exception("toast-lab: the charts could not be made")
+
+    def _show_charts(self) -> None:
+        """Displays the charts (BokehJS first, inline, and their saved documents brought up to
+        date, so that this display starts from the current numbers and follows every later
+        change)."""
+        charts = self.charts
+        if charts is None:
+            return
+        from IPython.display import display
+
+        from ._charts import load_bokehjs
+
+        with self._charts_lock:
+            charts.rebundle()
+        load_bokehjs()
+        display(charts.widget)
+
+    def _show_charts_after_the_cell(self) -> None:
+        """The charts go under the widget once the cell has run: BokehJS, inline, is 4 MB of
+        script that the page runs before the outputs after it, so the graph, shown first, is
+        not kept waiting for it (2 s of a 2.3 s first display, measured)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+
+        def once(*_args):
+            shell.events.unregister("post_execute", once)
+            try:
+                self._show_charts()
+            except Exception:  # noqa: BLE001 - the Lab itself is on the page already
+                log.exception("toast-lab: the charts could not be displayed")
+
+        shell.events.register("post_execute", once)
+
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         w = self.widget
         bundle = None
         if w is not None and hasattr(w, "_repr_mimebundle_"):
             bundle = w._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
+            if bundle:
+                self._show_charts_after_the_cell()
         if not bundle:
             return {"text/plain": self.to_text()}
         if isinstance(bundle, tuple):  # (data, metadata)

@@ -8,7 +8,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis import domains
-from ..program import as_function, state_inputs, trace
+from ..program import as_function, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
@@ -238,10 +238,11 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
 
 
 def donated_arguments(program) -> tuple[int, ...]:
-    """The positional arguments a training loop donates: those holding training state (the
-    parameters and optimizer state the step returns updated), so that XLA may write the new
-    state into their buffers. The cost model's `donate` and `plan.jit` agree on these."""
-    state = state_inputs(program)
+    """The positional arguments a training loop donates: those holding training state the step
+    returns updated (parameters, optimizer state), so that XLA may write the new state into
+    their buffers. A forward pass or a loss donates nothing: its parameters are read again by
+    the next call. The cost model's `donate` and `plan.jit` agree on these."""
+    state = updated_inputs(program)
     args = program.in_tree.children()[0]  # in_tree is the treedef of (args, kwargs)
     out, first = [], 0
     for i, arg in enumerate(args.children()):
@@ -268,16 +269,16 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", donat
         _check_same_program(fn, prog)
     in_sh, out_sh = shardings(plan, jax_mesh)
     body = constrained(plan, jax_mesh, constraints)
+    if donate and "donate_argnums" not in jit_kwargs and "donate_argnames" not in jit_kwargs:
+        jit_kwargs["donate_argnums"] = donated_arguments(prog)
     if not _has_kwargs(prog):
-        if donate and "donate_argnums" not in jit_kwargs and "donate_argnames" not in jit_kwargs:
-            jit_kwargs["donate_argnums"] = donated_arguments(prog)
         return jax.jit(body, in_shardings=in_sh, out_shardings=out_sh, **jit_kwargs)
-    # jax.jit takes no in_shardings with keyword arguments: pass them as one positional pytree.
-    # (Donation is per positional argument, and the pytree holds the data too: none here.)
+    # jax.jit takes no in_shardings with keyword arguments: pass them as one more positional
+    # pytree after the positional arguments (whose indices, and so donation, are unchanged).
     _, kw_sh = jax.tree_util.tree_unflatten(
         prog.in_tree, [NamedSharding(jax_mesh, plan.partition_spec(v)) for v in prog.inputs])
-    packed = jax.jit(lambda args, kwargs: body(*args, **kwargs), in_shardings=(in_sh, kw_sh),
-                     out_shardings=out_sh, **jit_kwargs)
+    packed = jax.jit(lambda *args: body(*args[:-1], **args[-1]),
+                     in_shardings=(*in_sh, kw_sh), out_shardings=out_sh, **jit_kwargs)
     return KeywordStep(packed)
 
 
@@ -289,16 +290,16 @@ def _has_kwargs(prog) -> bool:
 class KeywordStep:
     """plan.jit's result for a function traced with keyword arguments: call it like the
     function (`step(*args, **kwargs)`); `lower(*args, **kwargs)` gives a Lowered whose
-    compiled step takes `(args, kwargs)`."""
+    compiled step takes `(*args, kwargs)`."""
 
     def __init__(self, packed):
         self.packed = packed
 
     def __call__(self, *args, **kwargs):
-        return self.packed(args, kwargs)
+        return self.packed(*args, kwargs)
 
     def lower(self, *args, **kwargs):
-        return self.packed.lower(args, kwargs)
+        return self.packed.lower(*args, kwargs)
 
 
 def _check_same_program(fn, prog) -> None:

@@ -10,7 +10,15 @@ against a tolerance of its dtype (TOLERANCES): float64 1e-6, float32 1e-2, float
 bfloat16 5e-2, 8- and 4-bit floats 2e-1. Integer and boolean leaves must be equal (tolerance
 0; their error is the fraction of elements that differ). Non-finite entries must sit at the
 same places with the same values (NaN where NaN, +inf where +inf); the norms are taken over the
-rest, and a different pattern is an error of inf.
+rest, and a different pattern is an error of inf. A leaf whose reference is all zeros has no
+scale of its own: it is compared at NOISE_FLOOR of the step's scale instead.
+
+Ill-conditioned leaves. `verify` runs the reference twice, the second time with its floating
+inputs moved by a few ulps (`_sensitivity.py`), and allows each leaf
+max(tolerance, SPREAD_FACTOR x the relative difference of the two reference runs). That
+difference is tiny for almost every leaf, and O(1) for the leaves that are rounding noise (a
+parameter whose exact gradient is zero, once Adam has normalised it); those are reported as
+ill-conditioned, with what they were checked at. `_sensitivity.py` says why 8 ulps and why 8.
 
 Why a 2-norm, and why these numbers: a sharded step sums in another order, and a training step
 amplifies those last-bit differences in a few elements. Adam divides the gradient by
@@ -37,6 +45,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._compiled import CompiledStats, read_compiled
+from ._sensitivity import (PERTURBATION_ULPS, SPREAD_FACTOR, perturb_inputs,
+                           spread_allowance)
 
 # Relative 2-norm error allowed per floating dtype (see the module docstring).
 TOLERANCES: Mapping[str, float] = {
@@ -47,13 +57,12 @@ TOLERANCES: Mapping[str, float] = {
 }
 _LOW_PRECISION_TOLERANCE = 2e-1  # float8 / float4 kinds
 
-# Differences below NOISE_FLOOR x (the largest RMS over the floating outputs) are float noise:
-# a leaf is compared relative to max(its own 2-norm, NOISE_FLOOR x that scale x sqrt(size)).
-# Without it a leaf that is itself noise fails on any correct plan: Keras's multi-head attention
-# has a key bias whose exact gradient is zero (softmax ignores a constant per query), so after
-# one Adam step the zero-initialised bias holds ~1e-6 of rounding noise and two correct builds
-# differ by 70% of it. With float32's tolerance of 1e-2 this lets through differences below
-# 1e-6 of the step's scale; a real sharding error is as large as the values it touches.
+# A leaf whose reference is all zeros (over its finite entries) has no scale of its own: it is
+# compared at NOISE_FLOOR x the largest RMS over the step's floating outputs x sqrt(size), so
+# that rounding noise where the reference happened to get exact zeros is not an infinite error.
+# Only there: as a floor for every leaf (what it was before the sensitivity run) it hid every
+# small leaf: Adam's second moments (1e-9..1e-7) next to a loss of ~5 read a 100% error as
+# 0.1..3%, under float32's tolerance.
 NOISE_FLOOR = 1e-4
 
 # Standard deviation of the floats that `concrete_args` draws (like a small weight init).
@@ -133,7 +142,12 @@ class LeafCheck:
 
     path: the leaf's pytree path, e.g. "[0]['blocks'][0]['mlp']['w_out']".
     error: relative 2-norm error (floats) or fraction of differing elements (integers, bools);
-        inf where the non-finite entries differ. tolerance: what the leaf's dtype allows.
+        inf where the non-finite entries differ.
+    tolerance: what the leaf was checked at: base_tolerance, or SPREAD_FACTOR x spread where
+        that is larger (an ill-conditioned leaf; inf where its non-finite entries move).
+    spread: the same error between the reference and the reference on perturbed inputs (0 when
+        no perturbed reference was given).
+    base_tolerance: what the leaf's dtype allows (or the caller's tolerance); None: tolerance.
     """
 
     path: str
@@ -141,10 +155,18 @@ class LeafCheck:
     shape: tuple[int, ...]
     error: float
     tolerance: float
+    spread: float = 0.0
+    base_tolerance: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.error <= self.tolerance
+
+    @property
+    def loosened(self) -> bool:
+        """Checked at more than its dtype allows, because the reference itself is that
+        sensitive (see `toast_lab.verification._sensitivity`)."""
+        return self.base_tolerance is not None and self.tolerance > self.base_tolerance
 
     @property
     def ratio(self) -> float:
@@ -154,30 +176,43 @@ class LeafCheck:
         return self.error / self.tolerance if self.tolerance else math.inf
 
 
-def compare_outputs(out, ref, tolerance: float | None = None) -> tuple[LeafCheck, ...]:
+def compare_outputs(out, ref, tolerance: float | None = None,
+                    perturbed=None) -> tuple[LeafCheck, ...]:
     """Compare two pytrees leaf by leaf (see the module docstring for the rule).
 
     tolerance: one tolerance for every floating leaf instead of TOLERANCES.
+    perturbed: the reference function's outputs on perturbed inputs (`perturb_inputs`), shaped
+        like `ref`. Each leaf is then allowed max(tolerance, SPREAD_FACTOR x its spread), the
+        spread being the error of `perturbed` against `ref`; None: the tolerances alone.
     """
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(_key_data(out))
     ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(_key_data(ref))
     if out_tree != ref_tree:
         raise ValueError(f"outputs are shaped differently: {out_tree} vs the unsharded {ref_tree}")
-    pairs = []
-    for (path, a), (_, b) in zip(out_leaves, ref_leaves):
+    if perturbed is None:
+        moved = [None] * len(ref_leaves)
+    else:
+        moved, moved_tree = jax.tree_util.tree_flatten(_key_data(perturbed))
+        if moved_tree != ref_tree:
+            raise ValueError(f"the perturbed reference is shaped differently: {moved_tree} vs "
+                             f"{ref_tree}")
+    triples = []
+    for (path, a), (_, b), c in zip(out_leaves, ref_leaves, moved):
         a, b = np.asarray(a), np.asarray(b)
         name = jax.tree_util.keystr(path)
         if a.shape != b.shape or a.dtype != b.dtype:
             raise ValueError(f"output {name}: {a.dtype}{list(a.shape)} vs the unsharded "
                              f"{b.dtype}{list(b.shape)}")
-        pairs.append((name, a, b))
-    scale = _output_scale(b for _, _, b in pairs)
+        triples.append((name, a, b, None if c is None else np.asarray(c)))
+    scale = _output_scale(b for _, _, b, _ in triples)
     checks = []
-    for name, a, b in pairs:
-        tol = tolerance_of(b.dtype)
-        if tolerance is not None and tol:
-            tol = float(tolerance)
-        checks.append(LeafCheck(name, b.dtype.name, b.shape, _leaf_error(a, b, scale), tol))
+    for name, a, b, c in triples:
+        base = tolerance_of(b.dtype)
+        if tolerance is not None and base:
+            base = float(tolerance)
+        spread = 0.0 if c is None else _leaf_error(c, b, scale)
+        checks.append(LeafCheck(name, b.dtype.name, b.shape, _leaf_error(a, b, scale),
+                                spread_allowance(base, spread), spread, base))
     return tuple(checks)
 
 
@@ -212,11 +247,10 @@ def _leaf_error(out: np.ndarray, ref: np.ndarray, scale: float = 0.0) -> float:
         if not np.all((np.isnan(a) & np.isnan(b)) | (a == b)):
             return math.inf
         out, ref = out[finite], ref[finite]
-    # A leaf whose values are float noise next to the step's other outputs (the gradient of a
-    # key bias, which softmax cancels, is ~1e-9; Adam turns it into an update of a zero-initialised
-    # bias) is compared at the step's scale, not at its own: see NOISE_FLOOR.
-    floor = NOISE_FLOOR * scale * math.sqrt(ref.size)
-    return float(np.linalg.norm(out - ref) / (max(np.linalg.norm(ref), floor) + tiny))
+    norm = float(np.linalg.norm(ref))
+    if norm == 0.0:  # no scale of its own: see NOISE_FLOOR
+        norm = NOISE_FLOOR * scale * math.sqrt(ref.size)
+    return float(np.linalg.norm(out - ref) / (norm + tiny))
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -229,7 +263,7 @@ class VerifyReport:
     numerics_ok: every output leaf within its tolerance of the unsharded function.
     worst_error / worst_leaf / tolerance: the leaf with the largest error relative to its
         tolerance, its error and the tolerance it had (see `toast_lab.verification._verify`).
-    checks: every leaf's LeafCheck, in output order.
+    checks: every leaf's LeafCheck, in output order; `loosened` lists the ill-conditioned ones.
     stats: XLA's memory (bytes per device), flops and collectives of the compiled step.
     compile_s / run_s: seconds to lower and compile the sharded step / to run it once.
     estimate: whatever the caller passed to compare with (a cost model's estimate), or None.
@@ -250,6 +284,13 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return self.numerics_ok
+
+    @property
+    def loosened(self) -> tuple[LeafCheck, ...]:
+        """The ill-conditioned leaves: those checked at SPREAD_FACTOR x their spread, above what
+        their dtype allows, because the unsharded reference itself moves that much when its
+        inputs move by a few ulps (rounding noise, e.g. a parameter whose gradient is zero)."""
+        return tuple(c for c in self.checks if c.loosened)
 
     def comparison(self) -> dict[str, tuple[float, float | None, float | None]]:
         """{row: (measured, estimated or None, estimated / measured or None)} for the memory
@@ -293,14 +334,15 @@ class VerifyReport:
         lines = [
             f"verify {name}: {self.plan!r} on {self.mesh!r}",
             f"numerics: {verdict}; worst relative error {self.worst_error:.2g} "
-            f"(tolerance {self.tolerance:.0e}) at {self.worst_leaf or '(no outputs)'}",
+            f"(tolerance {self.tolerance:.2g}) at {self.worst_leaf or '(no outputs)'}",
         ]
         bad = [c for c in self.checks if not c.ok]
         for c in bad[:5]:
             lines.append(f"    {c.path}: {c.dtype}{list(c.shape)} error {c.error:.2g} "
-                         f"> {c.tolerance:.0e}")
+                         f"> {c.tolerance:.2g}")
         if len(bad) > 5:
             lines.append(f"    ... and {len(bad) - 5} more leaves over tolerance")
+        lines.extend(_loosened_lines(self.loosened))
         lines.append(f"compile {self.compile_s:.2f} s, run {self.run_s:.3f} s")
         lines.append("")
         head = f"{'per device':<18}{'measured':>14}"
@@ -339,6 +381,27 @@ class VerifyReport:
         return (f"VerifyReport(ok={self.numerics_ok}, worst_error={self.worst_error:.2g} at "
                 f"{self.worst_leaf!r}, peak_bytes={self.stats.peak_bytes}, "
                 f"collectives={len(self.stats.collectives)}, plan={self.plan!r})")
+
+
+def _loosened_lines(loosened: Sequence[LeafCheck], limit: int = 8) -> list[str]:
+    """The ill-conditioned leaves, one line each: what they were checked at, and why."""
+    if not loosened:
+        return []
+    lines = [f"ill-conditioned: {len(loosened)} output leaves move when the unsharded step's "
+             f"inputs move by {PERTURBATION_ULPS} ulps; each is checked at {SPREAD_FACTOR:g} x "
+             f"that spread instead of its dtype's tolerance:"]
+    for c in loosened[:limit]:
+        head = f"    {c.path}: {c.dtype}{list(c.shape)}"
+        if math.isinf(c.tolerance):
+            lines.append(f"{head} not compared (its non-finite entries move under the "
+                         f"perturbation)")
+            continue
+        base = f"{c.base_tolerance:.0e}" if c.base_tolerance else "exact"
+        lines.append(f"{head} spread {c.spread:.2g}, checked at {c.tolerance:.2g} "
+                     f"(not {base}); error {c.error:.2g} {'ok' if c.ok else 'MISMATCH'}")
+    if len(loosened) > limit:
+        lines.append(f"    ... and {len(loosened) - limit} more ill-conditioned leaves")
+    return lines
 
 
 def _axes_text(axes) -> str:
@@ -416,8 +479,11 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     kwargs: the keyword arguments the function was traced with, if any.
 
     The sharded step and the unsharded `jax.jit(fn)` run on the same concrete arguments; every
-    output leaf is compared (module docstring). Returns a VerifyReport; it raises only where
-    the plan cannot be compiled or run at all.
+    output leaf is compared (module docstring). The unsharded step runs once more, on its own
+    compile, with the floating arguments moved by a few ulps (seeded by `seed`): each leaf is
+    allowed a multiple of how far that moves it, and the leaves where this exceeds their
+    dtype's tolerance are reported as ill-conditioned (`_sensitivity.py`). Returns a
+    VerifyReport; it raises only where the plan cannot be compiled or run at all.
     """
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"tl.verify: args must be the tuple of positional arguments, e.g. "
@@ -443,20 +509,25 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     compiled = step.lower(*placed, **placed_kw).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(placed, placed_kw) if kwargs else compiled(*placed))
+    out = jax.block_until_ready(compiled(*placed, placed_kw) if kwargs else compiled(*placed))
     run_s = time.perf_counter() - start
 
+    reference = jax.jit(fn, compiler_options=options)
     if any(op.primitive == "shard_map" for op in prog.ops):
         # a shard_map inside the step runs on its own mesh's devices: replicate over the mesh
         # (every device computes the whole step, as one device would) instead of one device
-        replicated = NamedSharding(jax_mesh, PartitionSpec())
-        reference = jax.jit(fn, compiler_options=options)
-        ref = reference(*jax.device_put(args, replicated), **jax.device_put(kwargs, replicated))
+        where = NamedSharding(jax_mesh, PartitionSpec())
     else:
-        reference = jax.jit(fn, compiler_options=options)
-        ref = reference(*jax.device_put(args, devices[0]), **jax.device_put(kwargs, devices[0]))
-    checks = compare_outputs(jax.device_get(_key_data(out)), jax.device_get(_key_data(ref)),
-                             tolerance)
+        where = devices[0]
+
+    def run_reference(a, kw):
+        return jax.device_get(_key_data(
+            reference(*jax.device_put(a, where), **jax.device_put(kw, where))))
+
+    ref = run_reference(args, kwargs)
+    # The same compiled reference on inputs moved by a few ulps: how much each leaf is noise.
+    moved = run_reference(perturb_inputs(args, seed), perturb_inputs(kwargs, seed + 1))
+    checks = compare_outputs(jax.device_get(_key_data(out)), ref, tolerance, perturbed=moved)
     worst = max(checks, key=lambda c: (c.ratio, c.error), default=None)
     return VerifyReport(
         numerics_ok=all(c.ok for c in checks),

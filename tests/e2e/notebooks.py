@@ -1,0 +1,95 @@
+"""Notebooks in the browser under test: write one, open it, run its cells, talk to its kernel.
+
+Shared by the browser tests and benchmarks/lab_latency.py. `page` is a Playwright page on a
+JupyterLab started by conftest.start_lab_server (which exposes `window.jupyterapp`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The notebook panel in front, its kernel, and a code runner that collects what it prints.
+_KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+_EXECUTE = '''async code => {
+  const kernel = %s;
+  const out = [];
+  const future = kernel.requestExecute({code, store_history: false});
+  future.onIOPub = msg => {
+    if (msg.header.msg_type === "stream") { out.push(msg.content.text); }
+  };
+  const reply = await future.done;
+  if (reply.content.status !== "ok") {
+    throw new Error(reply.content.ename + ": " + reply.content.evalue);
+  }
+  return out.join("");
+}''' % _KERNEL
+
+
+def notebook(cells: list[str]) -> dict:
+    """An nbformat-4 notebook of code cells, for the Python 3 kernel."""
+    return {"nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                        "language": "python"}},
+            "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+                       "source": src, "outputs": []} for i, src in enumerate(cells)]}
+
+
+def open_notebook(server, page, name: str, cells: list[str] | None = None,
+                  run: bool = True) -> None:
+    """Writes `cells` as notebook `name` in the server's root (unless None: it exists), opens
+    it, waits for its kernel and runs every cell (as Run All does)."""
+    if cells is not None:
+        (Path(server.root) / name).write_text(json.dumps(notebook(cells), indent=1))
+    page.goto(server.page_url(f"lab/tree/{name}"))
+    page.wait_for_function("window.jupyterapp?.shell?.currentWidget?.sessionContext?.session"
+                           "?.kernel?.status === 'idle'", timeout=90_000)
+    if run:
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def kernel_execute(page, code: str) -> str:
+    """Runs `code` in the notebook's kernel (not in a cell) and returns what it printed."""
+    return page.evaluate(_EXECUTE, code)
+
+
+def kernel_json(page, expr: str):
+    """The value of the Python expression `expr` in the notebook's kernel, through JSON."""
+    return json.loads(kernel_execute(page, f"import json as _j; print(_j.dumps({expr}))"))
+
+
+def run_new_cell(page, code: str) -> None:
+    """Appends a cell with `code` at the end of the notebook and runs it, as a person would
+    (the notebook's own run command: an execute request on the kernel's shell channel)."""
+    page.evaluate('''async code => {
+      const app = window.jupyterapp;
+      const nb = app.shell.currentWidget.content;
+      nb.activeCellIndex = nb.widgets.length - 1;
+      await app.commands.execute('notebook:insert-cell-below');
+      nb.activeCell.model.sharedModel.setSource(code);
+      await app.commands.execute('notebook:run-cell');
+    }''', code)
+
+
+def send_to_widget(page, widget_model_id: str, content: dict) -> None:
+    """Sends `content` to the kernel as the widget `widget_model_id` would (a custom message
+    on its comm), through the page's ipywidgets manager: a front-end event, payload as given."""
+    page.evaluate('''async ([id, content]) => {
+      const nb = window.jupyterapp.shell.currentWidget.content;
+      for (const cell of nb.widgets) {
+        for (const out of (cell.outputArea?.widgets ?? [])) {
+          for (const w of (out.widgets ?? [])) {
+            // The output's WidgetRenderer holds the page's manager (behind a promise since
+            // @jupyter-widgets/jupyterlab-manager 5).
+            let manager = w._manager;
+            if (manager?.promise) { manager = await manager.promise; }
+            if (manager?.has_model?.(id)) {
+              const model = await manager.get_model(id);
+              model.send(content, {});
+              return;
+            }
+          }
+        }
+      }
+      throw new Error("no widget model " + id + " in this notebook's outputs");
+    }''', [widget_model_id, content])

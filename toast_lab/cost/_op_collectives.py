@@ -1,0 +1,136 @@
+"""The estimate's collectives read back to the ops that pay them (the Lab's labels and badges).
+
+The kernel costs op *types* (_types.py), so `Estimate.collectives` has no op in it. Its ledger
+(_kernel.charges) records each charge at the place that made it: an operand member of an op
+type, a reduction of an op type, or a shared read (one op, one operand). Here each is handed
+back to ops: an op type's charges to each of its instances (an equal share: instances of one
+type cost alike), a shared read's to its op. Summed over ops, every (kind, mesh axes) gives
+back the estimate's count, bytes and seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _kernel
+from ._estimate import COLLECTIVE_KINDS
+
+# the kernel's kind indices (_kernel.AR ...) -> COLLECTIVE_KINDS
+_KIND_NAMES = {_kernel.AR: "all-reduce", _kernel.AG: "all-gather",
+               _kernel.RS: "reduce-scatter", _kernel.A2A: "all-to-all"}
+assert set(_KIND_NAMES.values()) == set(COLLECTIVE_KINDS)
+
+
+@dataclass(frozen=True)
+class OpCollective:
+    """One collective one op pays under a plan, per device per step.
+
+    kind: one of COLLECTIVE_KINDS; axes: mesh axes, in mesh order; operand: the position among
+    the op's operands of the value it moves (all-gather, all-to-all), None for the op's
+    partial sums (all-reduce, reduce-scatter); count: how many per step (an op in a loop body
+    pays once per iteration); bytes and time_s: all of them together, by the estimate's
+    conventions (an all-gather counts its output).
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    operand: int | None
+    count: float
+    bytes: float
+    time_s: float
+
+    @property
+    def label(self) -> str:
+        """"all-gather data", "all-reduce data×model": the kind and its mesh axes."""
+        return f"{self.kind} {'×'.join(self.axes)}" if self.axes else self.kind
+
+
+class Charges(NamedTuple):
+    """Every collective charge of one plan, one row per (op, place it is charged): [K] arrays.
+    operand: the operand position (-1: partial sums); kind: _kernel.AR/AG/RS/A2A; mask: mesh
+    axes as bits; count, bytes and seconds: per step, all the op's runs."""
+
+    op: np.ndarray
+    operand: np.ndarray
+    kind: np.ndarray
+    mask: np.ndarray
+    count: np.ndarray
+    bytes: np.ndarray
+    seconds: np.ndarray
+
+
+def op_charges(model, plan_arrays) -> Charges:
+    """The charges of `plan_arrays` (PlanArrays) under `model` (a CostModel), per op."""
+    ledger = _kernel.charges(tuple(plan_arrays), model._tables, model.mesh_table,
+                             model.device_table)
+    st, ty = model.st, model.ty
+    tables = ty.tables
+    per_instance = 1.0 / tables.ops["count"]  # an op type's charge, shared by its instances
+    members, groups = len(tables.op_operands), len(tables.op_groups)
+    parts = []  # (op, operand, ledger row, scale)
+    # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
+    o = np.nonzero(ty.operand_member >= 0)[0]
+    op = st.operand_op[o].astype(np.int64)
+    for r in (0, 1):
+        parts.append((op, st.operand_slot[o], 2 * ty.operand_member[o] + r,
+                      per_instance[ty.op_type[op]]))
+    def at_every_instance(row, of_type, operand):
+        # a charge of op type `of_type[i]` in ledger row `row[i]`, shared by its instances
+        spans = model.memory.instances_by_type[of_type]
+        lengths = spans["end"] - spans["start"]
+        at = np.repeat(spans["start"] - np.cumsum(lengths) + lengths, lengths) \
+            + np.arange(lengths.sum())
+        op = model.memory.instances[at]
+        parts.append((op, np.repeat(operand, lengths), np.repeat(row, lengths),
+                      per_instance[ty.op_type[op]]))
+
+    # reductions of op types: rows 2M + 2g (reduce-scatter) and + 1 (all-reduce) of group
+    # entry g, at every instance of the type
+    row = 2 * members + np.nonzero(ledger[2 * members:2 * (members + groups),
+                                          _kernel.L_COUNT] > 0)[0]
+    if len(row):
+        entry = (row - 2 * members) // 2
+        ops = tables.ops
+        entry_type = np.repeat(np.arange(len(ops)), ops["groups_end"] - ops["groups_start"])
+        at_every_instance(row, entry_type[entry], np.full(len(row), -1))
+    # shared reads: rows 2M + 2G + 2s and + 1 of read s, at its own op
+    o = np.nonzero(ty.operand_read >= 0)[0]
+    for r in (0, 1):
+        parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
+                      2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
+    # scatters partitioned by operand passthrough: rows 2M + 2G + 2S + 2p (the all-to-all of
+    # the updates, operand 2 of a scatter) and + 1 (the all-gather of the indices, operand 1)
+    first = 2 * (members + groups + len(tables.shared_reads))
+    row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
+    if len(row):
+        at_every_instance(row, (row - first) // 2, np.where((row - first) % 2 == 0, 2, 1))
+    op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    charged = ledger[row, _kernel.L_COUNT] > 0
+    op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
+    count = ledger[row, _kernel.L_COUNT] * scale
+    return Charges(op=op, operand=operand.astype(np.int64),
+                   kind=ledger[row, _kernel.L_KIND].astype(np.int64),
+                   mask=ledger[row, _kernel.L_MASK].astype(np.int64), count=count,
+                   bytes=count * ledger[row, _kernel.L_BYTES],
+                   seconds=count * ledger[row, _kernel.L_SECONDS])
+
+
+def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective, ...]]:
+    """{op id: its OpCollectives} of `charges`, for the ops that pay any; `mask_axes[m]` the
+    mesh axes of mask m. Charges of one kind, axes and operand at one op are added up."""
+    found: dict[int, dict[tuple, list[float]]] = {}
+    for n, t, k, m, c, b, s in zip(charges.op.tolist(), charges.operand.tolist(),
+                                   charges.kind.tolist(), charges.mask.tolist(),
+                                   charges.count.tolist(), charges.bytes.tolist(),
+                                   charges.seconds.tolist()):
+        total = found.setdefault(n, {}).setdefault((_KIND_NAMES[k], m, t), [0.0, 0.0, 0.0])
+        total[0] += c
+        total[1] += b
+        total[2] += s
+    return {n: tuple(OpCollective(kind, mask_axes[m], None if t < 0 else t, c, b, s)
+                     for (kind, m, t), (c, b, s) in sorted(by.items(), key=lambda kv: (
+                         kv[0][2] < 0, kv[0][2], kv[0][0], kv[0][1])))
+            for n, by in sorted(found.items())}
