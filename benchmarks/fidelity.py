@@ -13,8 +13,11 @@ Known differences, reported rather than tuned away:
 - XLA:CPU emits a reduce-scatter as an all-reduce of the whole buffer (GPU and TPU do not), so
   "all-reduce" below compares the model's all-reduce + reduce-scatter bytes with XLA's
   all-reduce bytes.
-- XLA adds small all-to-alls and collective-permutes of its own choosing (resharding between
-  its fusions); the model predicts none. They appear in the "other" column.
+- XLA adds collective-permutes of its own choosing (resharding between its fusions), which
+  the model does not predict: the "other" column. The all-to-alls the model predicts are
+  those XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP
+  embedding gradient); XLA's small all-to-alls over parts of axes around gathers and
+  scatters of sharded tables (sequence-parallel embeddings, the GNN's messages) it misses.
 - Temporaries depend on XLA's fusion and buffer assignment, which the model approximates by
   liveness with elementwise producers fused into their readers, XLA:CPU's single combined
   gradient all-reduce (partial sums live until it), its max-pool-gradient workspace, and

@@ -32,8 +32,10 @@ MAX_SHARDINGS = 16
 # (TypeTables.op_operands), G op-type reductions (op_groups) and S shared reads: 2m and 2m + 1
 # the all-gather and all-to-all of operand m; 2M + 2g and + 1 the reduce-scatter and all-reduce
 # of group entry g (a contraction sharded on the result's axes and on others pays both);
-# 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s. Columns below; a count of 0 is no charge. The hot path
-# (`run`) passes a ledger of no rows and records nothing.
+# 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
+# 2M + 2G + 2S + 2p and + 1 the all-to-all of the updates and the all-gather of the indices of
+# op type p when it is a scatter partitioned by operand passthrough. Columns below; a count of
+# 0 is no charge. The hot path (`run`) passes a ledger of no rows and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
 LEDGER_WIDTH = 5
 
@@ -91,6 +93,44 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t, ledger, row + 1)
     return seconds, moved
+
+
+@njit(cache=True, inline="always")
+def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, row):
+    """A combining scatter whose operand is sharded on its pass-through (window) dims over
+    axes that also shard the updates' scatter dims (an FSDP embedding gradient: the table on
+    `embed`, the tokens' gradient on `batch`, both over one axis). XLA's SPMD partitioner
+    picks the cheaper of its methods by ScatterPartitionMethodCostModel
+    (xla/service/spmd/gather_scatter_handler.cc; ties go to operand passthrough):
+    - operand passthrough: max(operand shard + updates resharded like the operand + whole
+      indices, whole updates where their sharding is not a sub-tiling of that one): the
+      updates' axes move to their window dims (an all-to-all), the indices are all-gathered,
+      and no partial sums are left over those axes;
+    - index passthrough: whole operand + updates and indices as they are: partial sums.
+    Returns (the axes operand passthrough takes, seconds, bytes of the new buffers); no
+    axes where index passthrough wins or nothing is contested. Ledger rows `row` (the
+    all-to-all) and `row + 1` (the all-gather)."""
+    window = 0
+    for d in range(eff.shape[1]):
+        if op.scatter_window >> d & 1:
+            window |= eff[op.result_type, d]
+    contested = psum & window
+    if contested == 0:
+        return 0, 0.0, 0.0
+    updates = op.scatter_updates / mesh[vmask[op.scatter_updates_type]].ways
+    indices = op.scatter_indices / mesh[vmask[op.scatter_indices_type]].ways
+    # the updates sharded like the operand's pass-through dims: what the all-to-all moves
+    moved = op.scatter_updates / mesh[window].ways
+    passthrough = max(op.result_nbytes / mesh[res_mask].ways + moved + op.scatter_indices,
+                      op.scatter_updates)
+    if passthrough > op.result_nbytes + updates + indices:
+        return 0, 0.0, 0.0
+    t = _a2a_time(moved, contested, mesh)
+    _charge(coll, A2A, contested, w, moved, t, ledger, row)
+    gathered = indices * mesh[contested].ways
+    tg = _gather_time(gathered, contested, mesh)
+    _charge(coll, AG, contested, w, gathered, tg, ledger, row + 1)
+    return contested, t + tg, moved + gathered
 
 
 @njit(cache=True, inline="always")
@@ -183,6 +223,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     dev = device[0]
     group_rows = 2 * tables.op_operands.shape[0]
     read_rows = group_rows + 2 * tables.op_groups.shape[0]
+    scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
@@ -264,6 +305,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         psum = op_psum[p]
         res_mask = op_res[p]
         ptime = 0.0
+        if op.scatter_updates > 0.0 and psum != 0:
+            taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w,
+                                               ledger, scatter_rows + 2 * p)
+            psum &= ~taken
+            gtime += t
+            gathered[p] += b
+            pre_late[p] += t
         lead = op.sum_leader
         if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
             # (an op whose partial sums are added to its leader's, sharded alike, is reduced
@@ -491,7 +539,7 @@ def charges(plan, tables, mesh, device):
     the place that charges it. Not the hot path: `run` gives the same totals without it."""
     tables = TypeTables(*tables)
     rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
-                + tables.shared_reads.shape[0])
+                + tables.shared_reads.shape[0] + tables.ops.shape[0])
     ledger = np.zeros((rows, LEDGER_WIDTH))
     evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)
     return ledger
@@ -500,24 +548,39 @@ def charges(plan, tables, mesh, device):
 @njit(cache=True, inline="always")
 def reduced_buffers(gdelta, gathered, reduced, memory):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
-    live. XLA:CPU combines every all-reduce of the step into one, after the last: each
-    op's partial sums stay live until then; elsewhere (GPU, TPU) both buffers meet at the op."""
-    last = -1
+    live. XLA:CPU combines the all-reduces of the step into one after the last of them
+    (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
+    other: one whose result is read before the last reducing op (an activation gradient:
+    a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
+    combined keep their partial sums live until the combined one; the others, and all of
+    them elsewhere (GPU, TPU), hold both buffers at the op."""
+    if not memory.combine_all_reduces:
+        for p in range(reduced.shape[0]):
+            gathered[p] += reduced[p]
+        return
+    latest = -1
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
-            if memory.combine_all_reduces:
-                span = memory.instances_by_type[p]
-                last = max(last, memory.instances[span.end - 1])
-            else:
-                gathered[p] += reduced[p]
-    if last < 0:
+            span = memory.instances_by_type[p]
+            latest = max(latest, memory.instances[span.end - 1])
+    if latest < 0:
         return
+    last = -1  # the last reducing op whose result waits past every reducing op
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
-                gdelta[memory.instances[i]] += reduced[p]
-                gdelta[last + 1] -= reduced[p]
+                n = memory.instances[i]
+                if memory.deadline[n] > latest:
+                    last = max(last, n)
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                n = memory.instances[i]
+                end = last + 1 if memory.deadline[n] > latest and last >= n else n + 1
+                gdelta[n] += reduced[p]
+                gdelta[end] -= reduced[p]
 
 
 @njit(cache=True)

@@ -163,7 +163,7 @@ class CostModel:
             inputs=inputs, outputs=outputs, aliases=aliases,
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-            combine_all_reduces=dev.platform == "cpu")
+            deadline=st.op_deadline, combine_all_reduces=dev.platform == "cpu")
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,

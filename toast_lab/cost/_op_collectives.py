@@ -77,6 +77,16 @@ def op_charges(model, plan_arrays) -> Charges:
     for r in (0, 1):
         parts.append((op, st.operand_slot[o], 2 * ty.operand_member[o] + r,
                       per_instance[ty.op_type[op]]))
+    def at_every_instance(row, of_type, operand):
+        # a charge of op type `of_type[i]` in ledger row `row[i]`, shared by its instances
+        spans = model.memory.instances_by_type[of_type]
+        lengths = spans["end"] - spans["start"]
+        at = np.repeat(spans["start"] - np.cumsum(lengths) + lengths, lengths) \
+            + np.arange(lengths.sum())
+        op = model.memory.instances[at]
+        parts.append((op, np.repeat(operand, lengths), np.repeat(row, lengths),
+                      per_instance[ty.op_type[op]]))
+
     # reductions of op types: rows 2M + 2g (reduce-scatter) and + 1 (all-reduce) of group
     # entry g, at every instance of the type
     row = 2 * members + np.nonzero(ledger[2 * members:2 * (members + groups),
@@ -85,18 +95,18 @@ def op_charges(model, plan_arrays) -> Charges:
         entry = (row - 2 * members) // 2
         ops = tables.ops
         entry_type = np.repeat(np.arange(len(ops)), ops["groups_end"] - ops["groups_start"])
-        spans = model.memory.instances_by_type[entry_type[entry]]
-        lengths = spans["end"] - spans["start"]
-        at = np.repeat(spans["start"] - np.cumsum(lengths) + lengths, lengths) \
-            + np.arange(lengths.sum())
-        op = model.memory.instances[at]
-        parts.append((op, np.full(len(op), -1), np.repeat(row, lengths),
-                      per_instance[ty.op_type[op]]))
+        at_every_instance(row, entry_type[entry], np.full(len(row), -1))
     # shared reads: rows 2M + 2G + 2s and + 1 of read s, at its own op
     o = np.nonzero(ty.operand_read >= 0)[0]
     for r in (0, 1):
         parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
                       2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
+    # scatters partitioned by operand passthrough: rows 2M + 2G + 2S + 2p (the all-to-all of
+    # the updates, operand 2 of a scatter) and + 1 (the all-gather of the indices, operand 1)
+    first = 2 * (members + groups + len(tables.shared_reads))
+    row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
+    if len(row):
+        at_every_instance(row, (row - first) // 2, np.where((row - first) % 2 == 0, 2, 1))
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]

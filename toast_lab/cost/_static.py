@@ -64,6 +64,9 @@ class Static:
     op_matmul: tuple            # per op: None, or (K, ((result dim, DIM_*, size), ...))
     op_workspace: np.ndarray    # [N] bytes XLA:CPU allocates inside the op (whole tensors)
     op_workspace_value: np.ndarray  # [N] the value whose sharding divides that workspace
+    op_scatter_indices: np.ndarray  # [N] a combining scatter's indices value (-1: not one)
+    op_scatter_updates: np.ndarray  # [N] its updates value (-1: not one)
+    op_scatter_window: np.ndarray   # [N] bit d set: operand dim d is a whole window dim
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -274,7 +277,7 @@ def build_static(an) -> Static:
         num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
-        **_workspace(prog),
+        **_workspace(prog), **_scatters(prog),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
@@ -439,3 +442,31 @@ def _workspace(prog) -> dict:
             workspace[op.id] = 4.0 * (rank * numel(operand) + (2 * rank + 1) * numel(source))
             value[op.id] = operand
     return dict(op_workspace=workspace, op_workspace_value=value)
+
+
+# The combining scatters, whose partitioning XLA chooses by a cost of its own (_kernel).
+_COMBINING_SCATTERS = frozenset({"scatter-add", "scatter-sub", "scatter-mul", "scatter-min",
+                                 "scatter-max"})
+
+
+def _scatters(prog) -> dict:
+    """The indices and updates of each combining scatter (operands 1 and 2), -1 elsewhere,
+    and its operand's pass-through dims: window dims the updates cover whole and that are
+    not indexed (XLA's "operand passthrough" dims)."""
+    values = prog.values
+    indices = np.full(len(prog.ops), -1, np.int64)
+    updates = np.full(len(prog.ops), -1, np.int64)
+    window = np.zeros(len(prog.ops), np.int64)
+    for op in prog.ops:
+        if op.primitive not in _COMBINING_SCATTERS or op.body or len(op.operands) != 3:
+            continue
+        dn = op.params["dimension_numbers"]
+        x, u = values[op.operands[0]].shape, values[op.operands[2]].shape
+        skip = set(dn.inserted_window_dims) | set(getattr(dn, "operand_batching_dims", ()))
+        dims = [d for d in range(len(x)) if d not in skip]
+        for d, ud in zip(dims, dn.update_window_dims):
+            if u[ud] == x[d] and d not in dn.scatter_dims_to_operand_dims:
+                window[op.id] |= 1 << d
+        indices[op.id], updates[op.id] = op.operands[1], op.operands[2]
+    return dict(op_scatter_indices=indices, op_scatter_updates=updates,
+                op_scatter_window=window)

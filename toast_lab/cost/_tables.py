@@ -44,11 +44,15 @@ OPERAND = record(value_type=_I, start=_I, end=_I)
 # op_dims) says what each result dim is to the matmul unit; kernel: _fusion.KERNEL_* (a fused
 # attention's matmul, or an op inside such a kernel), flop_scale the share of flops it runs;
 # sum_leader: the op type that reduces this one's partial sums with its own (-1: none);
-# workspace: bytes the compiler allocates inside the op, sharded like workspace_type.
+# workspace: bytes the compiler allocates inside the op, sharded like workspace_type;
+# a combining scatter's indices and updates (whole-tensor bytes and value types; bytes 0
+# for other ops) and its operand's pass-through dims (bit d: dim d of the result type).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
             operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
-            flop_scale=_F, sum_leader=_I, workspace=_F, workspace_type=_I)
+            flop_scale=_F, sum_leader=_I, workspace=_F, workspace_type=_I,
+            scatter_indices=_F, scatter_indices_type=_I, scatter_updates=_F,
+            scatter_updates_type=_I, scatter_window=_I)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
@@ -128,4 +132,5 @@ class MemoryTables(NamedTuple):
     aliases: np.ndarray         # ALIAS records (none unless the model donates)
     instances_by_type: np.ndarray  # SPAN records per op type, into instances
     instances: np.ndarray       # int64 op positions, grouped by op type
+    deadline: np.ndarray        # [N] the first op reading each op's result (N: none)
     combine_all_reduces: bool   # the compiler combines every all-reduce into one (XLA:CPU)

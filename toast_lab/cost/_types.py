@@ -179,7 +179,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
                              bool(st.early[st.operand_value[o]])) for o in operands_of_op[n])),
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
-               float(workspace[n]), int(value_type[st.op_workspace_value[n]]))
+               float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
+               *_scatter_key(st, value_type, n))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -203,7 +204,10 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    operands_start=o_start, operands_end=o_end,
                    matmul_k=[k[8][0] for k in keys], dims_start=d_start, dims_end=d_end,
                    kernel=column(9, _I), flop_scale=column(10), sum_leader=leader_type,
-                   workspace=column(11), workspace_type=column(12, _I))
+                   workspace=column(11), workspace_type=column(12, _I),
+                   scatter_indices=column(13), scatter_indices_type=column(14, _I),
+                   scatter_updates=column(15), scatter_updates_type=column(16, _I),
+                   scatter_window=column(17, _I))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     key = lambda o: (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),  # noqa: E731
@@ -239,3 +243,13 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, num_ops=N)
     return Types(value_type, op_type, tables, operand_member, operand_read)
+
+
+def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
+    """(indices bytes, indices type, updates bytes, updates type, pass-through dims) of a
+    combining scatter; zeros for other ops."""
+    i, u = int(st.op_scatter_indices[n]), int(st.op_scatter_updates[n])
+    if i < 0 or u < 0:
+        return 0.0, 0, 0.0, 0, 0
+    return (float(st.nbytes[i]), int(value_type[i]), float(st.nbytes[u]), int(value_type[u]),
+            int(st.op_scatter_window[n]))
