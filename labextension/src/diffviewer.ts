@@ -176,7 +176,7 @@ function pairFigure(label: string, p: Pair<number> | null, unit: (x: number) => 
 }
 
 function deltaClass(d: number): string {
-  return Math.abs(d) < 1e-15 ? '' : d < 0 ? 'tl-better' : 'tl-worse';
+  return Math.abs(d) < fmt.NEGLIGIBLE ? '' : d < 0 ? 'tl-better' : 'tl-worse';
 }
 
 function decisionsTable(diff: PlanDiffDoc, view: ViewModel | null): HTMLElement {

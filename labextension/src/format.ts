@@ -36,12 +36,16 @@ export function bytes(b: number | null | undefined): string {
   return `${sign}${u === 0 ? a.toFixed(0) : a.toPrecision(3)} ${UNITS[u]}`;
 }
 
+/** Below this a difference of seconds or bytes is rounding in the sums, not a change: a
+ * picosecond, or a trillionth of a byte. */
+export const NEGLIGIBLE = 1e-12;
+
 /** A signed difference, "+1.20 ms" / "−3.0 GiB" / "±0". */
 export function delta(d: number | null, unit: (x: number) => string): string {
   if (d === null || !isFinite(d)) {
     return '';
   }
-  if (d === 0) {
+  if (Math.abs(d) < NEGLIGIBLE) {
     return '±0';
   }
   return d > 0 ? `+${unit(d)}` : `−${unit(-d).replace('−', '')}`;

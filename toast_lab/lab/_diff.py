@@ -308,10 +308,15 @@ def _signed(x: float, fmt: str) -> str:
     return ("±" if x == 0 else "+" if x > 0 else "−") + text
 
 
+# Below this a difference of seconds or bytes is rounding in the sums, not a change (the
+# extension's format.ts uses the same).
+NEGLIGIBLE = 1e-12
+
+
 def _pair_line(label: str, pair, unit, relative: bool = False) -> str:
     a, b = pair
     d = b - a
-    delta = ("±0" if d == 0 else ("+" if d > 0 else "−") + unit(abs(d)))
+    delta = ("±0" if abs(d) < NEGLIGIBLE else ("+" if d > 0 else "−") + unit(abs(d)))
     if relative and a:
         delta += f", {d / a * 100:+.1f}%".replace("-", "−")
     return f"  {label:<15}{unit(a):>12} → {unit(b):>12}   ({delta})"
