@@ -178,3 +178,61 @@ def fused_live_ends(prog, live_end: np.ndarray, fused: np.ndarray) -> np.ndarray
             for u in op.operands:
                 end[u] = max(end[u], last)
     return end
+
+
+# Elementwise ops XLA:CPU's fusion will not duplicate into several consumers
+# (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers.
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
+    "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "lgamma", "digamma", "div", "rem",
+})
+_SPREAD = frozenset({"broadcast_in_dim", "iota"})
+
+
+def fusion_copies(prog) -> np.ndarray:
+    """[N] how many copies of each op XLA:CPU's InstructionFusion emits (1 for most ops).
+
+    XLA fuses consumers first and clones a producer into every fusion that reads it, so a cheap
+    elementwise op read by k fusions runs (and cost_analysis() counts it) k times. The rules
+    of instruction_fusion.cc and cpu_instruction_fusion.cc: an expensive op (EXPENSIVE, and
+    reductions) is never cloned, so with several consumer fusions it is a fusion of its own;
+    an op also read by a non-fusible op, an output or another region is computed once for
+    those plus a clone per fusible consumer, but only when it is effectively unary (at most
+    one operand of its rank that is not a broadcast) or reads no more elements than it writes
+    (ComputeGloballyUnfusible); otherwise it is not fused at all. Copies are distinct consumer
+    fusions: two readers fused into one fusion share a clone.
+    """
+    values, ops = prog.values, prog.ops
+    outputs = set(prog.outputs)
+    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
+    copies = np.ones(len(ops))
+    fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
+
+    def may_duplicate(op) -> bool:
+        rank = max((values[r].ndim for r in op.results), default=0)
+        wide = sum(1 for u in op.operands if values[u].ndim and values[u].ndim >= rank
+                   and not (values[u].producer != NO_OP
+                            and ops[values[u].producer].primitive in _SPREAD))
+        return wide <= 1 or (sum(numel(u) for u in set(op.operands))
+                             <= sum(numel(r) for r in op.results))
+
+    for op in reversed(ops):
+        if not _fusible(op) or _is_reduction(op.primitive):
+            fusions[op.id] = (op.id,)
+            continue
+        into, own = set(), False
+        for r in op.results:
+            own |= r in outputs
+            for u in prog.users(r):
+                if ops[u].region != op.region or not _fusible(ops[u]):
+                    own = True
+                else:
+                    into.update(fusions[u])
+        if (op.primitive in EXPENSIVE and len(into) > 1) or (own and not may_duplicate(op)):
+            into = set()
+        if own or not into:
+            into.add(op.id)
+        fusions[op.id] = tuple(into)
+        copies[op.id] = len(into)
+    return copies

@@ -124,8 +124,12 @@ class CostModel:
             np.full(st.num_ops, -1, np.int64)
         # workspace XLA:CPU allocates inside ops (other compilers' kernels need none here)
         workspace = st.op_workspace if dev.platform == "cpu" else np.zeros(st.num_ops)
+        # XLA:CPU clones cheap elementwise ops into each fusion that reads them, and runs every
+        # clone (cost_analysis() counts them); other compilers' fusion is not modelled so, and
+        # there each op counts once
+        flops = st.op_flops * st.op_fusion_copies if dev.platform == "cpu" else st.op_flops
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
-                              st.op_flop_scale, leaders, workspace)
+                              st.op_flop_scale, leaders, workspace, flops)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
-from ._fusion import MOVEMENT, attention_kernels, fused_values
+from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
@@ -57,6 +57,7 @@ class Static:
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
+    op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_fusion.py)
     op_trip: np.ndarray         # [N] float64
     op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
     op_results: tuple           # per op: its result value ids
@@ -274,7 +275,7 @@ def build_static(an) -> Static:
         operand_op=np.array(operand_op, np.int32),
         operand_value=np.array(operand_value, np.int32),
         operand_slot=np.array(operand_slot, np.int32),
-        num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
+        num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog), op_trip=op_trip, op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         **_workspace(prog), **_scatters(prog),

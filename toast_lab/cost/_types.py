@@ -61,9 +61,9 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
 
 def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                 flop_scale: np.ndarray, sum_leader: np.ndarray,
-                workspace: np.ndarray) -> Types:
-    """The types of `an` for one device: `peak` FLOP/s per op, `io` the (op, value) pairs that
-    move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
+                workspace: np.ndarray, flops: np.ndarray) -> Types:
+    """The types of `an` for one device: `flops` and `peak` FLOP/s per op, `io` the (op, value)
+    pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
     op that reduces each op's partial sums (-1: itself; _static._sum_leaders), and the bytes
     the compiler allocates inside each op (sharded like st.op_workspace_value)."""
     V = st.num_values
@@ -173,7 +173,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for n in range(N):
         r = int(st.op_result[n])
         key = (int(value_type[r]) if r >= 0 else -1, float(st.nbytes[r]) if r >= 0 else 0.0,
-               tuple(sorted(groups_of_op[n])), float(st.op_flops[n]), float(st.op_trip[n]),
+               tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.op_trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
                tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
