@@ -26,7 +26,9 @@ Known differences, reported rather than tuned away:
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce
   reassociation, no fused attention, cheap elementwise ops cloned into every fusion that
-  reads them, each clone's flops counted), since XLA:CPU compiled what is measured.
+  reads them, each clone's flops counted; top_k, a TopK custom call the SPMD partitioner
+  cannot split, computed whole after all-gathering its operand), since XLA:CPU compiled what
+  is measured.
 """
 
 from __future__ import annotations

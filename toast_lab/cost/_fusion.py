@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..program import NO_OP
+from ..program import CONST, LITERAL, NO_OP
 
 # Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
 MOVEMENT = frozenset({
@@ -200,7 +200,8 @@ def fusion_copies(prog) -> np.ndarray:
     an op also read by a non-fusible op, an output or another region is computed once for
     those plus a clone per fusible consumer, but only when it is effectively unary (at most
     one operand of its rank that is not a broadcast) or reads no more elements than it writes
-    (ComputeGloballyUnfusible); otherwise it is not fused at all. Copies are distinct consumer
+    (ComputeGloballyUnfusible); otherwise it is not fused at all. A division by a constant
+    is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies are distinct consumer
     fusions: two readers fused into one fusion share a clone.
     """
     values, ops = prog.values, prog.ops
@@ -229,10 +230,21 @@ def fusion_copies(prog) -> np.ndarray:
                     own = True
                 else:
                     into.update(fusions[u])
-        if (op.primitive in EXPENSIVE and len(into) > 1) or (own and not may_duplicate(op)):
+        expensive = op.primitive in EXPENSIVE and not (
+            op.primitive == "div" and _constant(prog, op.operands[-1]))
+        if (expensive and len(into) > 1) or (own and not may_duplicate(op)):
             into = set()
         if own or not into:
             into.add(op.id)
         fusions[op.id] = tuple(into)
         copies[op.id] = len(into)
     return copies
+
+
+def _constant(prog, v: int) -> bool:
+    """Whether v is a constant or a broadcast of one."""
+    value = prog.values[v]
+    if value.producer == NO_OP:
+        return value.origin in (CONST, LITERAL)
+    op = prog.ops[value.producer]
+    return op.primitive == "broadcast_in_dim" and _constant(prog, op.operands[0])

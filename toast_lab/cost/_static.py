@@ -68,6 +68,7 @@ class Static:
     op_scatter_indices: np.ndarray  # [N] a combining scatter's indices value (-1: not one)
     op_scatter_updates: np.ndarray  # [N] its updates value (-1: not one)
     op_scatter_window: np.ndarray   # [N] bit d set: operand dim d is a whole window dim
+    op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -87,6 +88,10 @@ class Static:
     op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
+
+# Ops XLA:CPU lowers to a custom call (top_k: the TopK custom call), which the SPMD partitioner
+# cannot split: it all-gathers the operand and computes the op whole on every device.
+_CPU_WHOLE = frozenset({"top_k"})
 
 # Ops XLA's HloCostAnalysis counts as transcendentals, not flops.
 _TRANSCENDENTAL = frozenset({
@@ -279,6 +284,7 @@ def build_static(an) -> Static:
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         **_workspace(prog), **_scatters(prog),
+        op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
