@@ -201,8 +201,13 @@ def fusion_copies(prog) -> np.ndarray:
     those plus a clone per fusible consumer, but only when it is effectively unary (at most
     one operand of its rank that is not a broadcast) or reads no more elements than it writes
     (ComputeGloballyUnfusible); otherwise it is not fused at all. A division by a constant
-    is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies are distinct consumer
-    fusions: two readers fused into one fusion share a clone.
+    is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies
+    are distinct consumer fusions: two readers fused into one fusion share a clone.
+
+    Plan-independent, so two things XLA does are not followed: a collective the partitioner
+    puts between producer and consumer stops the clone (the producer is written once), and
+    XLA:CPU wraps most reductions, with some elementwise producers, in YNNPACK custom fusions
+    that InstructionFusion does not clone into.
     """
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)

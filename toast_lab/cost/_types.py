@@ -63,9 +63,9 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                 flop_scale: np.ndarray, sum_leader: np.ndarray,
                 workspace: np.ndarray, flops: np.ndarray, row_kind: np.ndarray) -> Types:
     """The types of `an` for one device: `flops` and `peak` FLOP/s per op, `io` the (op, value)
-    pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
-    op that reduces each op's partial sums (-1: itself; _static._sum_leaders), and the bytes
-    the compiler allocates inside each op (sharded like st.op_workspace_value); `row_kind`
+    pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion),
+    the op that reduces each op's partial sums (-1: itself; _static._sum_leaders), the bytes
+    the compiler allocates inside each op (sharded like st.op_workspace_value), and `row_kind`
     the kind of each of st's rows as the device's compiler partitions the op (_model.py)."""
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
