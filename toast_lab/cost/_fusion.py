@@ -204,10 +204,10 @@ def fusion_copies(prog) -> np.ndarray:
     is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies
     are distinct consumer fusions: two readers fused into one fusion share a clone.
 
-    Plan-independent, so two things XLA does are not followed: a collective the partitioner
-    puts between producer and consumer stops the clone (the producer is written once), and
-    XLA:CPU wraps most reductions, with some elementwise producers, in YNNPACK custom fusions
-    that InstructionFusion does not clone into.
+    XLA:CPU runs large reductions as YNNPACK custom fusions (_ynn_reduction), which
+    InstructionFusion does not fuse into: to it they are non-fusible readers. Not followed
+    (the count is plan-independent): a collective the partitioner puts between producer and
+    consumer also stops the clone, so the producer is written once.
     """
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)
@@ -231,13 +231,14 @@ def fusion_copies(prog) -> np.ndarray:
         for r in op.results:
             own |= r in outputs
             for u in prog.users(r):
-                if ops[u].region != op.region or not _fusible(ops[u]):
+                if (ops[u].region != op.region or not _fusible(ops[u])
+                        or _ynn_reduction(prog, ops[u])):
                     own = True
                 else:
                     into.update(fusions[u])
         expensive = op.primitive in EXPENSIVE and not (
             op.primitive == "div" and _constant(prog, op.operands[-1]))
-        if (expensive and len(into) > 1) or (own and not may_duplicate(op)):
+        if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
             into = set()
         if own or not into:
             into.add(op.id)
@@ -253,3 +254,24 @@ def _constant(prog, v: int) -> bool:
         return value.origin in (CONST, LITERAL)
     op = prog.ops[value.producer]
     return op.primitive == "broadcast_in_dim" and _constant(prog, op.operands[0])
+
+
+# YNNPACK reduces these dtypes (ynn_support.cc IsReduceLikeOpSupportedByYnn): sums in f32 and
+# f64 (an f32 accumulator for 16-bit inputs, which a jaxpr's same-dtype sum does not ask for),
+# maxima and minima in floats.
+_YNN_REDUCE_DTYPES = {"reduce_sum": ("float32", "float64"),
+                      "reduce_max": ("float32", "float64", "bfloat16", "float16"),
+                      "reduce_min": ("float32", "float64", "bfloat16", "float16")}
+_YNN_MIN_ELEMENTS = 4096  # IsInstructionPreferredByYnn: smaller ones XLA emits itself
+
+
+def _ynn_reduction(prog, op) -> bool:
+    """Whether XLA:CPU runs this reduction as a YNNPACK custom fusion."""
+    dtypes = _YNN_REDUCE_DTYPES.get(op.primitive)
+    if dtypes is None or not op.operands or not op.params.get("axes"):
+        return False
+    x = prog.values[op.operands[0]]
+    if str(x.dtype) not in dtypes:
+        return False
+    sizes = [int(np.prod(prog.values[v].shape, dtype=np.int64)) for v in (*op.operands, *op.results)]
+    return max(sizes) >= _YNN_MIN_ELEMENTS
