@@ -205,9 +205,10 @@ def fusion_copies(prog) -> np.ndarray:
     are distinct consumer fusions: two readers fused into one fusion share a clone.
 
     XLA:CPU runs large reductions as YNNPACK custom fusions (_ynn_reduction), which
-    InstructionFusion does not fuse into: to it they are non-fusible readers. Not followed
-    (the count is plan-independent): a collective the partitioner puts between producer and
-    consumer also stops the clone, so the producer is written once.
+    InstructionFusion does not fuse into: to it they are non-fusible readers. Not followed:
+    those custom fusions also take in some elementwise producers of the reduction (which are
+    then not cloned either), and, the count being plan-independent, a collective the
+    partitioner puts between producer and consumer, which also stops the clone.
     """
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)
@@ -273,5 +274,5 @@ def _ynn_reduction(prog, op) -> bool:
     x = prog.values[op.operands[0]]
     if str(x.dtype) not in dtypes:
         return False
-    sizes = [int(np.prod(prog.values[v].shape, dtype=np.int64)) for v in (*op.operands, *op.results)]
-    return max(sizes) >= _YNN_MIN_ELEMENTS
+    return max(int(np.prod(prog.values[v].shape, dtype=np.int64))
+               for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
