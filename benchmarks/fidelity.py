@@ -25,7 +25,10 @@ Known differences, reported rather than tuned away:
 - XLA's cost_analysis() counts a while loop's body once; the model's `flops` counts a scan body
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce
-  reassociation, no fused attention), since XLA:CPU compiled what is measured.
+  reassociation, no fused attention, cheap elementwise ops cloned into every fusion that
+  reads them, each clone's flops counted; top_k, a TopK custom call the SPMD partitioner
+  cannot split, computed whole after all-gathering its operand), since XLA:CPU compiled what
+  is measured.
 """
 
 from __future__ import annotations

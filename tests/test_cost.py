@@ -394,6 +394,59 @@ def test_flops_are_counted_like_xla_cost_analysis():
     assert est.flops == pytest.approx(xla, rel=0.02)
 
 
+def test_xla_cpu_counts_a_cheap_producer_once_per_fusion_that_clones_it():
+    """XLA:CPU clones a cheap elementwise producer into each fusion that reads it, and
+    cost_analysis() counts every clone; an expensive one (a division by an array) it computes
+    once. Other devices' estimates count each op once."""
+
+    def f(x):
+        y = x * 3.0 + 1.0  # cheap: cloned into both reductions' fusions
+        d = x / jnp.cos(x)  # expensive: computed once, read by both
+        return jnp.sum(y * d, axis=0), jnp.max(y - d, axis=1)
+
+    args = (jax.ShapeDtypeStruct((16, 32), "float32"),)
+    an = tl.analyze(tl.trace(f, *args))
+    plan = tl.Plan.replicated(an)
+    cpu = tl.estimate(an, plan, tl.Mesh({"data": 1}, device="cpu"))
+    once = tl.estimate(an, plan, tl.Mesh({"data": 1}, device="h100"))
+    xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
+    assert cpu.flops == pytest.approx(xla, rel=0.02)
+    assert cpu.flops - once.flops == 2 * 16 * 32  # the second clones of y's multiply and add
+
+
+def _moe_dp():
+    fn, args = tl.zoo.get("moe")
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    return fn, args, an, mesh, tl.strategies.expert(an, mesh)["dp"]
+
+
+def test_xla_cpu_computes_top_k_whole_after_gathering_its_operand():
+    """XLA:CPU lowers top_k to a TopK custom call, which the SPMD partitioner runs on the whole
+    operand: a batch-sharded top_k all-gathers its operand on the cpu device only."""
+    _, _, an, mesh, plan = _moe_dp()
+    prog = an.program
+    operands = sum(prog.values[op.operands[0]].nbytes for op in prog.ops
+                   if op.primitive == "top_k")
+    assert operands > 0
+    cpu = tl.estimate(an, plan, mesh)
+    gathered = sum(c.bytes for (kind, _), c in cpu.collectives.items() if kind == "all-gather")
+    assert gathered == operands
+    gpu = tl.estimate(an, plan, tl.Mesh(mesh.axes, device="h100"))
+    assert not any(kind == "all-gather" for kind, _ in gpu.collectives)
+
+
+@pytest.mark.slow
+def test_top_k_gathers_agree_with_xla_cpu():
+    fn, args, an, mesh, plan = _moe_dp()
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()}
+    key = ("all-gather", ("data", "model"))
+    assert est[key] == pytest.approx(measured[key], rel=0.25)
+
+
 def test_an_axis_across_nodes_uses_nvlink_inside_them():
     """One FSDP axis over 8 nodes of 8 GPUs: NCCL's ring runs over NVLink inside each node,
     and each GPU's NIC carries an eighth of the bytes between nodes."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..program import NO_OP
+from ..program import CONST, LITERAL, NO_OP
 
 # Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
 MOVEMENT = frozenset({
@@ -178,3 +178,101 @@ def fused_live_ends(prog, live_end: np.ndarray, fused: np.ndarray) -> np.ndarray
             for u in op.operands:
                 end[u] = max(end[u], last)
     return end
+
+
+# Elementwise ops XLA:CPU's fusion will not duplicate into several consumers
+# (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers.
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
+    "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "lgamma", "digamma", "div", "rem",
+})
+_SPREAD = frozenset({"broadcast_in_dim", "iota"})
+
+
+def fusion_copies(prog) -> np.ndarray:
+    """[N] how many copies of each op XLA:CPU's InstructionFusion emits (1 for most ops).
+
+    XLA fuses consumers first and clones a producer into every fusion that reads it, so a cheap
+    elementwise op read by k fusions runs (and cost_analysis() counts it) k times. The rules
+    of instruction_fusion.cc and cpu_instruction_fusion.cc: an expensive op (EXPENSIVE, and
+    reductions) is never cloned, so with several consumer fusions it is a fusion of its own;
+    an op also read by a non-fusible op, an output or another region is computed once for
+    those plus a clone per fusible consumer, but only when it is effectively unary (at most
+    one operand of its rank that is not a broadcast) or reads no more elements than it writes
+    (ComputeGloballyUnfusible); otherwise it is not fused at all. A division by a constant
+    is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies
+    are distinct consumer fusions: two readers fused into one fusion share a clone.
+
+    XLA:CPU runs large reductions as YNNPACK custom fusions (_ynn_reduction), which
+    InstructionFusion does not fuse into: to it they are non-fusible readers. Not followed:
+    those custom fusions also take in some elementwise producers of the reduction (which are
+    then not cloned either), and, the count being plan-independent, a collective the
+    partitioner puts between producer and consumer, which also stops the clone.
+    """
+    values, ops = prog.values, prog.ops
+    outputs = set(prog.outputs)
+    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
+    copies = np.ones(len(ops))
+    fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
+
+    def may_duplicate(op) -> bool:
+        rank = max((values[r].ndim for r in op.results), default=0)
+        wide = sum(1 for u in op.operands if values[u].ndim and values[u].ndim >= rank
+                   and not (values[u].producer != NO_OP
+                            and ops[values[u].producer].primitive in _SPREAD))
+        return wide <= 1 or (sum(numel(u) for u in set(op.operands))
+                             <= sum(numel(r) for r in op.results))
+
+    for op in reversed(ops):
+        if not _fusible(op) or _is_reduction(op.primitive):
+            fusions[op.id] = (op.id,)
+            continue
+        into, own = set(), False
+        for r in op.results:
+            own |= r in outputs
+            for u in prog.users(r):
+                if (ops[u].region != op.region or not _fusible(ops[u])
+                        or _ynn_reduction(prog, ops[u])):
+                    own = True
+                else:
+                    into.update(fusions[u])
+        expensive = op.primitive in EXPENSIVE and not (
+            op.primitive == "div" and _constant(prog, op.operands[-1]))
+        if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
+            into = set()
+        if own or not into:
+            into.add(op.id)
+        fusions[op.id] = tuple(into)
+        copies[op.id] = len(into)
+    return copies
+
+
+def _constant(prog, v: int) -> bool:
+    """Whether v is a constant or a broadcast of one."""
+    value = prog.values[v]
+    if value.producer == NO_OP:
+        return value.origin in (CONST, LITERAL)
+    op = prog.ops[value.producer]
+    return op.primitive == "broadcast_in_dim" and _constant(prog, op.operands[0])
+
+
+# YNNPACK reduces these dtypes (ynn_support.cc IsReduceLikeOpSupportedByYnn): sums in f32 and
+# f64 (an f32 accumulator for 16-bit inputs, which a jaxpr's same-dtype sum does not ask for),
+# maxima and minima in floats.
+_YNN_REDUCE_DTYPES = {"reduce_sum": ("float32", "float64"),
+                      "reduce_max": ("float32", "float64", "bfloat16", "float16"),
+                      "reduce_min": ("float32", "float64", "bfloat16", "float16")}
+_YNN_MIN_ELEMENTS = 4096  # IsInstructionPreferredByYnn: smaller ones XLA emits itself
+
+
+def _ynn_reduction(prog, op) -> bool:
+    """Whether XLA:CPU runs this reduction as a YNNPACK custom fusion."""
+    dtypes = _YNN_REDUCE_DTYPES.get(op.primitive)
+    if dtypes is None or not op.operands or not op.params.get("axes"):
+        return False
+    x = prog.values[op.operands[0]]
+    if str(x.dtype) not in dtypes:
+        return False
+    return max(int(np.prod(prog.values[v].shape, dtype=np.int64))
+               for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS

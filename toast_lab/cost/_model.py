@@ -34,7 +34,7 @@ from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
-from ._static import static_tables
+from ._static import ROW_REPLICATE, ROW_RESULT, static_tables
 from ._fusion import fused_live_ends, memory_traffic
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
@@ -124,8 +124,18 @@ class CostModel:
             np.full(st.num_ops, -1, np.int64)
         # workspace XLA:CPU allocates inside ops (other compilers' kernels need none here)
         workspace = st.op_workspace if dev.platform == "cpu" else np.zeros(st.num_ops)
+        # XLA:CPU clones cheap elementwise ops into each fusion that reads them, and runs every
+        # clone (cost_analysis() counts them); other compilers' fusion is not modelled so, and
+        # there each op counts once
+        flops = st.op_flops * st.op_fusion_copies if dev.platform == "cpu" else st.op_flops
+        # ops XLA:CPU computes whole (a custom call the partitioner cannot split) want their
+        # operands whole: all-gathered, as XLA does, and the result sliced locally
+        row_kind = st.row_kind
+        if dev.platform == "cpu":
+            whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
+            row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
-                              st.op_flop_scale, leaders, workspace)
+                              st.op_flop_scale, leaders, workspace, flops, row_kind)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges.

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..program import INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
-from ._fusion import MOVEMENT, attention_kernels, fused_values
+from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
 
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
@@ -57,6 +57,7 @@ class Static:
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
+    op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_fusion.py)
     op_trip: np.ndarray         # [N] float64
     op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
     op_results: tuple           # per op: its result value ids
@@ -67,6 +68,7 @@ class Static:
     op_scatter_indices: np.ndarray  # [N] a combining scatter's indices value (-1: not one)
     op_scatter_updates: np.ndarray  # [N] its updates value (-1: not one)
     op_scatter_window: np.ndarray   # [N] bit d set: operand dim d is a whole window dim
+    op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -86,6 +88,10 @@ class Static:
     op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
+
+# Ops XLA:CPU lowers to a custom call (top_k: the TopK custom call), which the SPMD partitioner
+# cannot split: it all-gathers the operand and computes the op whole on every device.
+_CPU_WHOLE = frozenset({"top_k"})
 
 # Ops XLA's HloCostAnalysis counts as transcendentals, not flops.
 _TRANSCENDENTAL = frozenset({
@@ -274,10 +280,12 @@ def build_static(an) -> Static:
         operand_op=np.array(operand_op, np.int32),
         operand_value=np.array(operand_value, np.int32),
         operand_slot=np.array(operand_slot, np.int32),
-        num_ops=N, op_flops=op_flops, op_trip=op_trip, op_result=op_result,
+        num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog), op_trip=op_trip,
+        op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         **_workspace(prog), **_scatters(prog),
+        op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),

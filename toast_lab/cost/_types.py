@@ -61,11 +61,12 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
 
 def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                 flop_scale: np.ndarray, sum_leader: np.ndarray,
-                workspace: np.ndarray) -> Types:
-    """The types of `an` for one device: `peak` FLOP/s per op, `io` the (op, value) pairs that
-    move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion), and the
-    op that reduces each op's partial sums (-1: itself; _static._sum_leaders), and the bytes
-    the compiler allocates inside each op (sharded like st.op_workspace_value)."""
+                workspace: np.ndarray, flops: np.ndarray, row_kind: np.ndarray) -> Types:
+    """The types of `an` for one device: `flops` and `peak` FLOP/s per op, `io` the (op, value)
+    pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion),
+    the op that reduces each op's partial sums (-1: itself; _static._sum_leaders), the bytes
+    the compiler allocates inside each op (sharded like st.op_workspace_value), and `row_kind`
+    the kind of each of st's rows as the device's compiler partitions the op (_model.py)."""
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
     tags = _Interner()
@@ -108,7 +109,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     # --- group types --------------------------------------------------------------------------
     G = len(st.group_op)
     group_rows = [[] for _ in range(G)]
-    for i in np.nonzero(st.row_kind == ROW_GROUP)[0]:
+    for i in np.nonzero(row_kind == ROW_GROUP)[0]:
         group_rows[st.row_group[i]].append(i)
     gtypes = _Interner()
     group_type = np.empty(G, _I)
@@ -124,7 +125,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     rtypes = _Interner()
     row_type = np.empty(len(st.row_op), _I)
     for i in range(len(st.row_op)):
-        kind = int(st.row_kind[i])
+        kind = int(row_kind[i])
         vt, d = int(value_type[st.row_value[i]]), int(st.row_dim[i])
         if kind == ROW_RESULT:
             key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1)
@@ -173,7 +174,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for n in range(N):
         r = int(st.op_result[n])
         key = (int(value_type[r]) if r >= 0 else -1, float(st.nbytes[r]) if r >= 0 else 0.0,
-               tuple(sorted(groups_of_op[n])), float(st.op_flops[n]), float(st.op_trip[n]),
+               tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.op_trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
                tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
