@@ -93,3 +93,13 @@ def send_to_widget(page, widget_model_id: str, content: dict) -> None:
       }
       throw new Error("no widget model " + id + " in this notebook's outputs");
     }''', [widget_model_id, content])
+
+
+# Reads a chart's data source back from BokehJS in the page: what the browser really holds.
+BOKEH_SOURCE = '''name => {
+  for (const doc of (window.Bokeh?.documents ?? [])) {
+    const m = doc.get_model_by_name(name);
+    if (m) { return Object.fromEntries([...m.data.entries ? m.data.entries() : Object.entries(m.data)].map(([k, v]) => [k, Array.from(v)])); }
+  }
+  return null;
+}'''

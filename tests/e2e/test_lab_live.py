@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from .conftest import shoot
-from .notebooks import kernel_execute, kernel_json, open_notebook, run_new_cell, send_to_widget
+from .notebooks import (BOKEH_SOURCE, kernel_execute, kernel_json, open_notebook, run_new_cell,
+                        send_to_widget)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +31,6 @@ fn, args = tl.zoo.get("gpt", size="gpt2-small", layers=2)
 lab = tl.Lab(fn, *args, mesh=tl.Mesh({"data": 4, "model": 2}, device="tpu-v5e"))
 lab'''
 
-# Reads a chart's data source back from BokehJS in the page: what the browser really holds.
-BOKEH_SOURCE = '''name => {
-  for (const doc of (window.Bokeh?.documents ?? [])) {
-    const m = doc.get_model_by_name(name);
-    if (m) { return Object.fromEntries([...m.data.entries ? m.data.entries() : Object.entries(m.data)].map(([k, v]) => [k, Array.from(v)])); }
-  }
-  return null;
-}'''
 # One attribute of a named Bokeh model (e.g. the capacity line's colour) as BokehJS holds it.
 BOKEH_MODEL = '''([name, attr]) => {
   for (const doc of (window.Bokeh?.documents ?? [])) {

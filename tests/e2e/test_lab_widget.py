@@ -12,7 +12,7 @@ import json
 import pytest
 
 from .conftest import REPO, shoot
-from .notebooks import kernel_execute, open_notebook
+from .notebooks import BOKEH_SOURCE, kernel_execute, open_notebook
 
 pytestmark = pytest.mark.e2e
 
@@ -90,14 +90,6 @@ memory.update({k: 1.6 * b for k, b in view["estimate"]["memory_breakdown"].items
               view["estimate"]["memory_capacity_bytes"])
 '''
 
-# Reads a chart's data source back from BokehJS in the page: what the browser really holds.
-BOKEH_SOURCE = '''name => {
-  for (const doc of (window.Bokeh?.documents ?? [])) {
-    const m = doc.get_model_by_name(name);
-    if (m) { return Object.fromEntries([...m.data.entries ? m.data.entries() : Object.entries(m.data)].map(([k, v]) => [k, Array.from(v)])); }
-  }
-  return null;
-}'''
 
 
 def _events(page) -> list[dict]:
