@@ -535,14 +535,15 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
 
 @njit(cache=True)
 def charges(plan, tables, mesh, device):
-    """The ledger of one plan (see L_KIND): every collective the kernel charges, in the row of
-    the place that charges it. Not the hot path: `run` gives the same totals without it."""
+    """(the ledger of one plan (see L_KIND): every collective the kernel charges, in the row of
+    the place that charges it; compute s per op type). Not the hot path: `run` gives the same
+    totals without the ledger."""
     tables = TypeTables(*tables)
     rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
                 + tables.shared_reads.shape[0] + tables.ops.shape[0])
     ledger = np.zeros((rows, LEDGER_WIDTH))
-    evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)
-    return ledger
+    op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
+    return ledger, op_compute
 
 
 @njit(cache=True, inline="always")

@@ -280,11 +280,8 @@ class CostModel:
         graph by cost. Ops of one type share their type's compute evenly; communication is
         each op's own collectives (op_collectives: a value read by several ops is gathered
         at the first that needs it)."""
-        arrays = self.plan_arrays(plan)
-        _, _, op_compute, _, _ = self._run(arrays)
-        charges = op_charges(self, arrays)
-        comm = np.bincount(charges.op, weights=charges.seconds, minlength=self.st.num_ops)
-        return (op_compute / self.op_count)[self.ty.op_type], comm
+        compute, comm, _ = self.op_breakdown(plan, collectives=False)
+        return compute, comm
 
     def op_collectives(self, plan) -> dict[int, tuple[OpCollective, ...]]:
         """{op id: the collectives it pays under `plan`}, for every op that pays one: the
@@ -292,7 +289,15 @@ class CostModel:
         _op_collectives.py). Over all ops, the count, bytes and seconds of each (kind, mesh
         axes) add up to `estimate(plan).collectives[(kind, axes)]`. Slower than `estimate`
         (a second kernel entry that records every charge): for views, not for search."""
-        return op_collectives(op_charges(self, self.plan_arrays(plan)), self.mask_axes)
+        return self.op_breakdown(plan)[2]
+
+    def op_breakdown(self, plan, collectives: bool = True):
+        """(compute s per op, communication s per op, op_collectives or None) from one run of
+        the kernel: what a view of the program's ops needs, at once."""
+        charges, op_compute = op_charges(self, self.plan_arrays(plan))
+        compute = (op_compute / self.op_count)[self.ty.op_type]
+        comm = np.bincount(charges.op, weights=charges.seconds, minlength=self.st.num_ops)
+        return compute, comm, op_collectives(charges, self.mask_axes) if collectives else None
 
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""

@@ -62,10 +62,11 @@ class Charges(NamedTuple):
     seconds: np.ndarray
 
 
-def op_charges(model, plan_arrays) -> Charges:
-    """The charges of `plan_arrays` (PlanArrays) under `model` (a CostModel), per op."""
-    ledger = _kernel.charges(tuple(plan_arrays), model._tables, model.mesh_table,
-                             model.device_table)
+def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
+    """The charges of `plan_arrays` (PlanArrays) under `model` (a CostModel), per op, and the
+    compute seconds per op type from the same kernel run."""
+    ledger, op_compute = _kernel.charges(tuple(plan_arrays), model._tables, model.mesh_table,
+                                         model.device_table)
     st, ty = model.st, model.ty
     tables = ty.tables
     per_instance = 1.0 / tables.ops["count"]  # an op type's charge, shared by its instances
@@ -115,7 +116,7 @@ def op_charges(model, plan_arrays) -> Charges:
                    kind=ledger[row, _kernel.L_KIND].astype(np.int64),
                    mask=ledger[row, _kernel.L_MASK].astype(np.int64), count=count,
                    bytes=count * ledger[row, _kernel.L_BYTES],
-                   seconds=count * ledger[row, _kernel.L_SECONDS])
+                   seconds=count * ledger[row, _kernel.L_SECONDS]), op_compute
 
 
 def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective, ...]]:

@@ -44,7 +44,7 @@ class ViewBuilder:
             "memory_bytes": float(mesh.device.memory_bytes)}
         self._graphs: OrderedDict = OrderedDict()
         self._experts: tuple[ExpertRow, ...] | None = None
-        self._collectives: tuple = (None, None, {})  # (model, plan, op_collectives)
+        self._breakdown: tuple = (None, None, None)  # (model, plan, its op_breakdown)
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -90,9 +90,8 @@ class ViewBuilder:
                 price = not state.running
             expanded = self.default_expanded if expanded is None else expanded
             graph = self.graph(expanded)
-            compute, comm = model.op_costs(plan)
+            compute, comm, colls = self._op_breakdown(model, plan)
             self.op_costs = (compute, comm)  # the widget's op_costs buffer
-            colls = self.op_collectives(model, plan)
             current = (est.step_time_s, est.peak_memory_bytes)
             classes = tuple(self._class_view(model, plan, c, current, session.shared, price)
                             for c in self.analysis.classes)
@@ -148,11 +147,16 @@ class ViewBuilder:
     def op_collectives(self, model, plan) -> dict:
         """{op id: its OpCollectives} under `plan`, as the cost model charges them
         (CostModel.op_collectives; cached for the last plan)."""
-        cached_model, cached_plan, cached = self._collectives
+        return self._op_breakdown(model, plan)[2]
+
+    def _op_breakdown(self, model, plan) -> tuple:
+        """CostModel.op_breakdown of `plan`, kept for the last plan: a view and its details
+        panel read it, and each reading is a run of the kernel."""
+        cached_model, cached_plan, cached = self._breakdown
         if cached_model is model and cached_plan == plan:
             return cached
-        out = model.op_collectives(plan)
-        self._collectives = (model, plan, out)
+        out = model.op_breakdown(plan)
+        self._breakdown = (model, plan, out)
         return out
 
     # --- parts ------------------------------------------------------------------------------------
