@@ -106,7 +106,7 @@ class CostModel:
         self.memory_bandwidth = float(dev.memory_bandwidth)
         e = dev.efficiency
         self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
-                                       self.memory_bandwidth, dev.platform != "cpu")], DEVICE)
+                                       self.memory_bandwidth, dev.reduce_scatters)], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -122,16 +122,12 @@ class CostModel:
         self.fused = fused
         leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
-        # workspace XLA:CPU allocates inside ops (other compilers' kernels need none here)
-        workspace = st.op_workspace if dev.platform == "cpu" else np.zeros(st.num_ops)
-        # XLA:CPU clones cheap elementwise ops into each fusion that reads them, and runs every
-        # clone (cost_analysis() counts them); other compilers' fusion is not modelled so, and
-        # there each op counts once
-        flops = st.op_flops * st.op_fusion_copies if dev.platform == "cpu" else st.op_flops
-        # ops XLA:CPU computes whole (a custom call the partitioner cannot split) want their
-        # operands whole: all-gathered, as XLA does, and the result sliced locally
+        workspace = st.op_workspace if dev.allocates_op_workspace else np.zeros(st.num_ops)
+        flops = st.op_flops * st.op_fusion_copies if dev.clones_fused_producers else st.op_flops
+        # ops the compiler computes whole want their operands whole: all-gathered, as XLA
+        # does, and the result sliced locally
         row_kind = st.row_kind
-        if dev.platform == "cpu":
+        if not dev.partitions_top_k:
             whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
             row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
@@ -173,7 +169,7 @@ class CostModel:
             inputs=inputs, outputs=outputs, aliases=aliases,
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-            deadline=st.op_deadline, combine_all_reduces=dev.platform == "cpu")
+            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces)
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,

@@ -240,6 +240,40 @@ class DeviceSpec:
         Pallas kernel such as splash on TPUs); XLA:CPU runs its ops unfused."""
         return self.platform != "cpu"
 
+    # What XLA:CPU's pipeline does that the GPU and TPU ones do not, as the cost model follows
+    # it (each measured against what XLA:CPU compiles: benchmarks/fidelity.py).
+
+    @property
+    def reduce_scatters(self) -> bool:
+        """A reduce-scatter runs as one (XLA:CPU decomposes it into an all-reduce of the whole
+        buffer and a slice)."""
+        return self.platform != "cpu"
+
+    @property
+    def combines_all_reduces(self) -> bool:
+        """XLA:CPU combines the step's independent all-reduces into one, so their partial
+        sums wait for it (AllReduceCombiner; the GPU and TPU schedulers reduce them as they
+        come)."""
+        return self.platform == "cpu"
+
+    @property
+    def allocates_op_workspace(self) -> bool:
+        """XLA:CPU allocates workspace inside some ops (convolutions, max-pool gradients);
+        other compilers' kernels need none that the model counts."""
+        return self.platform == "cpu"
+
+    @property
+    def clones_fused_producers(self) -> bool:
+        """XLA:CPU copies cheap elementwise ops into every fusion that reads them and runs each
+        copy (cost_analysis() counts them); other compilers' fusion is not modelled so."""
+        return self.platform == "cpu"
+
+    @property
+    def partitions_top_k(self) -> bool:
+        """top_k is split by the SPMD partitioner (XLA:CPU lowers it to a TopK custom call the
+        partitioner cannot split: it all-gathers the operand and computes it whole)."""
+        return self.platform != "cpu"
+
     def __repr__(self) -> str:
         return (
             f"DeviceSpec({self.name!r}, bf16={self.peak_flops['bfloat16'] / 1e12:.4g} TFLOP/s, "
