@@ -199,19 +199,21 @@ def test_estimate_ranks_expert_strategies_like_xla_communication_volume(gpt, cpu
                 assert (ea < eb) == (ma < mb), (a, b, volumes[a], volumes[b])
 
 
-@pytest.mark.parametrize("name", ["gpt", "moe", "cnn"])
-def test_kernel_masks_agree_with_plan_value_axes(name):
+@pytest.mark.parametrize("name, override_prob", [
+    ("gpt", 0.0), ("moe", 0.0), ("cnn", 0.0),
+    ("gpt", 0.5), ("gpt_scan", 0.5), ("moe", 0.5), ("cnn", 0.5)])
+def test_kernel_masks_agree_with_plan_value_axes(name, override_prob):
     """"The class decided first keeps the axis" lives twice: in Plan.value_axes (what export
     shards) and in the kernel's per-value-type masks (what the estimate charges). Over random
-    plans — random decision orders, multi-axis classes, every conflict resolution — they agree
-    on every dim of every value."""
+    plans — random decision orders, multi-axis classes, every conflict resolution, and with
+    override_prob per-domain overrides — they agree on every dim of every value."""
     fn, args = tl.zoo.get(name)
     an = tl.analyze(tl.trace(fn, *args))
     mesh = tl.Mesh({"data": 2, "fsdp": 2, "model": 2})
     model = tl.cost_model(an, mesh)
     names = mesh.axis_names
     for seed in range(25):
-        plan = tl.random_plan(an, mesh, np.random.default_rng(seed))
+        plan = tl.random_plan(an, mesh, np.random.default_rng(seed), override_prob=override_prob)
         eff, _ = model.value_type_masks(*model.plan_arrays(plan))
         for v in an.program.values:
             want = tuple(frozenset(axes) for axes in plan.value_axes(v.id))

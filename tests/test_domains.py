@@ -217,22 +217,6 @@ def test_an_override_costs_its_reshard_where_domains_meet():
     assert z.argument_bytes < 0.5 * dp.argument_bytes
 
 
-@pytest.mark.parametrize("name", ["gpt", "gpt_scan", "moe", "cnn"])
-def test_kernel_masks_agree_with_value_axes_under_random_overrides(name):
-    _, _, an = analysed(name)
-    model = tl.cost_model(an, MESH)
-    names = MESH.axis_names
-    for seed in range(20):
-        plan = tl.random_plan(an, MESH, np.random.default_rng(seed), override_prob=0.5)
-        eff, _ = model.value_type_masks(*model.plan_arrays(plan))
-        for v in an.program.values:
-            want = tuple(frozenset(axes) for axes in plan.value_axes(v.id))
-            row = eff[model.ty.value_type[v.id]]
-            got = tuple(frozenset(a for i, a in enumerate(names) if row[d] >> i & 1)
-                        for d in range(v.ndim))
-            assert got == want, (seed, v, plan)
-
-
 def test_incremental_overrides_match_the_full_estimate():
     _, _, an = analysed("gpt")
     model = CostModel(an, MESH)
