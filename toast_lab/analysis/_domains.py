@@ -31,12 +31,11 @@ split: state and its updated outputs are parameters, everything else is compute.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import BODY_INPUT, INPUT, state_inputs
+from ..program import BODY_INPUT, INPUT, state_inputs, updated_pairs
 
 COMPUTE, PARAMETERS, OPTIMIZER = "compute", "parameters", "optimizer"
 DOMAINS = (COMPUTE, PARAMETERS, OPTIMIZER)
@@ -88,7 +87,7 @@ def find_domains(an) -> Domains:
     values = prog.values
     V = len(values)
     state = state_inputs(prog)
-    updated = _updated_outputs(prog, state)
+    updated = updated_pairs(prog)  # the state a step returns updated (none for a loss)
     data = [v for v in prog.inputs if v not in state]
     vc = an.value_classes
     state_classes = {c for v in state for c in vc[v] if c >= 0}
@@ -125,25 +124,6 @@ def find_domains(an) -> Domains:
             of_value[out] = DOMAINS.index(PARAMETERS)
     _share_across_regions(prog, of_value)
     return Domains(of_value, params, opt_state, activation, updated)
-
-
-def _updated_outputs(prog, state) -> dict[int, int]:
-    """{output: state input}: the k-th state input of a shape and dtype is returned as the
-    k-th output of that shape and dtype (the matching `state_inputs` counts)."""
-    outs = defaultdict(list)
-    for v in prog.outputs:
-        outs[(prog.values[v].shape, prog.values[v].dtype)].append(v)
-    taken = defaultdict(int)
-    pairs = {}
-    for v in prog.inputs:
-        if v not in state:
-            continue
-        key = (prog.values[v].shape, prog.values[v].dtype)
-        k = taken[key]
-        if k < len(outs[key]):
-            pairs.setdefault(outs[key][k], v)
-            taken[key] += 1
-    return pairs
 
 
 def _closure(seeds, edges, n) -> np.ndarray:

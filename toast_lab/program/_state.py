@@ -3,21 +3,30 @@ bytes, donation) and by the expert strategies (which classes are parameters)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+
+
+def updated_pairs(prog) -> dict[int, int]:
+    """{output value: the input value it returns updated}: the k-th input of a shape and dtype
+    is returned as the k-th output of that shape and dtype (as jax matches donated buffers to
+    outputs). Scalars never are."""
+    outs = defaultdict(list)
+    for v in prog.outputs:
+        outs[(prog.values[v].shape, prog.values[v].dtype)].append(v)
+    taken = Counter()
+    pairs = {}
+    for v in prog.inputs:
+        key = (prog.values[v].shape, prog.values[v].dtype)
+        if prog.values[v].ndim > 0 and taken[key] < len(outs[key]):
+            pairs[outs[key][taken[key]]] = v
+            taken[key] += 1
+    return pairs
 
 
 def updated_inputs(prog) -> frozenset[int]:
     """The input values that the step returns updated (parameters, optimizer moments): those a
-    training loop donates. An input is updated when an output has its shape and dtype, matched
-    in order (as jax matches donated buffers to outputs). Scalars never are."""
-    outs = Counter((prog.values[v].shape, prog.values[v].dtype) for v in prog.outputs)
-    updated = []
-    for v in prog.inputs:
-        key = (prog.values[v].shape, prog.values[v].dtype)
-        if outs[key] > 0 and prog.values[v].ndim > 0:
-            outs[key] -= 1
-            updated.append(v)
-    return frozenset(updated)
+    training loop donates (`updated_pairs`)."""
+    return frozenset(updated_pairs(prog).values())
 
 
 def state_inputs(prog) -> frozenset[int]:
