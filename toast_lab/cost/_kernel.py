@@ -392,8 +392,10 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 if kept_gather[k] == g and kept_a2a[k] == a:
                     found = k
                     break
+            at = read.memory_position
             if found >= 0:
-                kept_end[found] = read.position + 1
+                kept_start[found] = min(kept_start[found], at)
+                kept_end[found] = max(kept_end[found], at + 1)
                 continue
             pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
             t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
@@ -404,8 +406,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
                 kept_bytes[nk] = b
-                kept_start[nk] = read.position
-                kept_end[nk] = read.position + 1
+                kept_start[nk] = at
+                kept_end[nk] = at + 1
                 nk += 1
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
@@ -553,8 +555,11 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
     (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
     other: one whose result is read before the last reducing op (an activation gradient:
     a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
-    combined keep their partial sums live until the combined one; the others, and all of
-    them elsewhere (GPU, TPU), hold both buffers at the op."""
+    combined keep their partial sums live until the combined one, and their results live
+    from it on (whatever reads them waits for it); the others, and all of them elsewhere
+    (GPU, TPU), hold both buffers at the op. Which all-reduces combine is decided in program
+    order (a dependency follows it); the buffers live in the order the compiler runs the
+    ops (memory.position)."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
             gathered[p] += reduced[p]
@@ -567,6 +572,7 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
     if latest < 0:
         return
     last = -1  # the last reducing op whose result waits past every reducing op
+    combined = -1  # where the combined all-reduce runs: after the last op it combines
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
@@ -574,14 +580,24 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
                 n = memory.instances[i]
                 if memory.deadline[n] > latest:
                     last = max(last, n)
+                    combined = max(combined, memory.position[n])
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
-                end = last + 1 if memory.deadline[n] > latest and last >= n else n + 1
-                gdelta[n] += reduced[p]
-                gdelta[end] -= reduced[p]
+                at = memory.position[n]
+                if memory.deadline[n] > latest and last >= n:
+                    gdelta[at] += reduced[p]
+                    gdelta[combined + 1] -= reduced[p]
+                    # the result, read only after the combined all-reduce
+                    end = memory.result_end[n]
+                    if end < combined + 1:
+                        gdelta[end] += reduced[p]
+                        gdelta[combined + 1] -= reduced[p]
+                else:
+                    gdelta[at] += reduced[p]
+                    gdelta[at + 1] -= reduced[p]
 
 
 @njit(cache=True)

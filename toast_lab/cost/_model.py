@@ -34,7 +34,8 @@ from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
-from ._static import ROW_REPLICATE, ROW_RESULT, static_tables
+from ._order import breadth_first_positions
+from ._static import ROW_REPLICATE, ROW_RESULT, liveness, static_tables
 from ._fusion import fused_live_ends, memory_traffic
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
@@ -134,11 +135,13 @@ class CostModel:
                               st.op_flop_scale, leaders, workspace, flops, row_kind)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
-        # Memory: temporaries (not arguments, not outputs) with their live ranges.
+        # Memory: temporaries (not arguments, not outputs) with their live ranges, in the order
+        # the compiler runs the ops (position: each op's place in it; _order.py).
+        position, live_start, live_end = _memory_order(an, dev)
         temp = np.nonzero(~st.is_input & ~st.is_output & ~fused & (st.nbytes > 0))[0]
         temps = np.zeros(len(temp), TEMP)
-        live_end = fused_live_ends(prog, st.live_end, fused)
-        temps["start"], temps["end"] = st.live_start[temp], live_end[temp]
+        live_end = fused_live_ends(prog, live_end, fused)
+        temps["start"], temps["end"] = live_start[temp], live_end[temp]
         temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
@@ -151,7 +154,8 @@ class CostModel:
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
-        outputs["position"] = [max(prog.values[v].producer, 0) for v in outs]
+        outputs["position"] = [position[prog.values[v].producer]
+                               if prog.values[v].producer >= 0 else 0 for v in outs]
         pairs = _aliases(prog) if self.donate else []
         aliases = np.zeros(len(pairs), ALIAS)
         for i, (u, o) in enumerate(pairs):
@@ -161,15 +165,21 @@ class CostModel:
         ends = np.cumsum(counts)
         instances_by_type = np.zeros(len(counts), SPAN)
         instances_by_type["start"], instances_by_type["end"] = ends - counts, ends
+        # the sweep's order: the op type at each position, where each op's result dies
+        type_at = np.empty(st.num_ops, np.int64)
+        type_at[position] = ty.op_type
+        result_end = np.where(st.op_result >= 0, live_end[st.op_result], position + 1)
+        ty.tables.shared_reads["memory_position"] = position[ty.tables.shared_reads["position"]]
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
-            op_type=ty.op_type, temps=temps, temps_by_type=by_type,
+            op_type=type_at, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
             inputs=inputs, outputs=outputs, aliases=aliases,
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces)
+            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
+            position=position.astype(np.int64), result_end=result_end.astype(np.int64))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -392,6 +402,21 @@ def _aliases(prog) -> list[tuple[int, int]]:
         if waiting:
             pairs.append((waiting.pop(0), o))
     return pairs
+
+
+def _memory_order(an, dev):
+    """(position [N] of each op in the order the compiler runs them, live_start [V], live_end
+    [V] in that order): XLA:CPU's breadth-first schedule (_order.py) where the device's
+    compiler schedules so, else program order."""
+    st = static_tables(an)
+    if not dev.schedules_breadth_first:
+        return np.arange(st.num_ops), st.live_start, st.live_end
+
+    def build():
+        position = breadth_first_positions(an.program, st.fused)
+        return (position, *liveness(an.program, position))
+
+    return an.derived("cost.breadth_first", build)
 
 
 def _events(st, shared_reads) -> np.ndarray:

@@ -260,7 +260,7 @@ def build_static(an) -> Static:
                 operand_value.append(u)
                 operand_slot.append(t)
 
-    live_start, live_end = _liveness(prog)
+    live_start, live_end = liveness(prog)
     is_input = np.array([v.origin == INPUT for v in values])
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
@@ -293,21 +293,25 @@ def build_static(an) -> Static:
         op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders))
 
 
-def _liveness(prog):
+def liveness(prog, position=None):
     """[start, end) positions of each value: positions 0..N-1 are ops, N is the end.
 
+    position: [N] each op's place in the order the compiler runs them (a permutation keeping a
+    region's body ops right after it, see _order.py); None: program order.
     Inputs and constants are live from 0; a value lives until its last reader; outputs until
     the end. A region op's results are allocated when the loop starts (its position), and a
     value read inside a region lives until the region ends.
     """
     values, ops = prog.values, prog.ops
     N = len(ops)
-    start = np.array([max(v.producer, 0) if v.producer != NO_OP else 0 for v in values],
+    at = np.arange(N) if position is None else np.asarray(position)
+    start = np.array([at[v.producer] if v.producer != NO_OP else 0 for v in values],
                      np.int32)
     end = start + 1
-    region_end = {op.id: op.body_ops[1] for op in ops if op.body}
+    # a region's body ops follow it in any order: it ends after the last of them
+    region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
     for op in ops:
-        pos = op.id + 1
+        pos = at[op.id] + 1
         r = op.region
         while r != NO_OP:  # read inside a loop: needed until the loop is done
             pos = max(pos, region_end[r])

@@ -61,10 +61,11 @@ OP_IO = record(value_type=_I, nbytes=_F)
 # the value is known before any compute (a parameter: its gather can be prefetched).
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
-# reuses the buffer, so each read is costed per instance, in program order, deduplicated.
+# reuses the buffer, so each read is costed per instance, in program order, deduplicated;
+# memory_position: the reading op's place in the order the compiler runs them (_order.py).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_)
+                     early=np.bool_, memory_position=_I)
 
 
 class TypeTables(NamedTuple):
@@ -123,7 +124,7 @@ class ScheduleTables(NamedTuple):
 
 
 class MemoryTables(NamedTuple):
-    op_type: np.ndarray         # [N] the type of each op, in program order
+    op_type: np.ndarray         # [N] the type of the op at each position
     temps: np.ndarray           # TEMP records: values neither argument nor output, not fused
     temps_by_type: np.ndarray   # SPAN records per value type, into temps_of_type
     temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
@@ -134,3 +135,8 @@ class MemoryTables(NamedTuple):
     instances: np.ndarray       # int64 op positions, grouped by op type
     deadline: np.ndarray        # [N] the first op reading each op's result (N: none)
     combine_all_reduces: bool   # the compiler combines every all-reduce into one (XLA:CPU)
+    # Where the compiler runs each op (the sweep's order, see _order.py): op_type above and
+    # temps, outputs and shared reads are in these positions; instances and deadline are in
+    # program order.
+    position: np.ndarray        # [N] each op's position
+    result_end: np.ndarray      # [N] where each op's first result stops being live

@@ -269,6 +269,14 @@ class DeviceSpec:
         return self.platform == "cpu"
 
     @property
+    def schedules_breadth_first(self) -> bool:
+        """XLA:CPU runs every op as soon as its operands are ready (its concurrency-optimised
+        BFSMemoryScheduler, which it always takes for a module with collectives), so buffers
+        live from their earliest possible op; the GPU and TPU schedulers keep program order
+        closer (the cost model's liveness follows program order there)."""
+        return self.platform == "cpu"
+
+    @property
     def partitions_top_k(self) -> bool:
         """top_k is split by the SPMD partitioner (XLA:CPU lowers it to a TopK custom call the
         partitioner cannot split: it all-gathers the operand and computes it whole)."""
