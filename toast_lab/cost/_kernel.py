@@ -611,9 +611,17 @@ def add_temps(delta, vmask, mesh, memory):
     """Adds the live range of every temporary, at its size under `vmask`, to `delta`."""
     for i in range(memory.temps.shape[0]):
         temp = memory.temps[i]
-        s = temp.nbytes / mesh[vmask[temp.value_type]].ways
+        s = _written(temp, mesh[vmask[temp.value_type]].ways)
         delta[temp.start] += s
         delta[temp.end] -= s
+
+
+@njit(cache=True, inline="always")
+def _written(temp, ways):
+    """The per-device bytes a temporary takes when its value is sharded `ways` ways (none
+    below its min_nbytes)."""
+    s = temp.nbytes / ways
+    return s if s >= temp.min_nbytes else 0.0
 
 
 @njit(cache=True, inline="always")
@@ -622,10 +630,10 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
     for t in range(old_vmask.shape[0]):
         if old_vmask[t] == new_vmask[t]:
             continue
-        scale = 1.0 / mesh[new_vmask[t]].ways - 1.0 / mesh[old_vmask[t]].ways
+        new_ways, old_ways = mesh[new_vmask[t]].ways, mesh[old_vmask[t]].ways
         for j in range(memory.temps_by_type[t].start, memory.temps_by_type[t].end):
             temp = memory.temps[memory.temps_of_type[j]]
-            s = temp.nbytes * scale
+            s = _written(temp, new_ways) - _written(temp, old_ways)
             delta[temp.start] += s
             delta[temp.end] -= s
 

@@ -36,7 +36,7 @@ from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
 from ._order import breadth_first_positions
 from ._static import ROW_REPLICATE, ROW_RESULT, liveness, static_tables
-from ._fusion import fused_live_ends, memory_traffic
+from ._fusion import common_values, fused_live_ends, library_inputs, memory_traffic
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
 from ._types import build_types
@@ -137,12 +137,23 @@ class CostModel:
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges, in the order
         # the compiler runs the ops (position: each op's place in it; _order.py).
+        # A fused value a library fusion reads is written once large enough (min_nbytes).
         position, live_start, live_end = _memory_order(an, dev)
-        temp = np.nonzero(~st.is_input & ~st.is_output & ~fused & (st.nbytes > 0))[0]
+        min_nbytes = np.where(fused, np.inf, 0.0)
+        if dev.reduces_in_library:
+            min_nbytes = np.minimum(min_nbytes, an.derived(
+                "cost.library_inputs", lambda: library_inputs(prog, st.fused)))
+        temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
+                          & (st.nbytes > 0))[0]
         temps = np.zeros(len(temp), TEMP)
         live_end = fused_live_ends(prog, live_end, fused)
+        if dev.reduces_in_library:  # a value XLA's CSE merges lives until the last reader
+            canon = an.derived("cost.common_values", lambda: common_values(prog))
+            live_end = live_end.copy()
+            np.maximum.at(live_end, canon, live_end)
         temps["start"], temps["end"] = live_start[temp], live_end[temp]
         temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
+        temps["min_nbytes"] = min_nbytes[temp]
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
         ends = np.cumsum(counts)

@@ -101,8 +101,10 @@ MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F)
 # slices it: ReduceScatterDecomposer).
 DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
                 memory_bandwidth=_F, reduce_scatter=np.bool_)
-# Temporaries: live over positions [start, end) of program order.
-TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
+# Temporaries: live over positions [start, end) of the sweep's order, written only from
+# min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
+# large enough, see _fusion.library_inputs).
+TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I, min_nbytes=_F)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
 # An output, and the op position that writes it (0: an argument returned as it is).
 OUTPUT = record(nbytes=_F, value_type=_I, position=_I)
