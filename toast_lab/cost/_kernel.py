@@ -343,11 +343,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         if dev.reduce_scatter:
                             size /= mesh[m].ways
                         else:  # XLA:CPU: an all-reduce of it all, then a slice
-                            reduced[p] += size
+                            reduced[p] = max(reduced[p], size)
                     else:
                         t = 2.0 * _gather_time(size, m, mesh)
                         _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
-                        reduced[p] += size  # the all-reduce writes a new buffer
+                        # the all-reduce writes a new buffer; of a chain of them (one per
+                        # factor), each reads the last one's: two are live at once
+                        reduced[p] = max(reduced[p], size)
                     ptime += t
         flops = op.flops / mesh[res_mask | psum].ways
         rate = op.peak
