@@ -282,21 +282,25 @@ def _ynn_reduction(prog, op) -> bool:
                for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
 
 
-def library_inputs(prog, fused: np.ndarray) -> np.ndarray:
-    """[V]: for a fused value that a YNNPACK reduction reads from memory, the per-device bytes
-    from which it does (inf elsewhere).
+def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
+    """(threshold [V], readers): for a fused value that a YNNPACK reduction reads from memory,
+    the per-device bytes from which it does (inf elsewhere), and {value: the reductions
+    reading it}.
 
     XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
     all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
-    read by anything else (a layer norm's x - mean, read again by the normalisation and by the
-    backward pass) is an input of the library fusion, which, unlike a loop fusion, cannot
-    recompute it: XLA writes it to memory, and it lives until its last reader. The reduction
-    is the library's only where an operand or its result has 4096 elements per device
-    (IsInstructionPreferredByYnn), so the value is written from a per-device size on."""
+    read by anything else (a layer norm's x - mean and normalised x, read again by the
+    normalisation and by the backward pass) is an input of the library fusion, which, unlike
+    a loop fusion, cannot recompute it: XLA writes it to memory for the library fusions that
+    read it (the loop fusions reading it still recompute it from its operands). The
+    reduction is the library's only where an operand or its result has 4096 elements per
+    device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
+    Values XLA's CSE merges (common_values) count once, read by the readers of all."""
     values, ops = prog.values, prog.ops
     threshold = np.full(len(values), np.inf)
     numel = lambda v: max(1, int(np.prod(values[v].shape, dtype=np.int64)))  # noqa: E731
     canon = common_values(prog)
+    readers: dict[int, set] = {}
     for op in ops:
         if op.body or not _ynn_capable(prog, op):
             continue
@@ -322,7 +326,8 @@ def library_inputs(prog, fused: np.ndarray) -> np.ndarray:
                 c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
                 threshold[c] = min(threshold[c],
                                    np.ceil(_YNN_MIN_ELEMENTS * share) * bytes_per_element)
-    return threshold
+                readers.setdefault(int(c), set()).add(op.id)
+    return threshold, readers
 
 
 def common_values(prog) -> np.ndarray:

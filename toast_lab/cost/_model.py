@@ -35,8 +35,9 @@ from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
 from ._order import breadth_first_positions
-from ._static import ROW_REPLICATE, ROW_RESULT, liveness, static_tables
-from ._fusion import common_values, fused_live_ends, library_inputs, memory_traffic
+from ._static import (ROW_REPLICATE, ROW_RESULT, liveness, select_and_scatter_pieces,
+                      static_tables)
+from ._fusion import fused_live_ends, library_inputs, memory_traffic
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
 from ._types import build_types
@@ -124,6 +125,11 @@ class CostModel:
         leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
         workspace = st.op_workspace if dev.allocates_op_workspace else np.zeros(st.num_ops)
+        pieces = []  # workspace that lives longer than its op (_workspace_temps)
+        if dev.allocates_op_workspace and dev.schedules_breadth_first:
+            pieces = select_and_scatter_pieces(prog)
+            workspace = workspace.copy()
+            workspace[[op for op, *_ in pieces]] = 0.0
         flops = st.op_flops * st.op_fusion_copies if dev.clones_fused_producers else st.op_flops
         # ops the compiler computes whole want their operands whole: all-gathered, as XLA
         # does, and the result sliced locally
@@ -137,23 +143,29 @@ class CostModel:
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges, in the order
         # the compiler runs the ops (position: each op's place in it; _order.py).
-        # A fused value a library fusion reads is written once large enough (min_nbytes).
+        # A fused value a library fusion reads is written once large enough (min_nbytes), and
+        # lives until the last library fusion reading it (loop fusions recompute it).
         position, live_start, live_end = _memory_order(an, dev)
         min_nbytes = np.where(fused, np.inf, 0.0)
+        readers = {}
         if dev.reduces_in_library:
-            min_nbytes = np.minimum(min_nbytes, an.derived(
-                "cost.library_inputs", lambda: library_inputs(prog, st.fused)))
+            threshold, readers = an.derived("cost.library_inputs",
+                                            lambda: library_inputs(prog, st.fused))
+            min_nbytes = np.minimum(min_nbytes, threshold)
         temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
                           & (st.nbytes > 0))[0]
-        temps = np.zeros(len(temp), TEMP)
+        temps = np.zeros(len(temp) + len(pieces), TEMP)
         live_end = fused_live_ends(prog, live_end, fused)
-        if dev.reduces_in_library:  # a value XLA's CSE merges lives until the last reader
-            canon = an.derived("cost.common_values", lambda: common_values(prog))
-            live_end = live_end.copy()
-            np.maximum.at(live_end, canon, live_end)
-        temps["start"], temps["end"] = live_start[temp], live_end[temp]
-        temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
-        temps["min_nbytes"] = min_nbytes[temp]
+        for v, ops in readers.items():
+            if fused[v]:
+                live_end[v] = max(position[r] for r in ops) + 1
+        k = len(temp)
+        temps["start"][:k], temps["end"][:k] = live_start[temp], live_end[temp]
+        temps["nbytes"][:k], temps["value_type"][:k] = st.nbytes[temp], ty.value_type[temp]
+        temps["min_nbytes"][:k] = min_nbytes[temp]
+        _workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
+        for op, *_ in pieces:  # the scatter writes into zeros made before any compute
+            temps["start"][:k][temp == prog.ops[op].results[0]] = 0
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
         ends = np.cumsum(counts)
@@ -413,6 +425,19 @@ def _aliases(prog) -> list[tuple[int, int]]:
         if waiting:
             pairs.append((waiting.pop(0), o))
     return pairs
+
+
+def _workspace_temps(temps, pieces, prog, position, value_type) -> None:
+    """Fills `temps` with the select-and-scatter expansion's buffers (select_and_scatter_pieces)
+    as a breadth-first schedule runs them: the iotas, made from nothing, from the start; the
+    reduce-window as soon as its operand (the forward activation) is made, in the forward
+    pass; its indices from then until the scatter in the backward pass."""
+    for i, (op, kind, value, nbytes) in enumerate(pieces):
+        producer = prog.values[prog.ops[op].operands[1]].producer
+        ready = position[producer] if producer >= 0 else 0
+        start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
+                      "indices": (ready, position[op] + 1)}[kind]
+        temps[i] = (start, end, nbytes, value_type[value], 0.0)
 
 
 def _memory_order(an, dev):

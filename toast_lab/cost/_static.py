@@ -456,6 +456,26 @@ def _workspace(prog) -> dict:
     return dict(op_workspace=workspace, op_workspace_value=value)
 
 
+def select_and_scatter_pieces(prog) -> list:
+    """The buffers of XLA's SelectAndScatterExpander, per max-pool gradient (the same bytes
+    as _workspace's, apart): (op, kind, value whose sharding divides it, whole-tensor bytes).
+    kind "iota": an s32 iota per operand dim, made from nothing; "window": the reduce-window
+    of the operand carrying the window maxima and their indices (1 + rank window outputs);
+    "indices": their concatenation, which the scatter reads. The scatter itself writes into a
+    broadcast of zeros shaped like its result."""
+    values, pieces = prog.values, []
+    for op in prog.ops:
+        if op.primitive != "select_and_scatter_add" or len(op.operands) < 2:
+            continue
+        source, operand = op.operands[0], op.operands[1]
+        rank = values[operand].ndim
+        numel = lambda v: float(np.prod(values[v].shape))  # noqa: E731
+        pieces.append((op.id, "iota", operand, 4.0 * rank * numel(operand)))
+        pieces.append((op.id, "window", source, 4.0 * (rank + 1) * numel(source)))
+        pieces.append((op.id, "indices", source, 4.0 * rank * numel(source)))
+    return pieces
+
+
 # The combining scatters, whose partitioning XLA chooses by a cost of its own (_kernel).
 _COMBINING_SCATTERS = frozenset({"scatter-add", "scatter-sub", "scatter-mul", "scatter-min",
                                  "scatter-max"})
