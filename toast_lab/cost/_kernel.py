@@ -277,6 +277,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     op_compute = np.zeros(P)
     op_comm = np.zeros(P)
     gathered = np.zeros(P)
+    member_bytes = np.zeros(tables.op_operands.shape[0])  # the buffer each reshard makes
     # per execution of each op type: operand reshards of early values (prefetchable), of
     # others, and the reduction of its partial sums after it
     pre_early = np.zeros(P)
@@ -295,6 +296,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh, ledger, 2 * i)
             gtime += t
             gbytes += b
+            member_bytes[i] = b
             if member.early:
                 pre_early[p] += t
             else:
@@ -396,7 +398,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                     break
             at = read.memory_position
             if found >= 0:
-                kept_start[found] = min(kept_start[found], at)
+                kept_start[found] = min(kept_start[found], read.ready)
                 kept_end[found] = max(kept_end[found], at + 1)
                 continue
             pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
@@ -408,14 +410,15 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
                 kept_bytes[nk] = b
-                kept_start[nk] = at
+                kept_start[nk] = read.ready
                 kept_end[nk] = at + 1
                 nk += 1
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
     reshards = (pre_early, pre_late, post, read_time)
-    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced
+    return (totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced,
+            member_bytes)
 
 
 @njit(cache=True, inline="always")
@@ -520,8 +523,9 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     """
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
-    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
-        evaluate_types(PlanArrays(*plan), tables, mesh, device, np.zeros((0, LEDGER_WIDTH)))
+    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced, \
+        member_bytes = evaluate_types(PlanArrays(*plan), tables, mesh, device,
+                                      np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
     totals[T_SCHEDULED] = step
@@ -531,6 +535,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
         add_temps(delta, vmask, mesh, memory)
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
+    hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
     reduced_buffers(gdelta, gathered, reduced, memory)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
@@ -548,6 +553,26 @@ def charges(plan, tables, mesh, device):
     ledger = np.zeros((rows, LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute
+
+
+@njit(cache=True, inline="always")
+def hoisted_reshards(gdelta, gathered, member_bytes, tables, memory):
+    """A compiler that runs each op as soon as its operands are ready (XLA:CPU's breadth-first
+    schedule) reshards an operand as soon as the value is made, not when its reader runs:
+    the new buffer lives from then until the reader (memory.operand_reads, one per op and
+    operand; none where reshards run at their op, charged there in `gathered`)."""
+    if memory.operand_reads.shape[0] == 0:
+        return
+    ops = tables.ops
+    for p in range(ops.shape[0]):
+        for i in range(ops[p].operands_start, ops[p].operands_end):
+            gathered[p] -= member_bytes[i]
+    for j in range(memory.operand_reads.shape[0]):
+        read = memory.operand_reads[j]
+        b = member_bytes[read.member]
+        if b > 0.0:
+            gdelta[read.ready] += b
+            gdelta[read.position + 1] -= b
 
 
 @njit(cache=True, inline="always")

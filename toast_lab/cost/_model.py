@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import Plan, donated_arguments
-from ..program import state_inputs
+from ..program import BODY_INPUT, NO_OP, state_inputs
 from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
@@ -39,7 +39,8 @@ from ._static import (ROW_REPLICATE, ROW_RESULT, liveness, select_and_scatter_pi
                       static_tables)
 from ._fusion import fused_live_ends, library_inputs, memory_traffic
 from ._op_collectives import OpCollective, op_charges, op_collectives
-from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
+from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
+                      ScheduleTables)
 from ._types import build_types
 
 # How communication and compute add up: "scheduled" overlaps collectives with compute the way
@@ -192,7 +193,21 @@ class CostModel:
         type_at = np.empty(st.num_ops, np.int64)
         type_at[position] = ty.op_type
         result_end = np.where(st.op_result >= 0, live_end[st.op_result], position + 1)
-        ty.tables.shared_reads["memory_position"] = position[ty.tables.shared_reads["position"]]
+        reads = ty.tables.shared_reads
+        reads["memory_position"] = reads["ready"] = position[reads["position"]]
+        operand_reads = np.zeros(0, OPERAND_READ)
+        if dev.schedules_breadth_first:  # a reshard runs as soon as its value is made
+            ready = _ready_positions(prog, position)
+            shared = np.nonzero(ty.operand_read >= 0)[0]
+            at = ty.operand_read[shared]
+            reads["ready"][at] = np.minimum(ready[st.operand_value[shared]],
+                                            reads["memory_position"][at])
+            o = np.nonzero(ty.operand_member >= 0)[0]
+            operand_reads = np.zeros(len(o), OPERAND_READ)
+            operand_reads["position"] = position[st.operand_op[o]]
+            operand_reads["ready"] = np.minimum(ready[st.operand_value[o]],
+                                                operand_reads["position"])
+            operand_reads["member"] = ty.operand_member[o]
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
@@ -202,7 +217,8 @@ class CostModel:
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
             deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
-            position=position.astype(np.int64), result_end=result_end.astype(np.int64))
+            position=position.astype(np.int64), result_end=result_end.astype(np.int64),
+            operand_reads=operand_reads)
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -438,6 +454,19 @@ def _workspace_temps(temps, pieces, prog, position, value_type) -> None:
         start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
                       "indices": (ready, position[op] + 1)}[kind]
         temps[i] = (start, end, nbytes, value_type[value], 0.0)
+
+
+def _ready_positions(prog, position) -> np.ndarray:
+    """[V]: where each value is ready in the order `position`: at its producer, at the start
+    for the step's inputs and constants, at its reader for a loop body's inputs (-1 there:
+    callers take the reader's position)."""
+    ready = np.zeros(len(prog.values), np.int64)
+    for v in prog.values:
+        if v.producer != NO_OP:
+            ready[v.id] = position[v.producer]
+        elif v.origin == BODY_INPUT:
+            ready[v.id] = len(position)
+    return ready
 
 
 def _memory_order(an, dev):

@@ -62,10 +62,15 @@ OP_IO = record(value_type=_I, nbytes=_F)
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
 # reuses the buffer, so each read is costed per instance, in program order, deduplicated;
-# memory_position: the reading op's place in the order the compiler runs them (_order.py).
+# memory_position: the reading op's place in the order the compiler runs them (_order.py),
+# ready: where in that order the compiler reshards the value (at the read, or as soon as
+# the value is made where it runs each op as soon as it can).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_, memory_position=_I)
+                     early=np.bool_, memory_position=_I, ready=_I)
+# An op's operand that is not a shared read, where the compiler reshards it as soon as the
+# value is made: the op's position, the reshard's, and the operand (an index into op_operands).
+OPERAND_READ = record(position=_I, ready=_I, member=_I)
 
 
 class TypeTables(NamedTuple):
@@ -142,3 +147,4 @@ class MemoryTables(NamedTuple):
     # program order.
     position: np.ndarray        # [N] each op's position
     result_end: np.ndarray      # [N] where each op's first result stops being live
+    operand_reads: np.ndarray   # OPERAND_READ records (none where reshards run at their op)
