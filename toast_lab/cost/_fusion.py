@@ -210,10 +210,25 @@ def fusion_copies(prog) -> np.ndarray:
     then not cloned either), and, the count being plan-independent, a collective the
     partitioner puts between producer and consumer, which also stops the clone.
     """
+    return np.array([len(f) for f in _consumer_fusions(prog)], np.float64)
+
+
+def own_fusions(prog) -> np.ndarray:
+    """[N] bool: elementwise ops XLA:CPU's InstructionFusion runs as a fusion of their own
+    rather than inside their readers' (an expensive op, a tanh or an exp, read by several
+    fusions: see fusion_copies). Their results are written to memory, even where only
+    fusible ops read them."""
+    fusions = _consumer_fusions(prog)
+    return np.array([_fusible(op) and not _is_reduction(op.primitive) and bool(op.results)
+                     and any(prog.users(r) for r in op.results) and fusions[op.id] == (op.id,)
+                     for op in prog.ops])
+
+
+def _consumer_fusions(prog) -> list:
+    """Per op, the fusions its copies land in (the ids of their roots): fusion_copies."""
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)
     numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
-    copies = np.ones(len(ops))
     fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
 
     def may_duplicate(op) -> bool:
@@ -243,9 +258,8 @@ def fusion_copies(prog) -> np.ndarray:
             into = set()
         if own or not into:
             into.add(op.id)
-        fusions[op.id] = tuple(into)
-        copies[op.id] = len(into)
-    return copies
+        fusions[op.id] = tuple(sorted(into))
+    return fusions
 
 
 def _constant(prog, v: int) -> bool:

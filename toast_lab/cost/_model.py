@@ -37,7 +37,7 @@ from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, sp
 from ._order import breadth_first_positions
 from ._static import (ROW_REPLICATE, ROW_RESULT, liveness, select_and_scatter_pieces,
                       static_tables)
-from ._fusion import fused_live_ends, library_inputs, memory_traffic
+from ._fusion import fused_live_ends, library_inputs, memory_traffic, own_fusions
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
                       ScheduleTables)
@@ -148,6 +148,10 @@ class CostModel:
         # lives until the last library fusion reading it (loop fusions recompute it).
         position, live_start, live_end = _memory_order(an, dev)
         min_nbytes = np.where(fused, np.inf, 0.0)
+        if dev.clones_fused_producers:  # an expensive op read by several fusions is written
+            own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
+            for op in np.nonzero(own)[0]:
+                min_nbytes[list(prog.ops[op].results)] = 0.0
         readers = {}
         if dev.reduces_in_library:
             threshold, readers = an.derived("cost.library_inputs",
