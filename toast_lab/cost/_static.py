@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import INPUT, NO_OP
+from ..program import BODY_INPUT, INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
@@ -300,7 +300,9 @@ def liveness(prog, position=None):
     region's body ops right after it, see _order.py); None: program order.
     Inputs and constants are live from 0; a value lives until its last reader; outputs until
     the end. A region op's results are allocated when the loop starts (its position), and a
-    value read inside a region lives until the region ends.
+    value read inside a region it was not made in lives until the region ends (every
+    iteration reads it); one made in the region (an iteration's temporary) lives until its
+    last reader there.
     """
     values, ops = prog.values, prog.ops
     N = len(ops)
@@ -310,13 +312,19 @@ def liveness(prog, position=None):
     end = start + 1
     # a region's body ops follow it in any order: it ends after the last of them
     region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
+    made_in = [ops[v.producer].region if v.producer != NO_OP else NO_OP for v in values]
     for op in ops:
-        pos = at[op.id] + 1
-        r = op.region
-        while r != NO_OP:  # read inside a loop: needed until the loop is done
-            pos = max(pos, region_end[r])
-            r = ops[r].region
+        if op.body:  # a body's inputs are made by its region op, in the region
+            for v in op.body:
+                if values[v].origin == BODY_INPUT:
+                    made_in[v] = op.id
+    for op in ops:
         for u in op.operands:
+            pos = at[op.id] + 1
+            r = op.region
+            while r != NO_OP and r != made_in[u]:  # read in a loop: needed until it is done
+                pos = max(pos, region_end[r])
+                r = ops[r].region
             end[u] = max(end[u], pos)
         for u in op.body:
             end[u] = max(end[u], region_end[op.id])
