@@ -582,9 +582,9 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
     (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
     other: one whose result is read before the last reducing op (an activation gradient:
     a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
-    combined keep their partial sums live until the combined one, and their results live
-    from it on (whatever reads them waits for it); the others, and all of them elsewhere
-    (GPU, TPU), hold both buffers at the op. Which all-reduces combine is decided in program
+    combined keep their partial sums live until the combined one, which writes all their
+    results at once (whatever reads them waits for it); the others, and all of them
+    elsewhere (GPU, TPU), hold both buffers at the op. Which all-reduces combine is decided in program
     order (a dependency follows it); the buffers live in the order the compiler runs the
     ops (memory.position)."""
     if not memory.combine_all_reduces:
@@ -615,13 +615,14 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
                 n = memory.instances[i]
                 at = memory.position[n]
                 if memory.deadline[n] > latest and last >= n:
-                    gdelta[at] += reduced[p]
-                    gdelta[combined + 1] -= reduced[p]
-                    # the result, read only after the combined all-reduce
+                    # the partial sums (the op's result) until the combined all-reduce, its
+                    # new buffer there
                     end = memory.result_end[n]
                     if end < combined + 1:
                         gdelta[end] += reduced[p]
                         gdelta[combined + 1] -= reduced[p]
+                    gdelta[combined] += reduced[p]
+                    gdelta[combined + 1] -= reduced[p]
                 else:
                     gdelta[at] += reduced[p]
                     gdelta[at + 1] -= reduced[p]
