@@ -17,10 +17,12 @@ The model, per op, with every value in exactly one sharding (its plan spec):
   (_collectives.py: levels, torus dimensions, trees across nodes).
 - step time: compute plus the communication left exposed when collectives overlap compute as
   XLA's scheduler runs them (_kernel.schedule); or their sum, or their max (`overlap`).
-- memory is liveness over program order at per-device sizes: arguments (donated training
-  state shares its buffers with the new state), outputs from their definition, temporaries
-  while live (less the output space not yet written), gathered buffers at the op that gathers
-  them, partial sums until their all-reduce, and compiler workspace.
+- memory is liveness at per-device sizes over the order the compiler runs the ops (program
+  order, or XLA:CPU's breadth-first schedule: _order.py): arguments (donated training state
+  shares its buffers with the new state), outputs from their definition, temporaries while
+  live (less the output space not yet written), gathered buffers from the reshard (at the
+  op, or as soon as the value is made) to the op, partial sums until their all-reduce, and
+  compiler workspace.
 Ops inside a scan body count `length` times for time, once for memory.
 """
 
@@ -29,14 +31,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import Plan, donated_arguments
-from ..program import BODY_INPUT, NO_OP, state_inputs
+from ..program import state_inputs
 from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
-from ._order import breadth_first_positions
-from ._static import (ROW_REPLICATE, ROW_RESULT, liveness, select_and_scatter_pieces,
-                      static_tables)
+from ._order import memory_order, ready_positions, workspace_temps
+from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces, static_tables
 from ._fusion import fused_live_ends, library_inputs, memory_traffic, own_fusions
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
@@ -126,7 +127,7 @@ class CostModel:
         leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
         workspace = st.op_workspace if dev.allocates_op_workspace else np.zeros(st.num_ops)
-        pieces = []  # workspace that lives longer than its op (_workspace_temps)
+        pieces = []  # workspace that lives longer than its op (_order.workspace_temps)
         if dev.allocates_op_workspace and dev.schedules_breadth_first:
             pieces = select_and_scatter_pieces(prog)
             workspace = workspace.copy()
@@ -146,7 +147,7 @@ class CostModel:
         # the compiler runs the ops (position: each op's place in it; _order.py).
         # A fused value a library fusion reads is written once large enough (min_nbytes), and
         # lives until the last library fusion reading it (loop fusions recompute it).
-        position, live_start, live_end = _memory_order(an, dev)
+        position, live_start, live_end = memory_order(an, dev)
         min_nbytes = np.where(fused, np.inf, 0.0)
         if dev.clones_fused_producers:  # an expensive op read by several fusions is written
             own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
@@ -168,7 +169,7 @@ class CostModel:
         temps["start"][:k], temps["end"][:k] = live_start[temp], live_end[temp]
         temps["nbytes"][:k], temps["value_type"][:k] = st.nbytes[temp], ty.value_type[temp]
         temps["min_nbytes"][:k] = min_nbytes[temp]
-        _workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
+        workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
         for op, *_ in pieces:  # the scatter writes into zeros made before any compute
             temps["start"][:k][temp == prog.ops[op].results[0]] = 0
         # the temporaries of each value type, so a change moves only its own
@@ -201,7 +202,7 @@ class CostModel:
         reads["memory_position"] = reads["ready"] = position[reads["position"]]
         operand_reads = np.zeros(0, OPERAND_READ)
         if dev.schedules_breadth_first:  # a reshard runs as soon as its value is made
-            ready = _ready_positions(prog, position)
+            ready = ready_positions(prog, position)
             shared = np.nonzero(ty.operand_read >= 0)[0]
             at = ty.operand_read[shared]
             reads["ready"][at] = np.minimum(ready[st.operand_value[shared]],
@@ -445,47 +446,6 @@ def _aliases(prog) -> list[tuple[int, int]]:
         if waiting:
             pairs.append((waiting.pop(0), o))
     return pairs
-
-
-def _workspace_temps(temps, pieces, prog, position, value_type) -> None:
-    """Fills `temps` with the select-and-scatter expansion's buffers (select_and_scatter_pieces)
-    as a breadth-first schedule runs them: the iotas, made from nothing, from the start; the
-    reduce-window as soon as its operand (the forward activation) is made, in the forward
-    pass; its indices from then until the scatter in the backward pass."""
-    for i, (op, kind, value, nbytes) in enumerate(pieces):
-        producer = prog.values[prog.ops[op].operands[1]].producer
-        ready = position[producer] if producer >= 0 else 0
-        start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
-                      "indices": (ready, position[op] + 1)}[kind]
-        temps[i] = (start, end, nbytes, value_type[value], 0.0)
-
-
-def _ready_positions(prog, position) -> np.ndarray:
-    """[V]: where each value is ready in the order `position`: at its producer, at the start
-    for the step's inputs and constants, at its reader for a loop body's inputs (-1 there:
-    callers take the reader's position)."""
-    ready = np.zeros(len(prog.values), np.int64)
-    for v in prog.values:
-        if v.producer != NO_OP:
-            ready[v.id] = position[v.producer]
-        elif v.origin == BODY_INPUT:
-            ready[v.id] = len(position)
-    return ready
-
-
-def _memory_order(an, dev):
-    """(position [N] of each op in the order the compiler runs them, live_start [V], live_end
-    [V] in that order): XLA:CPU's breadth-first schedule (_order.py) where the device's
-    compiler schedules so, else program order."""
-    st = static_tables(an)
-    if not dev.schedules_breadth_first:
-        return np.arange(st.num_ops), st.live_start, st.live_end
-
-    def build():
-        position = breadth_first_positions(an.program, st.fused)
-        return (position, *liveness(an.program, position))
-
-    return an.derived("cost.breadth_first", build)
 
 
 def _events(st, shared_reads) -> np.ndarray:

@@ -11,9 +11,12 @@ transposed copies run at the very start and live until the backward pass, and th
 ops that need only forward values (a max-pool gradient's window indices) run in the forward.
 
 `breadth_first_positions` gives each op its place in that order. An XLA fusion is one
-instruction: ops joined by fused values (_fusion.fused_values) are scheduled together, when
-the last of the fusion's outside operands is ready. A loop is one instruction, its body ops
-right after it in program order (XLA schedules each computation on its own).
+instruction: an op whose results are all fused (_fusion.fused_values) runs inside its readers'
+fusions, each of which is ready when the last of its outside operands is. A loop is one
+instruction, its body ops right after it in program order (XLA schedules each computation
+on its own). `memory_order` is the order a device's sweep walks (that one, or program order),
+`ready_positions` where a value can first be resharded, `workspace_temps` the max-pool
+gradient's expansion as that schedule runs it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections import deque
 
 import numpy as np
 
-from ..program import NO_OP
+from ..program import BODY_INPUT, NO_OP
+from ._static import liveness, static_tables
 
 
 def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
@@ -84,3 +88,44 @@ def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
     if k != N:
         raise AssertionError(f"breadth_first_positions: placed {k} of {N} ops (a cycle?)")
     return position
+
+
+def workspace_temps(temps, pieces, prog, position, value_type) -> None:
+    """Fills `temps` with the select-and-scatter expansion's buffers (select_and_scatter_pieces)
+    as a breadth-first schedule runs them: the iotas, made from nothing, from the start; the
+    reduce-window as soon as its operand (the forward activation) is made, in the forward
+    pass; its indices from then until the scatter in the backward pass."""
+    for i, (op, kind, value, nbytes) in enumerate(pieces):
+        producer = prog.values[prog.ops[op].operands[1]].producer
+        ready = position[producer] if producer >= 0 else 0
+        start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
+                      "indices": (ready, position[op] + 1)}[kind]
+        temps[i] = (start, end, nbytes, value_type[value], 0.0)
+
+
+def ready_positions(prog, position) -> np.ndarray:
+    """[V]: where each value is ready in the order `position`: at its producer, at the start
+    for the step's inputs and constants; N (past the end) for a loop body's inputs, whose
+    readers take their own position."""
+    ready = np.zeros(len(prog.values), np.int64)
+    for v in prog.values:
+        if v.producer != NO_OP:
+            ready[v.id] = position[v.producer]
+        elif v.origin == BODY_INPUT:
+            ready[v.id] = len(position)
+    return ready
+
+
+def memory_order(an, dev):
+    """(position [N] of each op in the order the compiler runs them, live_start [V], live_end
+    [V] in that order): the breadth-first schedule where the device's compiler schedules so
+    (XLA:CPU), else program order."""
+    st = static_tables(an)
+    if not dev.schedules_breadth_first:
+        return np.arange(st.num_ops), st.live_start, st.live_end
+
+    def build():
+        position = breadth_first_positions(an.program, st.fused)
+        return (position, *liveness(an.program, position))
+
+    return an.derived("cost.breadth_first", build)
