@@ -18,10 +18,18 @@ Known differences, reported rather than tuned away:
   those XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP
   embedding gradient); XLA's small all-to-alls over parts of axes around gathers and
   scatters of sharded tables (sequence-parallel embeddings, the GNN's messages) it misses.
-- Temporaries depend on XLA's fusion and buffer assignment, which the model approximates by
-  liveness with elementwise producers fused into their readers, XLA:CPU's single combined
-  gradient all-reduce (partial sums live until it), its max-pool-gradient workspace, and
-  temporaries placed in output buffers not yet written.
+- Temporaries depend on XLA's schedule, fusion and buffer assignment, which the model
+  approximates by liveness over the order XLA:CPU runs the ops (its breadth-first
+  BFSMemoryScheduler, which it takes for every module with collectives: a reshard, a weight's
+  transpose, the max-pool gradient's window indices run as soon as their operands exist),
+  with elementwise producers fused into their readers except the inputs its YNNPACK
+  reductions read from memory (x - mean and the normalised x of a large layer norm) and
+  expensive ops read by several fusions, XLA:CPU's single combined gradient all-reduce
+  (partial sums live until it, results written there), its max-pool-gradient expansion, a
+  loop body's temporaries within their iteration, and temporaries placed in output buffers
+  not yet written. Still missed: recomputation XLA chooses (a relu or a gather feeding a
+  weight gradient recomputed in slices: gnn zero1, maxtext), XLA's scan residual stacks
+  (llama megatron, gpt_scan random plans), and odd shardings of a max pool (cnn random1).
 - XLA's cost_analysis() counts a while loop's body once; the model's `flops` counts a scan body
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce

@@ -210,10 +210,25 @@ def fusion_copies(prog) -> np.ndarray:
     then not cloned either), and, the count being plan-independent, a collective the
     partitioner puts between producer and consumer, which also stops the clone.
     """
+    return np.array([len(f) for f in _consumer_fusions(prog)], np.float64)
+
+
+def own_fusions(prog) -> np.ndarray:
+    """[N] bool: elementwise ops XLA:CPU's InstructionFusion runs as a fusion of their own
+    rather than inside their readers' (an expensive op, a tanh or an exp, read by several
+    fusions: see fusion_copies). Their results are written to memory, even where only
+    fusible ops read them."""
+    fusions = _consumer_fusions(prog)
+    return np.array([_fusible(op) and not _is_reduction(op.primitive) and bool(op.results)
+                     and any(prog.users(r) for r in op.results) and fusions[op.id] == (op.id,)
+                     for op in prog.ops])
+
+
+def _consumer_fusions(prog) -> list:
+    """Per op, the fusions its copies land in (the ids of their roots): fusion_copies."""
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)
     numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
-    copies = np.ones(len(ops))
     fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
 
     def may_duplicate(op) -> bool:
@@ -243,9 +258,8 @@ def fusion_copies(prog) -> np.ndarray:
             into = set()
         if own or not into:
             into.add(op.id)
-        fusions[op.id] = tuple(into)
-        copies[op.id] = len(into)
-    return copies
+        fusions[op.id] = tuple(sorted(into))
+    return fusions
 
 
 def _constant(prog, v: int) -> bool:
@@ -266,13 +280,87 @@ _YNN_REDUCE_DTYPES = {"reduce_sum": ("float32", "float64"),
 _YNN_MIN_ELEMENTS = 4096  # IsInstructionPreferredByYnn: smaller ones XLA emits itself
 
 
-def _ynn_reduction(prog, op) -> bool:
-    """Whether XLA:CPU runs this reduction as a YNNPACK custom fusion."""
+def _ynn_capable(prog, op) -> bool:
+    """Whether YNNPACK can run this reduction (its kind and dtype), whatever its size."""
     dtypes = _YNN_REDUCE_DTYPES.get(op.primitive)
     if dtypes is None or not op.operands or not op.params.get("axes"):
         return False
-    x = prog.values[op.operands[0]]
-    if str(x.dtype) not in dtypes:
+    return str(prog.values[op.operands[0]].dtype) in dtypes
+
+
+def _ynn_reduction(prog, op) -> bool:
+    """Whether XLA:CPU runs this reduction as a YNNPACK custom fusion."""
+    if not _ynn_capable(prog, op):
         return False
     return max(int(np.prod(prog.values[v].shape, dtype=np.int64))
                for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
+
+
+def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
+    """(threshold [V], readers): for a fused value that a YNNPACK reduction reads from memory,
+    the per-device bytes from which it does (inf elsewhere), and {value: the reductions
+    reading it}.
+
+    XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
+    all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
+    read by anything else (a layer norm's x - mean and normalised x, read again by the
+    normalisation and by the backward pass) is an input of the library fusion, which, unlike
+    a loop fusion, cannot recompute it: XLA writes it to memory for the library fusions that
+    read it (the loop fusions reading it still recompute it from its operands). The
+    reduction is the library's only where an operand or its result has 4096 elements per
+    device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
+    Values XLA's CSE merges (common_values) count once, read by the readers of all."""
+    values, ops = prog.values, prog.ops
+    threshold = np.full(len(values), np.inf)
+    numel = lambda v: max(1, int(np.prod(values[v].shape, dtype=np.int64)))  # noqa: E731
+    canon = common_values(prog)
+    readers: dict[int, set] = {}
+    for op in ops:
+        if op.body or not _ynn_capable(prog, op):
+            continue
+        absorbed = {op.id}
+        stack = [op.id]
+        while stack:
+            for u in ops[stack.pop()].operands:
+                p = values[u].producer
+                if not values[u].ndim or p == NO_OP or not fused[u]:
+                    continue  # a parameter, a constant, or a value in memory anyway
+                producer = ops[p]
+                if p in absorbed:
+                    continue
+                if (producer.primitive != "transpose" and not _is_reduction(producer.primitive)
+                        and all(r in absorbed for w in producer.results
+                                for r in prog.users(w))):
+                    absorbed.add(p)
+                    stack.append(p)
+                    continue
+                # per-device elements of this value when the reduction's operand has 4096
+                bytes_per_element = values[u].dtype.itemsize
+                share = numel(u) / numel(op.operands[0])
+                c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
+                threshold[c] = min(threshold[c],
+                                   np.ceil(_YNN_MIN_ELEMENTS * share) * bytes_per_element)
+                readers.setdefault(int(c), set()).add(op.id)
+    return threshold, readers
+
+
+def common_values(prog) -> np.ndarray:
+    """[V]: the first value computing the same thing (itself where none does): the values
+    XLA's CSE pass merges, elementwise ops of the same operands and parameters (jax's
+    autodiff recomputes x - mean for the JVP of a layer norm's variance)."""
+    canon = np.arange(len(prog.values))
+    seen = {}
+    for op in prog.ops:
+        if op.body or len(op.results) != 1 or not _fusible(op):
+            continue
+        try:
+            key = (op.primitive, op.region, tuple(int(canon[u]) for u in op.operands),
+                   tuple(sorted((k, repr(v)) for k, v in op.params.items())))
+        except TypeError:
+            continue
+        r = op.results[0]
+        if key in seen:
+            canon[r] = seen[key]
+        else:
+            seen[key] = r
+    return canon

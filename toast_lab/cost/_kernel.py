@@ -277,6 +277,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     op_compute = np.zeros(P)
     op_comm = np.zeros(P)
     gathered = np.zeros(P)
+    member_bytes = np.zeros(tables.op_operands.shape[0])  # the buffer each reshard makes
     # per execution of each op type: operand reshards of early values (prefetchable), of
     # others, and the reduction of its partial sums after it
     pre_early = np.zeros(P)
@@ -295,6 +296,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh, ledger, 2 * i)
             gtime += t
             gbytes += b
+            member_bytes[i] = b
             if member.early:
                 pre_early[p] += t
             else:
@@ -343,11 +345,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         if dev.reduce_scatter:
                             size /= mesh[m].ways
                         else:  # XLA:CPU: an all-reduce of it all, then a slice
-                            reduced[p] += size
+                            reduced[p] = max(reduced[p], size)
                     else:
                         t = 2.0 * _gather_time(size, m, mesh)
                         _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
-                        reduced[p] += size  # the all-reduce writes a new buffer
+                        # the all-reduce writes a new buffer; of a chain of them (one per
+                        # factor), each reads the last one's: two are live at once
+                        reduced[p] = max(reduced[p], size)
                     ptime += t
         flops = op.flops / mesh[res_mask | psum].ways
         rate = op.peak
@@ -392,8 +396,10 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 if kept_gather[k] == g and kept_a2a[k] == a:
                     found = k
                     break
+            at = read.memory_position
             if found >= 0:
-                kept_end[found] = read.position + 1
+                kept_start[found] = min(kept_start[found], read.ready)
+                kept_end[found] = max(kept_end[found], at + 1)
                 continue
             pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
             t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
@@ -404,14 +410,15 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
                 kept_bytes[nk] = b
-                kept_start[nk] = read.position
-                kept_end[nk] = read.position + 1
+                kept_start[nk] = read.ready
+                kept_end[nk] = at + 1
                 nk += 1
         for k in range(nk):
             gdelta[kept_start[k]] += kept_bytes[k]
             gdelta[kept_end[k]] -= kept_bytes[k]
     reshards = (pre_early, pre_late, post, read_time)
-    return totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced
+    return (totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced,
+            member_bytes)
 
 
 @njit(cache=True, inline="always")
@@ -516,8 +523,9 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     """
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
-    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced = \
-        evaluate_types(PlanArrays(*plan), tables, mesh, device, np.zeros((0, LEDGER_WIDTH)))
+    totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced, \
+        member_bytes = evaluate_types(PlanArrays(*plan), tables, mesh, device,
+                                      np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
     totals[T_SCHEDULED] = step
@@ -527,6 +535,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
         add_temps(delta, vmask, mesh, memory)
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
+    hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
     reduced_buffers(gdelta, gathered, reduced, memory)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
@@ -547,14 +556,37 @@ def charges(plan, tables, mesh, device):
 
 
 @njit(cache=True, inline="always")
+def hoisted_reshards(gdelta, gathered, member_bytes, tables, memory):
+    """A compiler that runs each op as soon as its operands are ready (XLA:CPU's breadth-first
+    schedule) reshards an operand as soon as the value is made, not when its reader runs:
+    the new buffer lives from then until the reader (memory.operand_reads, one per op and
+    operand; none where reshards run at their op, charged there in `gathered`)."""
+    if memory.operand_reads.shape[0] == 0:
+        return
+    ops = tables.ops
+    for p in range(ops.shape[0]):
+        for i in range(ops[p].operands_start, ops[p].operands_end):
+            gathered[p] -= member_bytes[i]
+    for j in range(memory.operand_reads.shape[0]):
+        read = memory.operand_reads[j]
+        b = member_bytes[read.member]
+        if b > 0.0:
+            gdelta[read.ready] += b
+            gdelta[read.position + 1] -= b
+
+
+@njit(cache=True, inline="always")
 def reduced_buffers(gdelta, gathered, reduced, memory):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
     live. XLA:CPU combines the all-reduces of the step into one after the last of them
     (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
     other: one whose result is read before the last reducing op (an activation gradient:
     a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
-    combined keep their partial sums live until the combined one; the others, and all of
-    them elsewhere (GPU, TPU), hold both buffers at the op."""
+    combined keep their partial sums live until the combined one, which writes all their
+    results at once (whatever reads them waits for it); the others, and all of them
+    elsewhere (GPU, TPU), hold both buffers at the op. Which all-reduces combine is decided in program
+    order (a dependency follows it); the buffers live in the order the compiler runs the
+    ops (memory.position)."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
             gathered[p] += reduced[p]
@@ -567,6 +599,7 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
     if latest < 0:
         return
     last = -1  # the last reducing op whose result waits past every reducing op
+    combined = -1  # where the combined all-reduce runs: after the last op it combines
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
@@ -574,14 +607,25 @@ def reduced_buffers(gdelta, gathered, reduced, memory):
                 n = memory.instances[i]
                 if memory.deadline[n] > latest:
                     last = max(last, n)
+                    combined = max(combined, memory.position[n])
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
-                end = last + 1 if memory.deadline[n] > latest and last >= n else n + 1
-                gdelta[n] += reduced[p]
-                gdelta[end] -= reduced[p]
+                at = memory.position[n]
+                if memory.deadline[n] > latest and last >= n:
+                    # the partial sums (the op's result) until the combined all-reduce, its
+                    # new buffer there
+                    end = memory.result_end[n]
+                    if end < combined + 1:
+                        gdelta[end] += reduced[p]
+                        gdelta[combined + 1] -= reduced[p]
+                    gdelta[combined] += reduced[p]
+                    gdelta[combined + 1] -= reduced[p]
+                else:
+                    gdelta[at] += reduced[p]
+                    gdelta[at + 1] -= reduced[p]
 
 
 @njit(cache=True)
@@ -595,9 +639,17 @@ def add_temps(delta, vmask, mesh, memory):
     """Adds the live range of every temporary, at its size under `vmask`, to `delta`."""
     for i in range(memory.temps.shape[0]):
         temp = memory.temps[i]
-        s = temp.nbytes / mesh[vmask[temp.value_type]].ways
+        s = _written(temp, mesh[vmask[temp.value_type]].ways)
         delta[temp.start] += s
         delta[temp.end] -= s
+
+
+@njit(cache=True, inline="always")
+def _written(temp, ways):
+    """The per-device bytes a temporary takes when its value is sharded `ways` ways (none
+    below its min_nbytes)."""
+    s = temp.nbytes / ways
+    return s if s >= temp.min_nbytes else 0.0
 
 
 @njit(cache=True, inline="always")
@@ -606,10 +658,10 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
     for t in range(old_vmask.shape[0]):
         if old_vmask[t] == new_vmask[t]:
             continue
-        scale = 1.0 / mesh[new_vmask[t]].ways - 1.0 / mesh[old_vmask[t]].ways
+        new_ways, old_ways = mesh[new_vmask[t]].ways, mesh[old_vmask[t]].ways
         for j in range(memory.temps_by_type[t].start, memory.temps_by_type[t].end):
             temp = memory.temps[memory.temps_of_type[j]]
-            s = temp.nbytes * scale
+            s = _written(temp, new_ways) - _written(temp, old_ways)
             delta[temp.start] += s
             delta[temp.end] -= s
 

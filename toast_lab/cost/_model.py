@@ -17,10 +17,12 @@ The model, per op, with every value in exactly one sharding (its plan spec):
   (_collectives.py: levels, torus dimensions, trees across nodes).
 - step time: compute plus the communication left exposed when collectives overlap compute as
   XLA's scheduler runs them (_kernel.schedule); or their sum, or their max (`overlap`).
-- memory is liveness over program order at per-device sizes: arguments (donated training
-  state shares its buffers with the new state), outputs from their definition, temporaries
-  while live (less the output space not yet written), gathered buffers at the op that gathers
-  them, partial sums until their all-reduce, and compiler workspace.
+- memory is liveness at per-device sizes over the order the compiler runs the ops (program
+  order, or XLA:CPU's breadth-first schedule: _order.py): arguments (donated training state
+  shares its buffers with the new state), outputs from their definition, temporaries while
+  live (less the output space not yet written), gathered buffers from the reshard (at the
+  op, or as soon as the value is made) to the op, partial sums until their all-reduce, and
+  compiler workspace.
 Ops inside a scan body count `length` times for time, once for memory.
 """
 
@@ -34,10 +36,12 @@ from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
-from ._static import ROW_REPLICATE, ROW_RESULT, static_tables
-from ._fusion import fused_live_ends, memory_traffic
+from ._order import memory_order, ready_positions, workspace_temps
+from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces, static_tables
+from ._fusion import fused_live_ends, library_inputs, memory_traffic, own_fusions
 from ._op_collectives import OpCollective, op_charges, op_collectives
-from ._tables import ALIAS, DEVICE, INPUT, OUTPUT, SPAN, TEMP, MemoryTables, ScheduleTables
+from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
+                      ScheduleTables)
 from ._types import build_types
 
 # How communication and compute add up: "scheduled" overlaps collectives with compute the way
@@ -123,6 +127,11 @@ class CostModel:
         leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
         workspace = st.op_workspace if dev.allocates_op_workspace else np.zeros(st.num_ops)
+        pieces = []  # workspace that lives longer than its op (_order.workspace_temps)
+        if dev.allocates_op_workspace and dev.schedules_breadth_first:
+            pieces = select_and_scatter_pieces(prog)
+            workspace = workspace.copy()
+            workspace[[op for op, *_ in pieces]] = 0.0
         flops = st.op_flops * st.op_fusion_copies if dev.clones_fused_producers else st.op_flops
         # ops the compiler computes whole want their operands whole: all-gathered, as XLA
         # does, and the result sliced locally
@@ -134,12 +143,35 @@ class CostModel:
                               st.op_flop_scale, leaders, workspace, flops, row_kind)
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
-        # Memory: temporaries (not arguments, not outputs) with their live ranges.
-        temp = np.nonzero(~st.is_input & ~st.is_output & ~fused & (st.nbytes > 0))[0]
-        temps = np.zeros(len(temp), TEMP)
-        live_end = fused_live_ends(prog, st.live_end, fused)
-        temps["start"], temps["end"] = st.live_start[temp], live_end[temp]
-        temps["nbytes"], temps["value_type"] = st.nbytes[temp], ty.value_type[temp]
+        # Memory: temporaries (not arguments, not outputs) with their live ranges, in the order
+        # the compiler runs the ops (position: each op's place in it; _order.py).
+        # A fused value a library fusion reads is written once large enough (min_nbytes), and
+        # lives until the last library fusion reading it (loop fusions recompute it).
+        position, live_start, live_end = memory_order(an, dev)
+        min_nbytes = np.where(fused, np.inf, 0.0)
+        if dev.clones_fused_producers:  # an expensive op read by several fusions is written
+            own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
+            for op in np.nonzero(own)[0]:
+                min_nbytes[list(prog.ops[op].results)] = 0.0
+        readers = {}
+        if dev.reduces_in_library:
+            threshold, readers = an.derived("cost.library_inputs",
+                                            lambda: library_inputs(prog, st.fused))
+            min_nbytes = np.minimum(min_nbytes, threshold)
+        temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
+                          & (st.nbytes > 0))[0]
+        temps = np.zeros(len(temp) + len(pieces), TEMP)
+        live_end = fused_live_ends(prog, live_end, fused)
+        for v, ops in readers.items():
+            if fused[v]:
+                live_end[v] = max(position[r] for r in ops) + 1
+        k = len(temp)
+        temps["start"][:k], temps["end"][:k] = live_start[temp], live_end[temp]
+        temps["nbytes"][:k], temps["value_type"][:k] = st.nbytes[temp], ty.value_type[temp]
+        temps["min_nbytes"][:k] = min_nbytes[temp]
+        workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
+        for op, *_ in pieces:  # the scatter writes into zeros made before any compute
+            temps["start"][:k][temp == prog.ops[op].results[0]] = 0
         # the temporaries of each value type, so a change moves only its own
         counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
         ends = np.cumsum(counts)
@@ -151,7 +183,8 @@ class CostModel:
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
-        outputs["position"] = [max(prog.values[v].producer, 0) for v in outs]
+        outputs["position"] = [position[prog.values[v].producer]
+                               if prog.values[v].producer >= 0 else 0 for v in outs]
         pairs = _aliases(prog) if self.donate else []
         aliases = np.zeros(len(pairs), ALIAS)
         for i, (u, o) in enumerate(pairs):
@@ -161,15 +194,36 @@ class CostModel:
         ends = np.cumsum(counts)
         instances_by_type = np.zeros(len(counts), SPAN)
         instances_by_type["start"], instances_by_type["end"] = ends - counts, ends
+        # the sweep's order: the op type at each position, where each op's result dies
+        type_at = np.empty(st.num_ops, np.int64)
+        type_at[position] = ty.op_type
+        result_end = np.where(st.op_result >= 0, live_end[st.op_result], position + 1)
+        reads = ty.tables.shared_reads
+        reads["memory_position"] = reads["ready"] = position[reads["position"]]
+        operand_reads = np.zeros(0, OPERAND_READ)
+        if dev.schedules_breadth_first:  # a reshard runs as soon as its value is made
+            ready = ready_positions(prog, position)
+            shared = np.nonzero(ty.operand_read >= 0)[0]
+            at = ty.operand_read[shared]
+            reads["ready"][at] = np.minimum(ready[st.operand_value[shared]],
+                                            reads["memory_position"][at])
+            o = np.nonzero(ty.operand_member >= 0)[0]
+            operand_reads = np.zeros(len(o), OPERAND_READ)
+            operand_reads["position"] = position[st.operand_op[o]]
+            operand_reads["ready"] = np.minimum(ready[st.operand_value[o]],
+                                                operand_reads["position"])
+            operand_reads["member"] = ty.operand_member[o]
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
-            op_type=ty.op_type, temps=temps, temps_by_type=by_type,
+            op_type=type_at, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
             inputs=inputs, outputs=outputs, aliases=aliases,
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces)
+            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
+            position=position.astype(np.int64), result_end=result_end.astype(np.int64),
+            operand_reads=operand_reads)
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import INPUT, NO_OP
+from ..program import BODY_INPUT, INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
@@ -260,7 +260,7 @@ def build_static(an) -> Static:
                 operand_value.append(u)
                 operand_slot.append(t)
 
-    live_start, live_end = _liveness(prog)
+    live_start, live_end = liveness(prog)
     is_input = np.array([v.origin == INPUT for v in values])
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
@@ -293,26 +293,38 @@ def build_static(an) -> Static:
         op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders))
 
 
-def _liveness(prog):
+def liveness(prog, position=None):
     """[start, end) positions of each value: positions 0..N-1 are ops, N is the end.
 
+    position: [N] each op's place in the order the compiler runs them (a permutation keeping a
+    region's body ops right after it, see _order.py); None: program order.
     Inputs and constants are live from 0; a value lives until its last reader; outputs until
     the end. A region op's results are allocated when the loop starts (its position), and a
-    value read inside a region lives until the region ends.
+    value read inside a region it was not made in lives until the region ends (every
+    iteration reads it); one made in the region (an iteration's temporary) lives until its
+    last reader there.
     """
     values, ops = prog.values, prog.ops
     N = len(ops)
-    start = np.array([max(v.producer, 0) if v.producer != NO_OP else 0 for v in values],
+    at = np.arange(N) if position is None else np.asarray(position)
+    start = np.array([at[v.producer] if v.producer != NO_OP else 0 for v in values],
                      np.int32)
     end = start + 1
-    region_end = {op.id: op.body_ops[1] for op in ops if op.body}
+    # a region's body ops follow it in any order: it ends after the last of them
+    region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
+    made_in = [ops[v.producer].region if v.producer != NO_OP else NO_OP for v in values]
     for op in ops:
-        pos = op.id + 1
-        r = op.region
-        while r != NO_OP:  # read inside a loop: needed until the loop is done
-            pos = max(pos, region_end[r])
-            r = ops[r].region
+        if op.body:  # a body's inputs are made by its region op, in the region
+            for v in op.body:
+                if values[v].origin == BODY_INPUT:
+                    made_in[v] = op.id
+    for op in ops:
         for u in op.operands:
+            pos = at[op.id] + 1
+            r = op.region
+            while r != NO_OP and r != made_in[u]:  # read in a loop: needed until it is done
+                pos = max(pos, region_end[r])
+                r = ops[r].region
             end[u] = max(end[u], pos)
         for u in op.body:
             end[u] = max(end[u], region_end[op.id])
@@ -450,6 +462,26 @@ def _workspace(prog) -> dict:
             workspace[op.id] = 4.0 * (rank * numel(operand) + (2 * rank + 1) * numel(source))
             value[op.id] = operand
     return dict(op_workspace=workspace, op_workspace_value=value)
+
+
+def select_and_scatter_pieces(prog) -> list:
+    """The buffers of XLA's SelectAndScatterExpander, per max-pool gradient (the same bytes
+    as _workspace's, apart): (op, kind, value whose sharding divides it, whole-tensor bytes).
+    kind "iota": an s32 iota per operand dim, made from nothing; "window": the reduce-window
+    of the operand carrying the window maxima and their indices (1 + rank window outputs);
+    "indices": their concatenation, which the scatter reads. The scatter itself writes into a
+    broadcast of zeros shaped like its result."""
+    values, pieces = prog.values, []
+    for op in prog.ops:
+        if op.primitive != "select_and_scatter_add" or len(op.operands) < 2:
+            continue
+        source, operand = op.operands[0], op.operands[1]
+        rank = values[operand].ndim
+        numel = lambda v: float(np.prod(values[v].shape))  # noqa: E731
+        pieces.append((op.id, "iota", operand, 4.0 * rank * numel(operand)))
+        pieces.append((op.id, "window", source, 4.0 * (rank + 1) * numel(source)))
+        pieces.append((op.id, "indices", source, 4.0 * rank * numel(source)))
+    return pieces
 
 
 # The combining scatters, whose partitioning XLA chooses by a cost of its own (_kernel).

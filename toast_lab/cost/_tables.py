@@ -61,10 +61,16 @@ OP_IO = record(value_type=_I, nbytes=_F)
 # the value is known before any compute (a parameter: its gather can be prefetched).
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
-# reuses the buffer, so each read is costed per instance, in program order, deduplicated.
+# reuses the buffer, so each read is costed per instance, in program order, deduplicated;
+# memory_position: the reading op's place in the order the compiler runs them (_order.py),
+# ready: where in that order the compiler reshards the value (at the read, or as soon as
+# the value is made where it runs each op as soon as it can).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_)
+                     early=np.bool_, memory_position=_I, ready=_I)
+# An op's operand that is not a shared read, where the compiler reshards it as soon as the
+# value is made: the op's position, the reshard's, and the operand (an index into op_operands).
+OPERAND_READ = record(position=_I, ready=_I, member=_I)
 
 
 class TypeTables(NamedTuple):
@@ -100,8 +106,10 @@ MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F)
 # slices it: ReduceScatterDecomposer).
 DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
                 memory_bandwidth=_F, reduce_scatter=np.bool_)
-# Temporaries: live over positions [start, end) of program order.
-TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I)
+# Temporaries: live over positions [start, end) of the sweep's order, written only from
+# min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
+# large enough, see _fusion.library_inputs).
+TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I, min_nbytes=_F)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
 # An output, and the op position that writes it (0: an argument returned as it is).
 OUTPUT = record(nbytes=_F, value_type=_I, position=_I)
@@ -123,7 +131,7 @@ class ScheduleTables(NamedTuple):
 
 
 class MemoryTables(NamedTuple):
-    op_type: np.ndarray         # [N] the type of each op, in program order
+    op_type: np.ndarray         # [N] the type of the op at each position
     temps: np.ndarray           # TEMP records: values neither argument nor output, not fused
     temps_by_type: np.ndarray   # SPAN records per value type, into temps_of_type
     temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
@@ -134,3 +142,9 @@ class MemoryTables(NamedTuple):
     instances: np.ndarray       # int64 op positions, grouped by op type
     deadline: np.ndarray        # [N] the first op reading each op's result (N: none)
     combine_all_reduces: bool   # the compiler combines every all-reduce into one (XLA:CPU)
+    # Where the compiler runs each op (the sweep's order, see _order.py): op_type above and
+    # temps, outputs and shared reads are in these positions; instances and deadline are in
+    # program order.
+    position: np.ndarray        # [N] each op's position
+    result_end: np.ndarray      # [N] where each op's first result stops being live
+    operand_reads: np.ndarray   # OPERAND_READ records (none where reshards run at their op)

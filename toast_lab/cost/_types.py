@@ -231,7 +231,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
                             trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
-                            early=st.early[st.operand_value[inst]])
+                            early=st.early[st.operand_value[inst]],
+                            memory_position=op_of_read, ready=op_of_read)
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
 

@@ -269,6 +269,21 @@ class DeviceSpec:
         return self.platform == "cpu"
 
     @property
+    def schedules_breadth_first(self) -> bool:
+        """XLA:CPU runs every op as soon as its operands are ready (its concurrency-optimised
+        BFSMemoryScheduler, which it always takes for a module with collectives), so buffers
+        live from their earliest possible op; the GPU and TPU schedulers keep program order
+        closer (the cost model's liveness follows program order there)."""
+        return self.platform == "cpu"
+
+    @property
+    def reduces_in_library(self) -> bool:
+        """XLA:CPU runs large reductions as YNNPACK library fusions, which read the values they
+        cannot take in from memory (a layer norm's x - mean): those are written, where a loop
+        fusion would recompute them (_fusion.library_inputs)."""
+        return self.platform == "cpu"
+
+    @property
     def partitions_top_k(self) -> bool:
         """top_k is split by the SPMD partitioner (XLA:CPU lowers it to a TopK custom call the
         partitioner cannot split: it all-gathers the operand and computes it whole)."""

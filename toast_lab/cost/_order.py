@@ -1,0 +1,131 @@
+"""The order in which a compiler runs the program, as its buffer assignment sees it.
+
+The liveness sweep of the cost model walks ops in an order and keeps each buffer from the op
+that writes it to the last op that reads it. Program (jaxpr) order is what a memory-minimising
+scheduler tends to keep. XLA:CPU schedules differently: with a collective in the module it
+always takes its concurrency-optimised schedule (CpuCompiler::CreateHloSchedule picks
+BFSMemoryScheduler; cpu_compiler_test.cc, CollectivesForceConcurrencyOptimized), which is
+Kahn's topological sort with a FIFO queue (hlo_memory_scheduler.cc): every instruction runs as
+soon as the last of its operands is made, level by level. So a weight's all-gather and its
+transposed copies run at the very start and live until the backward pass, and the backward
+ops that need only forward values (a max-pool gradient's window indices) run in the forward.
+
+`breadth_first_positions` gives each op its place in that order. An XLA fusion is one
+instruction: an op whose results are all fused (_fusion.fused_values) runs inside its readers'
+fusions, each of which is ready when the last of its outside operands is. A loop is one
+instruction, its body ops right after it in program order (XLA schedules each computation
+on its own). `memory_order` is the order a device's sweep walks (that one, or program order),
+`ready_positions` where a value can first be resharded, `workspace_temps` the max-pool
+gradient's expansion as that schedule runs it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..program import BODY_INPUT, NO_OP
+from ._static import liveness, static_tables
+
+
+def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
+    """[N]: the position of each op in XLA:CPU's breadth-first schedule (a permutation of
+    0..N-1, a loop's body ops right after it)."""
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    top = np.arange(N)  # the top-level op holding each op (itself, or its outermost region)
+    for op in ops:
+        r = op.region
+        while r != NO_OP:
+            top[op.id] = r
+            r = ops[r].region
+    # An op whose results are all fused runs inside the fusions of its readers (cloned into
+    # each): the instructions are the other top-level ops, each with the fused ops it pulls in.
+    inside = np.array([op.region == NO_OP and not op.body and bool(op.results)
+                       and all(fused[r] for r in op.results) for op in ops])
+    roots = [n for n in range(N) if top[n] == n and not inside[n]]
+    pulled: dict[int, list] = {}
+    deps: dict[int, set] = {}
+    users: dict[int, list] = {}
+    for n in roots:
+        members, stack, seen = [], [n], {n}
+        while stack:
+            m = stack.pop()
+            members.append(m)
+            for u in ops[m].operands:
+                p = values[u].producer
+                if fused[u] and p != NO_OP and inside[p] and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        pulled[n] = sorted(members)
+        need = set()
+        for m in members:
+            for u in (*ops[m].operands, *ops[m].body):
+                p = values[u].producer
+                if p != NO_OP and not fused[u] and top[p] != n:
+                    need.add(int(top[p]))
+        deps[n] = need
+        for b in need:
+            users.setdefault(b, []).append(n)
+    # Kahn's algorithm with a FIFO queue, as BFSMemoryScheduler
+    waiting = {n: len(deps[n]) for n in roots}
+    queue = deque(n for n in roots if waiting[n] == 0)
+    position = np.full(N, -1, np.int64)
+    k = 0
+    while queue:
+        n = queue.popleft()
+        # the fused ops it pulls in that no earlier instruction ran, then the op, then a loop's
+        # body ops (each computation is scheduled on its own: program order within)
+        for m in (*pulled[n], *range(ops[n].body_ops[0], ops[n].body_ops[1])):
+            if position[m] < 0:
+                position[m] = k
+                k += 1
+        for b in users.get(n, ()):
+            waiting[b] -= 1
+            if waiting[b] == 0:
+                queue.append(b)
+    if k != N:
+        raise AssertionError(f"breadth_first_positions: placed {k} of {N} ops (a cycle?)")
+    return position
+
+
+def workspace_temps(temps, pieces, prog, position, value_type) -> None:
+    """Fills `temps` with the select-and-scatter expansion's buffers (select_and_scatter_pieces)
+    as a breadth-first schedule runs them: the iotas, made from nothing, from the start; the
+    reduce-window as soon as its operand (the forward activation) is made, in the forward
+    pass; its indices from then until the scatter in the backward pass."""
+    for i, (op, kind, value, nbytes) in enumerate(pieces):
+        producer = prog.values[prog.ops[op].operands[1]].producer
+        ready = position[producer] if producer >= 0 else 0
+        start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
+                      "indices": (ready, position[op] + 1)}[kind]
+        temps[i] = (start, end, nbytes, value_type[value], 0.0)
+
+
+def ready_positions(prog, position) -> np.ndarray:
+    """[V]: where each value is ready in the order `position`: at its producer, at the start
+    for the step's inputs and constants; N (past the end) for a loop body's inputs, whose
+    readers take their own position."""
+    ready = np.zeros(len(prog.values), np.int64)
+    for v in prog.values:
+        if v.producer != NO_OP:
+            ready[v.id] = position[v.producer]
+        elif v.origin == BODY_INPUT:
+            ready[v.id] = len(position)
+    return ready
+
+
+def memory_order(an, dev):
+    """(position [N] of each op in the order the compiler runs them, live_start [V], live_end
+    [V] in that order): the breadth-first schedule where the device's compiler schedules so
+    (XLA:CPU), else program order."""
+    st = static_tables(an)
+    if not dev.schedules_breadth_first:
+        return np.arange(st.num_ops), st.live_start, st.live_end
+
+    def build():
+        position = breadth_first_positions(an.program, st.fused)
+        return (position, *liveness(an.program, position))
+
+    return an.derived("cost.breadth_first", build)
