@@ -370,10 +370,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         totals[T_FLOPS_ONCE] += flops * op.count
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
+    # Under per-domain overrides, a relayout plan.jit pins is gathered apart (SHARED_READ).
     gdelta = np.zeros(tables.num_ops + 2)
     read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
+    overridden = False
+    for s in range(tables.split_base.shape[0]):
+        if plan.mask[s] != plan.mask[tables.split_base[s]]:
+            overridden = True
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
+    kept_pin = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -387,9 +393,10 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             a = a2a[ot]
             if g == 0 and a == 0:
                 continue
+            pin = read.pinned if overridden else -1
             found = -1
             for k in range(nk):
-                if kept_gather[k] == g and kept_a2a[k] == a:
+                if kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin:
                     found = k
                     break
             if found >= 0:
@@ -403,6 +410,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             if nk < MAX_SHARDINGS:
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
+                kept_pin[nk] = pin
                 kept_bytes[nk] = b
                 kept_start[nk] = read.position
                 kept_end[nk] = read.position + 1

@@ -61,10 +61,13 @@ OP_IO = record(value_type=_I, nbytes=_F)
 # the value is known before any compute (a parameter: its gather can be prefetched).
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
-# reuses the buffer, so each read is costed per instance, in program order, deduplicated.
+# reuses the buffer, so each read is costed per instance, in program order, deduplicated. A
+# read of a relayout of the value counts as a read of the value (_types.gather_sources);
+# `pinned` is what it counts as a read of in a plan with per-domain overrides, where plan.jit
+# pins the values on domain boundaries (a pinned relayout is gathered itself, apart).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_)
+                     early=np.bool_, pinned=_I)
 
 
 class TypeTables(NamedTuple):
@@ -88,6 +91,7 @@ class TypeTables(NamedTuple):
     op_dims: np.ndarray         # OP_DIM records
     shared_values: np.ndarray   # SPAN records: the reads of each shared value
     shared_reads: np.ndarray    # SHARED_READ records
+    split_base: np.ndarray      # [S] the class of each split class (_plan_arrays.py)
     num_ops: int
 
 

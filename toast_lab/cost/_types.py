@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..analysis import domains
+from ._plan_arrays import split_classes
 from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
     GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
@@ -157,9 +159,12 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for g in range(G):
         if st.group_is_reduction[g]:
             groups_of_op[st.group_op[g]].append(int(group_type[g]))
-    # A value read by several ops of one CSE group (remat regions are their own groups).
+    # A value read by several ops of one CSE group (remat regions are their own groups); a
+    # read of a relayout of a value is a read of that value (see gather_sources).
     group_of_op = np.array([op.cse_group for op in an.program.ops], _I)
-    unit = st.operand_value.astype(_I) * (group_of_op.max() + 1) + group_of_op[st.operand_op]
+    source = gather_sources(an.program)
+    unit = source[st.operand_value] * (group_of_op.max() + 1) \
+        + group_of_op[st.operand_op]
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
     shared = uses[unit_id] >= 2
     operands_of_op = [[] for _ in range(N)]
@@ -231,7 +236,9 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
                             trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
-                            early=st.early[st.operand_value[inst]])
+                            early=st.early[st.operand_value[inst]],
+                            pinned=gather_sources(an.program, _boundary_values(an))[
+                                st.operand_value[inst]])
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
 
@@ -242,8 +249,55 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
-        shared_reads=shared_reads, num_ops=N)
+        shared_reads=shared_reads, split_base=split_classes(an).base, num_ops=N)
     return Types(value_type, op_type, tables, operand_member, operand_read)
+
+
+# Ops that only relayout their operand: same elements, same dtype, no arithmetic.
+_RELAYOUT = frozenset({"rev", "transpose", "reshape", "squeeze", "expand_dims", "copy"})
+
+
+def gather_sources(prog, pinned=None) -> np.ndarray:
+    """[V] the value each value is a relayout of (itself where it is none): follows chains of
+    _RELAYOUT ops back to the value they start from, stopping at `pinned` values ([V] bool).
+
+    XLA gathers a relayout's source rather than the relayout: the SPMD partitioner reshards
+    a reverse's or transpose's operand to the op's own sharding (spmd_partitioner.cc,
+    HandleReverse), and sharding propagation gives the op the sharding its reader asks for,
+    so the all-gather lands on the source and is CSE'd with that value's other gathers. A
+    convolution's input gradient reads its kernel through `rev`; with FSDP XLA gathers the
+    kernel once, for the forward and the backward (cnn, jax 0.10.2: `reverse(all-gather(w))`),
+    where gathering `rev(w)` again would double the kernel's gather bytes. A value plan.jit
+    pins with a sharding constraint keeps its own sharding, so propagation stops there."""
+    values = prog.values
+    source = np.arange(len(values), dtype=_I)
+    for op in prog.ops:  # program order: an operand's source is known before its readers
+        if op.primitive not in _RELAYOUT or op.body or len(op.operands) != 1 \
+                or len(op.results) != 1:
+            continue
+        u, v = op.operands[0], op.results[0]
+        if pinned is not None and pinned[v]:
+            continue
+        if values[u].nbytes == values[v].nbytes and values[u].dtype == values[v].dtype:
+            source[v] = source[u]
+    return source
+
+
+def _boundary_values(an) -> np.ndarray:
+    """[V] bool: the values plan.jit pins in a plan with per-domain overrides (the export's
+    domain_boundaries: both sides of every op that reads one domain and writes another)."""
+    of = domains(an).of_value
+    prog = an.program
+    out = np.zeros(len(prog.values), bool)
+    for op in prog.ops:
+        results = [r for r in op.results if prog.values[r].ndim]
+        if op.body or not results:
+            continue
+        crossing = [u for u in op.operands if prog.values[u].ndim and of[u] != of[results[0]]]
+        if crossing:
+            out[results] = True
+            out[crossing] = True
+    return out
 
 
 def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
