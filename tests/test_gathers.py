@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import toast_lab as tl
@@ -99,3 +102,68 @@ def test_kernel_gathers_agree_with_xla(name):
     est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
            if k[0] == "all-gather"}
     assert est == pytest.approx(measured)
+
+
+# A segment_sum of messages [E, D] into N segments, its sums [N, D] constrained by the plan (a
+# reduction's result): the GNN's aggregation. Classes: "x[0]" edges, "w[1]" features (of the
+# messages and of the sums), "broadcast_in_dim[0]" segments.
+FEATURES, HIDDEN = 16, 32
+
+
+@functools.cache
+def segment_sum(edges: int, segments: int):
+    def fn(x, w, ids):
+        return jnp.tanh(jax.ops.segment_sum(x @ w, ids, num_segments=segments))
+
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=(edges, FEATURES)).astype(np.float32),
+            rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32),
+            rng.integers(0, segments, edges).astype(np.int32))
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def _segment_plan(an, segments, features) -> tl.Plan:
+    # the segments decided first: they keep an axis both want on the sums
+    return (tl.Plan.replicated(an).with_axes("broadcast_in_dim[0]", segments)
+            .with_axes("w[1]", features))
+
+
+def _charged(an, plan) -> dict:
+    return {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items() if c.bytes}
+
+
+SEGMENT_CASES = {
+    # more messages than sums: the scatter runs on the messages' sharding and its sums move
+    # from features to segments, an all-to-all of their shard
+    "all_to_all": ((256, 64), ("data",), ("data",)),
+    # ... and where the features also lose "model" (the plan drops it), XLA replicates the
+    # sums and slices them: an all-gather of the whole sums
+    "rematerialized": ((256, 64), ("data",), ("data", "model")),
+    # fewer messages than sums: the sums' sharding wins, the messages are gathered
+    "gathered": ((64, 256), ("data", "model"), ("data", "model")),
+}
+
+
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_a_segment_sum_moves_the_smaller_of_its_messages_and_sums(case):
+    (edges, segments), seg_axes, feature_axes = SEGMENT_CASES[case]
+    _, args, an = segment_sum(edges, segments)
+    plan = _segment_plan(an, seg_axes, feature_axes)
+    sums = segments * HIDDEN * 4
+    messages = edges * HIDDEN * 4
+    expected = {"all_to_all": {("all-to-all", ("data",)): sums / 4},
+                "rematerialized": {("all-gather", ("data", "model")): sums},
+                "gathered": {("all-gather", ("data", "model")): messages}}[case]
+    assert _charged(an, plan) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_segment_sum_collectives_agree_with_xla(case):
+    (edges, segments), seg_axes, feature_axes = SEGMENT_CASES[case]
+    fn, args, an = segment_sum(edges, segments)
+    plan = _segment_plan(an, seg_axes, feature_axes)
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    assert measured == pytest.approx(_charged(an, plan))

@@ -57,9 +57,11 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
-# An op's operands that are not shared reads: operand type, whole-tensor bytes, and whether
-# the value is known before any compute (a parameter: its gather can be prefetched).
-OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
+# An op's operands that are not shared reads: operand type, whole-tensor bytes, whether
+# the value is known before any compute (a parameter: its gather can be prefetched), and
+# whether it is the updates of a combining scatter into a broadcast (_kernel, updates-sharded
+# scatters).
+OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
 # reuses the buffer, so each read is costed per instance, in program order, deduplicated. A
 # read of a relayout of the value counts as a read of the value (_types.gather_sources);

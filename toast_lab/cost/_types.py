@@ -174,6 +174,12 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     io_of_op = [[] for _ in range(N)]
     for opi, v in zip(*io):
         io_of_op[opi].append(int(v))
+    updates = _fresh_scatter_updates(an.program, st)
+
+    def member_key(o):  # an OP_OPERAND record
+        return (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
+                bool(st.early[st.operand_value[o]]), bool(updates[o]))
+
     ptypes = _Interner()
     op_type = np.empty(N, _I)
     for n in range(N):
@@ -182,8 +188,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.op_trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
-               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
-                             bool(st.early[st.operand_value[o]])) for o in operands_of_op[n])),
+               tuple(sorted(member_key(o) for o in operands_of_op[n])),
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n))
@@ -216,10 +221,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    scatter_window=column(17, _I))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
-    key = lambda o: (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),  # noqa: E731
-                     bool(st.early[st.operand_value[o]]))
     for n in range(N):
-        for k, o in enumerate(sorted(operands_of_op[n], key=key)):
+        for k, o in enumerate(sorted(operands_of_op[n], key=member_key)):
             operand_member[o] = o_start[op_type[n]] + k
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
@@ -297,6 +300,18 @@ def _boundary_values(an) -> np.ndarray:
         if crossing:
             out[results] = True
             out[crossing] = True
+    return out
+
+
+def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:
+    """[O] bool: the operand is the updates of a combining scatter into a broadcast (a
+    segment_sum's zeros, a gather's gradient), which XLA can make in any sharding for free."""
+    out = np.zeros(len(st.operand_op), bool)
+    for o, (n, t) in enumerate(zip(st.operand_op.tolist(), st.operand_slot.tolist())):
+        if t != 2 or st.op_scatter_updates[n] < 0:
+            continue
+        made = prog.values[prog.ops[n].operands[0]].producer
+        out[o] = made >= 0 and prog.ops[made].primitive == "broadcast_in_dim"
     return out
 
 
