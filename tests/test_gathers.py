@@ -167,3 +167,41 @@ def test_segment_sum_collectives_agree_with_xla(case):
     stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
     measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
     assert measured == pytest.approx(_charged(an, plan))
+
+
+@functools.cache
+def zoo(name):
+    fn, args = tl.zoo.get(name)
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def test_a_scan_gathers_its_parameter_stacks_sharded_on_the_scanned_dim_once_per_loop():
+    """A scan reads its stacks a slice per iteration: a parameter stack sharded on `layers` is
+    all-gathered whole before the loop, by the forward and by the backward scan; stacks the
+    forward scan computes (its residuals) are laid out by XLA itself and cost nothing here."""
+    _, _, an = zoo("gpt_scan")
+    prog = an.program
+    plan = tl.Plan.replicated(an).with_axes("layers", ("model",))
+    scans = [op for op in prog.ops if op.primitive == "scan"]
+    assert len(scans) == 2  # forward and backward
+    gathered = _gathered(an, plan)
+    parameters = set(_parameters(an))
+    for op in scans:
+        stacks = op.operands[op.params["num_consts"] + op.params["num_carry"]:]
+        expected = sum(prog.values[u].nbytes for u in stacks
+                       if u in parameters and plan.value_axes(u)[0] == ("model",))
+        assert expected > 0 and gathered[op.id] == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_scan", "llama"])
+def test_scan_stack_gathers_agree_with_xla(name):
+    fn, args, an = zoo(name)
+    plan = tl.Plan.replicated(an).with_axes("batch", ("data",)).with_axes("layers", ("model",))
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
+                if k[0] == "all-gather"}
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
+           if k[0] == "all-gather"}
+    assert est == pytest.approx(measured)
