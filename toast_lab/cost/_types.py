@@ -165,8 +165,15 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     source = gather_sources(an.program)
     unit = source[st.operand_value] * (group_of_op.max() + 1) \
         + group_of_op[st.operand_op]
-    # a loop's gather of its stack is its own, not CSE'd with other reads (_static, scans)
-    unit = np.where(st.op_is_region[st.operand_op], -1 - np.arange(len(unit)), unit)
+    # Reads of their own: a loop's gather of its stack, not CSE'd with other reads (_static,
+    # scans), and a relayout's read of its operand (it reshards nothing there, passing the
+    # sharding through: its readers' reads are the value's).
+    ops = an.program.ops
+    linked = np.array([ops[n].primitive in _RELAYOUT and len(ops[n].results) == 1
+                       and source[ops[n].results[0]] != ops[n].results[0]
+                       for n in st.operand_op.tolist()], bool)
+    own = st.op_is_region[st.operand_op] | linked
+    unit = np.where(own, -1 - np.arange(len(unit)), unit)
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
     shared = uses[unit_id] >= 2
     operands_of_op = [[] for _ in range(N)]
