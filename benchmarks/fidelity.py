@@ -16,8 +16,19 @@ Known differences, reported rather than tuned away:
 - XLA adds collective-permutes of its own choosing (resharding between its fusions), which
   the model does not predict: the "other" column. The all-to-alls the model predicts are
   those XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP
-  embedding gradient); XLA's small all-to-alls over parts of axes around gathers and
-  scatters of sharded tables (sequence-parallel embeddings, the GNN's messages) it misses.
+  embedding gradient), a segment sum whose messages outweigh its sums (the GNN: the scatter
+  runs on the messages' sharding and its sums move) and a scan's parameter stacks whose
+  slices take the stack's axes on another dim; XLA's small all-to-alls over parts of axes
+  around gathers of sharded tables (sequence-parallel embeddings) it misses.
+- All-gathers are modelled where XLA puts them: once per value and sharding (a kernel read
+  forward and, through `rev`, by its input gradient is gathered once), a parameter stack
+  sharded on a scan's scanned dim gathered whole before each loop, and the smaller of a
+  segment sum's messages and sums moved. Still missed: a class sharded over several axes
+  out of mesh order (("model", "data")), where XLA gathers what the plan slices before a
+  reduce-scatter (the model keeps masks, not axis order: mlp and equinox random1); XLA's
+  own propagation moving a gather upstream of a pooling (cnn random0) or a GQA reshape of
+  heads sharded over more devices than there are kv heads, which XLA splits into sub-axes
+  (llama megatron).
 - Temporaries depend on XLA's schedule, fusion and buffer assignment, which the model
   approximates by liveness over the order XLA:CPU runs the ops (its breadth-first
   BFSMemoryScheduler, which it takes for every module with collectives: a reshard, a weight's

@@ -134,6 +134,32 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, 
 
 
 @njit(cache=True, inline="always")
+def _updates_window(tables, ot, eff, removed):
+    """(axes lost, axes held) on the window dims of a combining scatter's updates (operand
+    type `ot`): those the op would gather, as it wants them sharded like the result's.
+
+    Where the result holds the lost axes on its indexed dims instead (a segment_sum's sums
+    sharded on the segments, its messages on their features), two factors of the op want one
+    axis. Shardy's aggressive propagation gives it to the factor of the larger tensor
+    (aggressive_factor_propagation.h): updates larger than the result keep their sharding,
+    the scatter runs on it (operand passthrough; its broadcast operand is made in that
+    sharding), and its result is resharded to the plan's afterwards: an all-to-all of the
+    result's shard where the window dims lose every axis they hold to the indexed dims (the
+    GNN's segment sums, jax 0.10.2); otherwise (the window dims keep some, or some are
+    dropped) XLA's reshard replicates the whole result and slices it (its "involuntary full
+    rematerialization": an all-gather over the axes held)."""
+    rows = tables.rows
+    held = 0
+    lost = 0
+    for k in range(tables.operands[ot].start, tables.operands[ot].end):
+        r = tables.operand_rows[k]
+        if rows[r].kind == ROW_RESULT:
+            held |= eff[rows[r].value_type, rows[r].dim]
+            lost |= removed[r]
+    return lost, held
+
+
+@njit(cache=True, inline="always")
 def _tiles(size, tile):
     return np.ceil(size / tile)
 
@@ -293,7 +319,24 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             member = tables.op_operands[i]
             ot = member.operand_type
             pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, gather[ot], a2a[ot], pdb, w, mesh, ledger, 2 * i)
+            g = gather[ot]
+            t = 0.0
+            b = 0.0
+            if member.scatter_updates and a2a[ot] == 0 and member.nbytes > op.result_nbytes:
+                lost, held = _updates_window(tables, ot, eff, removed)
+                if lost & op_res[p] != 0:  # the result moves, not the updates
+                    g &= ~lost
+                    if lost == held and lost & ~op_res[p] == 0:
+                        b = op.result_nbytes / mesh[op_res[p]].ways
+                        t = _a2a_time(b, lost, mesh)
+                        _charge(coll, A2A, lost, w, b, t, ledger, 2 * i + 1)
+                    else:  # XLA's "involuntary full rematerialization" of the result
+                        b = op.result_nbytes
+                        t = _gather_time(b, held, mesh)
+                        _charge(coll, AG, held, w, b, t, ledger, 2 * i)
+            tg, bg = _reshard(coll, g, a2a[ot], pdb, w, mesh, ledger, 2 * i)
+            t += tg
+            b += bg
             gtime += t
             gbytes += b
             member_bytes[i] = b
@@ -374,10 +417,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         totals[T_FLOPS_ONCE] += flops * op.count
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
+    # Under per-domain overrides, a relayout plan.jit pins is gathered apart (SHARED_READ).
     gdelta = np.zeros(tables.num_ops + 2)
     read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
+    overridden = False
+    for s in range(tables.split_base.shape[0]):
+        if plan.mask[s] != plan.mask[tables.split_base[s]]:
+            overridden = True
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
+    kept_pin = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -391,9 +440,10 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             a = a2a[ot]
             if g == 0 and a == 0:
                 continue
+            pin = read.pinned if overridden else -1
             found = -1
             for k in range(nk):
-                if kept_gather[k] == g and kept_a2a[k] == a:
+                if kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin:
                     found = k
                     break
             at = read.memory_position
@@ -409,6 +459,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             if nk < MAX_SHARDINGS:
                 kept_gather[nk] = g
                 kept_a2a[nk] = a
+                kept_pin[nk] = pin
                 kept_bytes[nk] = b
                 kept_start[nk] = read.ready
                 kept_end[nk] = at + 1

@@ -212,13 +212,38 @@ def build_static(an) -> Static:
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
     op_is_region = np.array([bool(op.body) for op in ops])
+    early = _early_values(prog)
     for op, rule in zip(ops, an.op_rules):
         op_flops[op.id] = _flops(op, values)
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
         if op.body:
-            continue  # region boundaries tie the same classes: no reshard is modelled there
+            # Region boundaries tie the same classes: no reshard is modelled there, but for a
+            # scan's parameter stacks (xs known before compute: their sharding is fixed by
+            # in_shardings; a computed stack's XLA picks itself). The loop reads them a slice
+            # per iteration, so XLA reshards the stack whole to its slice's sharding, hoisted
+            # out of the while body, once per loop (the forward and the backward scan each):
+            # an all-gather where the scanned dim is sharded (gpt_scan with `layers` sharded),
+            # an all-to-all where the slice takes those axes on another dim (llama, a stack on
+            # `layers` whose slice has `kv_heads` on the same axis; jax 0.10.2).
+            for t in _scan_stacks(op):
+                u = op.operands[t]
+                if not early[u]:
+                    continue
+                dims = [(0, ROW_REPLICATE, -1, -1)] + [
+                    (d, ROW_RESULT, op.body[t], d - 1) for d in range(1, values[u].ndim)]
+                dims = [x for x in dims if slot_class[u, x[0]] >= 0]
+                for d, kind, src_v, src_d in dims:
+                    for key, val in (("op", op.id), ("value", u), ("dim", d), ("kind", kind),
+                                     ("src_value", src_v), ("src_dim", src_d), ("group", -1),
+                                     ("operand", len(operand_op))):
+                        rows[key].append(val)
+                if dims:
+                    operand_op.append(op.id)
+                    operand_value.append(u)
+                    operand_slot.append(t)
+            continue
         # Where each factor lands on the results: (result value, dim, is the major part).
         on_result: dict[int, tuple[int, int, bool]] = {}
         for j, dims in enumerate(rule.results):
@@ -408,10 +433,16 @@ def _real_readers(prog, v: int, outputs, through) -> list:
 _COMMUTES = _LINEAR | {"reduce_sum"}
 
 
-def _schedule(prog, sum_leader) -> dict:
-    """What the overlap of collectives with compute needs to know of program order."""
+def _scan_stacks(op) -> range:
+    """The operand positions of a scan's stacks (xs), scanned along dim 0; none elsewhere."""
+    if op.primitive != "scan":
+        return range(0)
+    return range(op.params["num_consts"] + op.params["num_carry"], len(op.operands))
+
+
+def _early_values(prog) -> np.ndarray:
+    """[V] bool: values known before any compute (inputs, and data movement of them)."""
     values, ops = prog.values, prog.ops
-    N = len(ops)
     early = np.zeros(len(values), bool)
     for v in values:
         if v.producer == NO_OP:
@@ -422,6 +453,14 @@ def _schedule(prog, sum_leader) -> dict:
                 early[b] = early[u] and values[b].origin == "body"
         elif not op.body and op.primitive in MOVEMENT and all(early[u] for u in op.operands):
             early[list(op.results)] = True
+    return early
+
+
+def _schedule(prog, sum_leader) -> dict:
+    """What the overlap of collectives with compute needs to know of program order."""
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    early = _early_values(prog)
     ready = np.full(N, -1, np.int64)
     deadline = np.full(N, N, np.int64)
     grouped = set(np.nonzero(sum_leader >= 0)[0]) | set(sum_leader[sum_leader >= 0])

@@ -57,17 +57,22 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
-# An op's operands that are not shared reads: operand type, whole-tensor bytes, and whether
-# the value is known before any compute (a parameter: its gather can be prefetched).
-OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_)
+# An op's operands that are not shared reads: operand type, whole-tensor bytes, whether
+# the value is known before any compute (a parameter: its gather can be prefetched), and
+# whether it is the updates of a combining scatter into a broadcast (_kernel, updates-sharded
+# scatters).
+OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
-# reuses the buffer, so each read is costed per instance, in program order, deduplicated;
+# reuses the buffer, so each read is costed per instance, in program order, deduplicated. A
+# read of a relayout of the value counts as a read of the value (_types.gather_sources);
+# `pinned` is what it counts as a read of in a plan with per-domain overrides, where plan.jit
+# pins the values on domain boundaries (a pinned relayout is gathered itself, apart).
 # memory_position: the reading op's place in the order the compiler runs them (_order.py),
 # ready: where in that order the compiler reshards the value (at the read, or as soon as
 # the value is made where it runs each op as soon as it can).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_, memory_position=_I, ready=_I)
+                     early=np.bool_, pinned=_I, memory_position=_I, ready=_I)
 # An op's operand that is not a shared read, where the compiler reshards it as soon as the
 # value is made: the op's position, the reshard's, and the operand (an index into op_operands).
 OPERAND_READ = record(position=_I, ready=_I, member=_I)
@@ -94,6 +99,7 @@ class TypeTables(NamedTuple):
     op_dims: np.ndarray         # OP_DIM records
     shared_values: np.ndarray   # SPAN records: the reads of each shared value
     shared_reads: np.ndarray    # SHARED_READ records
+    split_base: np.ndarray      # [S] the class of each split class (_plan_arrays.py)
     num_ops: int
 
 

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..analysis import domains
+from ._plan_arrays import split_classes
 from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
     GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
@@ -157,9 +159,21 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for g in range(G):
         if st.group_is_reduction[g]:
             groups_of_op[st.group_op[g]].append(int(group_type[g]))
-    # A value read by several ops of one CSE group (remat regions are their own groups).
+    # A value read by several ops of one CSE group (remat regions are their own groups); a
+    # read of a relayout of a value is a read of that value (see gather_sources).
     group_of_op = np.array([op.cse_group for op in an.program.ops], _I)
-    unit = st.operand_value.astype(_I) * (group_of_op.max() + 1) + group_of_op[st.operand_op]
+    source = gather_sources(an.program)
+    unit = source[st.operand_value] * (group_of_op.max() + 1) \
+        + group_of_op[st.operand_op]
+    # Reads of their own: a loop's gather of its stack, not CSE'd with other reads (_static,
+    # scans), and a relayout's read of its operand (it reshards nothing there, passing the
+    # sharding through: its readers' reads are the value's).
+    ops = an.program.ops
+    linked = np.array([ops[n].primitive in _RELAYOUT and len(ops[n].results) == 1
+                       and source[ops[n].results[0]] != ops[n].results[0]
+                       for n in st.operand_op.tolist()], bool)
+    own = st.op_is_region[st.operand_op] | linked
+    unit = np.where(own, -1 - np.arange(len(unit)), unit)
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
     shared = uses[unit_id] >= 2
     operands_of_op = [[] for _ in range(N)]
@@ -169,6 +183,12 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     io_of_op = [[] for _ in range(N)]
     for opi, v in zip(*io):
         io_of_op[opi].append(int(v))
+    updates = _fresh_scatter_updates(an.program, st)
+
+    def member_key(o):  # an OP_OPERAND record
+        return (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
+                bool(st.early[st.operand_value[o]]), bool(updates[o]))
+
     ptypes = _Interner()
     op_type = np.empty(N, _I)
     for n in range(N):
@@ -177,8 +197,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.op_trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
-               tuple(sorted((int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
-                             bool(st.early[st.operand_value[o]])) for o in operands_of_op[n])),
+               tuple(sorted(member_key(o) for o in operands_of_op[n])),
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n))
@@ -211,10 +230,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    scatter_window=column(17, _I))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
-    key = lambda o: (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),  # noqa: E731
-                     bool(st.early[st.operand_value[o]]))
     for n in range(N):
-        for k, o in enumerate(sorted(operands_of_op[n], key=key)):
+        for k, o in enumerate(sorted(operands_of_op[n], key=member_key)):
             operand_member[o] = o_start[op_type[n]] + k
     op_io = np.array(io, OP_IO)
     op_operands = np.array(opnds, OP_OPERAND)
@@ -232,6 +249,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                             op_type=op_type[op_of_read], position=op_of_read,
                             trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
                             early=st.early[st.operand_value[inst]],
+                            pinned=gather_sources(an.program, _boundary_values(an))[
+                                st.operand_value[inst]],
                             memory_position=op_of_read, ready=op_of_read)
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
@@ -243,8 +262,67 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
-        shared_reads=shared_reads, num_ops=N)
+        shared_reads=shared_reads, split_base=split_classes(an).base, num_ops=N)
     return Types(value_type, op_type, tables, operand_member, operand_read)
+
+
+# Ops that only relayout their operand: same elements, same dtype, no arithmetic.
+_RELAYOUT = frozenset({"rev", "transpose", "reshape", "squeeze", "expand_dims", "copy"})
+
+
+def gather_sources(prog, pinned=None) -> np.ndarray:
+    """[V] the value each value is a relayout of (itself where it is none): follows chains of
+    _RELAYOUT ops back to the value they start from, stopping at `pinned` values ([V] bool).
+
+    XLA gathers a relayout's source rather than the relayout: the SPMD partitioner reshards
+    a reverse's or transpose's operand to the op's own sharding (spmd_partitioner.cc,
+    HandleReverse), and sharding propagation gives the op the sharding its reader asks for,
+    so the all-gather lands on the source and is CSE'd with that value's other gathers. A
+    convolution's input gradient reads its kernel through `rev`; with FSDP XLA gathers the
+    kernel once, for the forward and the backward (cnn, jax 0.10.2: `reverse(all-gather(w))`),
+    where gathering `rev(w)` again would double the kernel's gather bytes. A value plan.jit
+    pins with a sharding constraint keeps its own sharding, so propagation stops there."""
+    values = prog.values
+    source = np.arange(len(values), dtype=_I)
+    for op in prog.ops:  # program order: an operand's source is known before its readers
+        if op.primitive not in _RELAYOUT or op.body or len(op.operands) != 1 \
+                or len(op.results) != 1:
+            continue
+        u, v = op.operands[0], op.results[0]
+        if pinned is not None and pinned[v]:
+            continue
+        if values[u].nbytes == values[v].nbytes and values[u].dtype == values[v].dtype:
+            source[v] = source[u]
+    return source
+
+
+def _boundary_values(an) -> np.ndarray:
+    """[V] bool: the values plan.jit pins in a plan with per-domain overrides (the export's
+    domain_boundaries: both sides of every op that reads one domain and writes another)."""
+    of = domains(an).of_value
+    prog = an.program
+    out = np.zeros(len(prog.values), bool)
+    for op in prog.ops:
+        results = [r for r in op.results if prog.values[r].ndim]
+        if op.body or not results:
+            continue
+        crossing = [u for u in op.operands if prog.values[u].ndim and of[u] != of[results[0]]]
+        if crossing:
+            out[results] = True
+            out[crossing] = True
+    return out
+
+
+def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:
+    """[O] bool: the operand is the updates of a combining scatter into a broadcast (a
+    segment_sum's zeros, a gather's gradient), which XLA can make in any sharding for free."""
+    out = np.zeros(len(st.operand_op), bool)
+    for o, (n, t) in enumerate(zip(st.operand_op.tolist(), st.operand_slot.tolist())):
+        if t != 2 or st.op_scatter_updates[n] < 0:
+            continue
+        made = prog.values[prog.ops[n].operands[0]].producer
+        out[o] = made >= 0 and prog.ops[made].primitive == "broadcast_in_dim"
+    return out
 
 
 def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:

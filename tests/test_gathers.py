@@ -1,0 +1,207 @@
+"""All-gathers priced the way XLA's SPMD partitioner emits them (toast_lab/cost/_types.py,
+gather_sources; the shared reads of _kernel.evaluate_types)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import toast_lab as tl
+from toast_lab.cost import cost_model
+from toast_lab.verification import read_compiled, summarize_collectives
+
+MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+
+
+@functools.cache
+def cnn():
+    fn, args = tl.zoo.get("cnn")
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def _plan(an, name: str) -> tl.Plan:
+    p = tl.Plan.replicated(an)
+    if name == "fsdp":  # the kernels sharded on their input channels over every device
+        return p.with_axes("batch", ("data", "model")).with_axes("channels", ("data", "model"))
+    # MaxText-like: the parameters' channels on "data" only (an override), gathered to the
+    # compute domain's sharding, which keeps "model" on the output channels
+    return (p.with_axes("batch", ("data",)).with_axes("channels", ("data",), domain="parameters")
+            .with_axes("channels_1", ("model",)))
+
+
+def _gathered(an, plan) -> dict[int, float]:
+    """{op id: the all-gather bytes the model charges at it}, for the ops that pay any."""
+    found = cost_model(an, MESH).op_collectives(plan)
+    out = {n: sum(c.bytes for c in cs if c.kind == "all-gather") for n, cs in found.items()}
+    return {n: b for n, b in out.items() if b}
+
+
+def _kernel_gathers(an, plan) -> list[tuple[float, float]]:
+    """Per convolution kernel: the all-gather bytes charged at its forward convolution and at
+    its input gradient's (the convolution that reads it through `rev`)."""
+    prog = an.program
+    gathered = _gathered(an, plan)
+    out = []
+    for op in prog.ops:
+        if op.primitive != "rev" or prog.values[op.operands[0]].ndim != 4:
+            continue
+        w, r = op.operands[0], op.results[0]
+        forward = [n for n in prog.users(w) if prog.ops[n].primitive == "conv_general_dilated"]
+        backward = [n for n in prog.users(r) if prog.ops[n].primitive == "conv_general_dilated"]
+        out.append((sum(gathered.get(n, 0.0) for n in forward),
+                    sum(gathered.get(n, 0.0) for n in backward)))
+    return out
+
+
+def _parameters(an) -> list[int]:
+    prog = an.program
+    leaves = prog.in_tree.children()[0].children()[0].num_leaves  # the first argument
+    return list(prog.inputs[:leaves])
+
+
+def test_a_kernel_read_through_rev_is_gathered_once_for_forward_and_backward():
+    """A convolution's input gradient reads its kernel through `rev`. XLA gathers the kernel
+    once, before the reverse, and the forward and backward convolutions share it: each sharded
+    parameter's bytes are charged once, and nothing at the backward convolutions."""
+    _, _, an = cnn()
+    plan = _plan(an, "fsdp")
+    prog = an.program
+    kernels = _kernel_gathers(an, plan)
+    assert any(forward for forward, _ in kernels) and not any(back for _, back in kernels)
+    sharded = [v for v in _parameters(an) if any(plan.value_axes(v))]
+    assert any(prog.values[v].ndim == 4 for v in sharded), "no kernel is sharded"
+    est = tl.estimate(an, plan, MESH)
+    gathered = sum(c.bytes for (kind, _), c in est.collectives.items() if kind == "all-gather")
+    assert gathered == sum(prog.values[v].nbytes for v in sharded)
+
+
+def test_a_pinned_rev_is_gathered_apart_under_overrides():
+    """With per-domain overrides plan.jit pins the values on domain boundaries: `rev(w)`, read
+    by the compute domain's convolution, keeps the parameter's sharding, and XLA gathers it
+    after the reverse, apart from the forward's gather of w."""
+    _, _, an = cnn()
+    plan = _plan(an, "override")
+    kernels = _kernel_gathers(an, plan)
+    assert any(forward for forward, _ in kernels)
+    assert all(back == forward for forward, back in kernels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fsdp", "override"])
+def test_kernel_gathers_agree_with_xla(name):
+    fn, args, an = cnn()
+    plan = _plan(an, name)
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
+                if k[0] == "all-gather"}
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
+           if k[0] == "all-gather"}
+    assert est == pytest.approx(measured)
+
+
+# A segment_sum of messages [E, D] into N segments, its sums [N, D] constrained by the plan (a
+# reduction's result): the GNN's aggregation. Classes: "x[0]" edges, "w[1]" features (of the
+# messages and of the sums), "broadcast_in_dim[0]" segments.
+FEATURES, HIDDEN = 16, 32
+
+
+@functools.cache
+def segment_sum(edges: int, segments: int):
+    def fn(x, w, ids):
+        return jnp.tanh(jax.ops.segment_sum(x @ w, ids, num_segments=segments))
+
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=(edges, FEATURES)).astype(np.float32),
+            rng.normal(size=(FEATURES, HIDDEN)).astype(np.float32),
+            rng.integers(0, segments, edges).astype(np.int32))
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def _segment_plan(an, segments, features) -> tl.Plan:
+    # the segments decided first: they keep an axis both want on the sums
+    return (tl.Plan.replicated(an).with_axes("broadcast_in_dim[0]", segments)
+            .with_axes("w[1]", features))
+
+
+def _charged(an, plan) -> dict:
+    return {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items() if c.bytes}
+
+
+SEGMENT_CASES = {
+    # more messages than sums: the scatter runs on the messages' sharding and its sums move
+    # from features to segments, an all-to-all of their shard
+    "all_to_all": ((256, 64), ("data",), ("data",)),
+    # ... and where the features also lose "model" (the plan drops it), XLA replicates the
+    # sums and slices them: an all-gather of the whole sums
+    "rematerialized": ((256, 64), ("data",), ("data", "model")),
+    # fewer messages than sums: the sums' sharding wins, the messages are gathered
+    "gathered": ((64, 256), ("data", "model"), ("data", "model")),
+}
+
+
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_a_segment_sum_moves_the_smaller_of_its_messages_and_sums(case):
+    (edges, segments), seg_axes, feature_axes = SEGMENT_CASES[case]
+    _, args, an = segment_sum(edges, segments)
+    plan = _segment_plan(an, seg_axes, feature_axes)
+    sums = segments * HIDDEN * 4
+    messages = edges * HIDDEN * 4
+    expected = {"all_to_all": {("all-to-all", ("data",)): sums / 4},
+                "rematerialized": {("all-gather", ("data", "model")): sums},
+                "gathered": {("all-gather", ("data", "model")): messages}}[case]
+    assert _charged(an, plan) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_segment_sum_collectives_agree_with_xla(case):
+    (edges, segments), seg_axes, feature_axes = SEGMENT_CASES[case]
+    fn, args, an = segment_sum(edges, segments)
+    plan = _segment_plan(an, seg_axes, feature_axes)
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    assert measured == pytest.approx(_charged(an, plan))
+
+
+@functools.cache
+def zoo(name):
+    fn, args = tl.zoo.get(name)
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def test_a_scan_gathers_its_parameter_stacks_sharded_on_the_scanned_dim_once_per_loop():
+    """A scan reads its stacks a slice per iteration: a parameter stack sharded on `layers` is
+    all-gathered whole before the loop, by the forward and by the backward scan; stacks the
+    forward scan computes (its residuals) are laid out by XLA itself and cost nothing here."""
+    _, _, an = zoo("gpt_scan")
+    prog = an.program
+    plan = tl.Plan.replicated(an).with_axes("layers", ("model",))
+    scans = [op for op in prog.ops if op.primitive == "scan"]
+    assert len(scans) == 2  # forward and backward
+    gathered = _gathered(an, plan)
+    parameters = set(_parameters(an))
+    for op in scans:
+        stacks = op.operands[op.params["num_consts"] + op.params["num_carry"]:]
+        expected = sum(prog.values[u].nbytes for u in stacks
+                       if u in parameters and plan.value_axes(u)[0] == ("model",))
+        assert expected > 0 and gathered[op.id] == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_scan", "llama"])
+def test_scan_stack_gathers_agree_with_xla(name):
+    fn, args, an = zoo(name)
+    plan = tl.Plan.replicated(an).with_axes("batch", ("data",)).with_axes("layers", ("model",))
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
+                if k[0] == "all-gather"}
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
+           if k[0] == "all-gather"}
+    assert est == pytest.approx(measured)
