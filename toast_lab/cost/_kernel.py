@@ -33,9 +33,11 @@ MAX_SHARDINGS = 16
 # the all-gather and all-to-all of operand m; 2M + 2g and + 1 the reduce-scatter and all-reduce
 # of group entry g (a contraction sharded on the result's axes and on others pays both);
 # 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
-# 2M + 2G + 2S + 2p and + 1 the all-to-all of the updates and the all-gather of the indices of
-# op type p when it is a scatter partitioned by operand passthrough. Columns below; a count of
-# 0 is no charge. The hot path (`run`) passes a ledger of no rows and records nothing.
+# 2M + 2G + 2S + 4p and + 1 the all-to-all of the updates and the all-gather of the indices of
+# op type p when it is a scatter partitioned by operand passthrough, + 2 the all-to-all of an
+# explicitly batched gather's operand or scatter's result (_batched_indexing), + 3 spare.
+# Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
+# and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
 LEDGER_WIDTH = 5
 
@@ -157,6 +159,72 @@ def _updates_window(tables, ot, eff, removed):
             held |= eff[rows[r].value_type, rows[r].dim]
             lost |= removed[r]
     return lost, held
+
+
+@njit(cache=True, inline="always")
+def _dims_mask(eff, t, dims):
+    """The mesh axes value type t is sharded on over the dims in bit mask `dims`."""
+    m = 0
+    for d in range(eff.shape[1]):
+        if dims >> d & 1:
+            m |= eff[t, d]
+    return m
+
+
+@njit(cache=True, inline="always")
+def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row):
+    """An explicitly batched gather or scatter (take_along_axis of the logits by the labels,
+    and its gradient) whose indexed dim is sharded over axes M that the indices also shard.
+    XLA partitions it as "trivially sliced operand" (xla/service/spmd/
+    gather_scatter_handler.cc): each M-shard gathers or scatters the rows it holds, masked,
+    and the indices must be whole over M. GroupShardingOnReplicatedDim frees M from the
+    indices by replicating their lowest-priority dims first (the leading batching dims), so
+    the indices keep their tile count but tile their batching dims differently; the operand
+    (for a scatter, its result) is then tiled like them (GatherScatterOperandsShardedAcross
+    ParallelDims): an all-to-all of its shard over the axes of its batching dims, where the
+    tilings differ and have as many tiles (a vocabulary-sharded logits tensor whose labels
+    shard the sequence: measured on jax 0.10.2, tests/test_indexing_reshards.py). Returns
+    (seconds, bytes moved) of one; ledger row `row`."""
+    bt = op.batch_type
+    idx = op.batch_indices_type
+    # the ways of M the indices must give up
+    owed = int(mesh[_dims_mask(eff, bt, op.batch_indexed) & vmask[idx]].ways)
+    if owed <= 1:
+        return 0.0, 0.0
+    dims = op.batch_dims
+    index_dims = op.batch_index_dims
+    same = True
+    tiles = 1
+    own_tiles = 1
+    axes = 0
+    for _ in range(eff.shape[1]):
+        if dims == 0 or index_dims == 0:
+            break
+        d = 0
+        while not dims >> d & 1:
+            d += 1
+        k = 0
+        while not index_dims >> k & 1:
+            k += 1
+        dims &= ~(1 << d)
+        index_dims &= ~(1 << k)
+        t = int(mesh[eff[idx, k]].ways)
+        a, b = t, owed  # gcd: how much of what is owed this dim gives up
+        while b:
+            a, b = b, a % b
+        t //= a
+        owed //= a
+        own = int(mesh[eff[bt, d]].ways)
+        same = same and t == own
+        tiles *= t
+        own_tiles *= own
+        axes |= eff[bt, d]
+    if owed != 1 or same or tiles != own_tiles or axes == 0:
+        return 0.0, 0.0
+    nbytes = op.batch_nbytes / mesh[vmask[bt]].ways
+    t = _a2a_time(nbytes, axes, mesh)
+    _charge(coll, A2A, axes, w, nbytes, t, ledger, row)
+    return t, nbytes
 
 
 @njit(cache=True, inline="always")
@@ -352,11 +420,22 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         ptime = 0.0
         if op.scatter_updates > 0.0 and psum != 0:
             taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w,
-                                               ledger, scatter_rows + 2 * p)
+                                               ledger, scatter_rows + 4 * p)
             psum &= ~taken
             gtime += t
             gathered[p] += b
             pre_late[p] += t
+        # a gather's operand re-tiled before it, a scatter's result after it
+        after = 0.0
+        if op.batch_index_dims != 0:
+            t, b = _batched_indexing(coll, op, eff, vmask, mesh, w, ledger,
+                                     scatter_rows + 4 * p + 2)
+            gathered[p] += b
+            if op.scatter_updates > 0.0:
+                after += t
+            else:
+                gtime += t
+                pre_late[p] += t
         lead = op.sum_leader
         if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
             # (an op whose partial sums are added to its leader's, sharded alike, is reduced
@@ -409,6 +488,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             traffic += tables.op_io[i].nbytes / mesh[vmask[tables.op_io[i].value_type]].ways
         compute = max(flops / rate, traffic / dev.memory_bandwidth) * w
         op_compute[p] = compute
+        ptime += after
         op_comm[p] = (gtime + ptime) * w
         post[p] = ptime
         totals[T_COMPUTE] += compute
@@ -600,7 +680,7 @@ def charges(plan, tables, mesh, device):
     totals without the ledger."""
     tables = TypeTables(*tables)
     rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
-                + tables.shared_reads.shape[0] + tables.ops.shape[0])
+                + tables.shared_reads.shape[0]) + 4 * tables.ops.shape[0]
     ledger = np.zeros((rows, LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute

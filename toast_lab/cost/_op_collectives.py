@@ -102,12 +102,15 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     for r in (0, 1):
         parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
                       2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
-    # scatters partitioned by operand passthrough: rows 2M + 2G + 2S + 2p (the all-to-all of
-    # the updates, operand 2 of a scatter) and + 1 (the all-gather of the indices, operand 1)
+    # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + 4p and on: + 0 the
+    # all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
+    # (operand 1) in operand passthrough; + 2 and + 3 the all-to-all of a gather's operand or
+    # of a scatter's result (operand 0, the buffer it updates)
     first = 2 * (members + groups + len(tables.shared_reads))
     row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
     if len(row):
-        at_every_instance(row, (row - first) // 2, np.where((row - first) % 2 == 0, 2, 1))
+        at_every_instance(row, (row - first) // 4,
+                          np.array([2, 1, 0, 0])[(row - first) % 4])
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]

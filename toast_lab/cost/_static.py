@@ -68,6 +68,12 @@ class Static:
     op_scatter_indices: np.ndarray  # [N] a combining scatter's indices value (-1: not one)
     op_scatter_updates: np.ndarray  # [N] its updates value (-1: not one)
     op_scatter_window: np.ndarray   # [N] bit d set: operand dim d is a whole window dim
+    op_batch_value: np.ndarray      # [N] an explicitly batched gather's operand or scatter's
+    #                                 result (-1: none; _batched_indexing)
+    op_batch_dims: np.ndarray       # [N] bits: its batching dims
+    op_batch_indexed: np.ndarray    # [N] bits: its dims indexed one row at a time
+    op_batch_indices: np.ndarray    # [N] the indices value (-1: none)
+    op_batch_index_dims: np.ndarray  # [N] bits: the indices' batching dims
     op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
@@ -309,7 +315,7 @@ def build_static(an) -> Static:
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
-        **_workspace(prog), **_scatters(prog),
+        **_workspace(prog), **_scatters(prog), **_batched_indexing(prog),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
@@ -549,3 +555,47 @@ def _scatters(prog) -> dict:
         indices[op.id], updates[op.id] = op.operands[1], op.operands[2]
     return dict(op_scatter_indices=indices, op_scatter_updates=updates,
                 op_scatter_window=window)
+
+
+def _batched_indexing(prog) -> dict:
+    """Gathers and combining scatters with explicit batching dims (take_along_axis, and its
+    gradient) whose indices have no other dims of more than one entry: the value XLA may
+    re-tile (the gather's operand, the scatter's result), its batching dims, its dims indexed
+    one row at a time, and the indices with their batching dims, paired in increasing order
+    on both sides; -1 and zeros elsewhere. What XLA does with them is
+    _kernel._batched_indexing."""
+    values = prog.values
+    N = len(prog.ops)
+    value = np.full(N, -1, np.int64)
+    dims = np.zeros(N, np.int64)
+    indexed = np.zeros(N, np.int64)
+    indices = np.full(N, -1, np.int64)
+    index_dims = np.zeros(N, np.int64)
+    for op in prog.ops:
+        if op.body:
+            continue
+        if op.primitive == "gather" and len(op.operands) == 2:
+            dn = op.params["dimension_numbers"]
+            batch = tuple(getattr(dn, "operand_batching_dims", ()))
+            index_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
+            rows = set(dn.collapsed_slice_dims) & set(dn.start_index_map)
+            target = op.operands[0]
+        elif op.primitive in _COMBINING_SCATTERS and len(op.operands) == 3:
+            dn = op.params["dimension_numbers"]
+            batch = tuple(getattr(dn, "operand_batching_dims", ()))
+            index_batch = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+            rows = set(dn.inserted_window_dims) & set(dn.scatter_dims_to_operand_dims)
+            target = op.results[0]
+        else:
+            continue
+        shape = values[op.operands[1]].shape
+        others = [k for k in range(len(shape) - 1) if k not in index_batch]
+        if not batch or not rows or any(shape[k] != 1 for k in others) \
+                or list(batch) != sorted(batch) or list(index_batch) != sorted(index_batch):
+            continue
+        value[op.id], indices[op.id] = target, op.operands[1]
+        dims[op.id] = sum(1 << d for d in batch)
+        indexed[op.id] = sum(1 << d for d in rows)
+        index_dims[op.id] = sum(1 << k for k in index_batch)
+    return dict(op_batch_value=value, op_batch_dims=dims, op_batch_indexed=indexed,
+                op_batch_indices=indices, op_batch_index_dims=index_dims)

@@ -46,13 +46,17 @@ OPERAND = record(value_type=_I, start=_I, end=_I)
 # sum_leader: the op type that reduces this one's partial sums with its own (-1: none);
 # workspace: bytes the compiler allocates inside the op, sharded like workspace_type;
 # a combining scatter's indices and updates (whole-tensor bytes and value types; bytes 0
-# for other ops) and its operand's pass-through dims (bit d: dim d of the result type).
+# for other ops) and its operand's pass-through dims (bit d: dim d of the result type); an
+# explicitly batched gather's operand or scatter's result (batch: bytes, value type, batching dims and
+# dims indexed one row at a time) and its indices (value type, batching dims; 0: none).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
             operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
             flop_scale=_F, sum_leader=_I, workspace=_F, workspace_type=_I,
             scatter_indices=_F, scatter_indices_type=_I, scatter_updates=_F,
-            scatter_updates_type=_I, scatter_window=_I)
+            scatter_updates_type=_I, scatter_window=_I,
+            batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
+            batch_indices_type=_I, batch_index_dims=_I)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.

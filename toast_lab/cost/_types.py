@@ -200,7 +200,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                tuple(sorted(member_key(o) for o in operands_of_op[n])),
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
-               *_scatter_key(st, value_type, n))
+               *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -227,7 +227,10 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    workspace=column(11), workspace_type=column(12, _I),
                    scatter_indices=column(13), scatter_indices_type=column(14, _I),
                    scatter_updates=column(15), scatter_updates_type=column(16, _I),
-                   scatter_window=column(17, _I))
+                   scatter_window=column(17, _I), batch_nbytes=column(18),
+                   batch_type=column(19, _I), batch_dims=column(20, _I),
+                   batch_indexed=column(21, _I), batch_indices_type=column(22, _I),
+                   batch_index_dims=column(23, _I))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):
@@ -333,3 +336,13 @@ def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
         return 0.0, 0, 0.0, 0, 0
     return (float(st.nbytes[i]), int(value_type[i]), float(st.nbytes[u]), int(value_type[u]),
             int(st.op_scatter_window[n]))
+
+
+def _batch_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
+    """(bytes, type, batching dims, indexed dims, indices type, indices batching dims) of an
+    explicitly batched gather or scatter (_static._batched_indexing); zeros for other ops."""
+    v, i = int(st.op_batch_value[n]), int(st.op_batch_indices[n])
+    if v < 0 or i < 0:
+        return 0.0, 0, 0, 0, 0, 0
+    return (float(st.nbytes[v]), int(value_type[v]), int(st.op_batch_dims[n]),
+            int(st.op_batch_indexed[n]), int(value_type[i]), int(st.op_batch_index_dims[n]))

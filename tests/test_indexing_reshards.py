@@ -1,0 +1,101 @@
+"""The all-to-alls XLA emits around gathers and scatters of sharded tensors, and what the cost
+model charges for them (toast_lab/cost/_kernel.py: _batched_indexing).
+
+- take_along_axis of vocabulary-sharded logits by labels that shard the sequence (a
+  sequence-parallel language model's loss), and its gradient: XLA re-tiles the logits' batch
+  dims like the labels' before the masked gather, and the gradient's after the scatter, each
+  an all-to-all of a logits shard.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import toast_lab as tl
+from toast_lab.verification import verify
+
+MESH = tl.Mesh({"data": 4, "model": 2})
+BATCH, SEQ, VOCAB = 8, 32, 256
+
+
+def _take_loss(logits, labels):
+    return jnp.take_along_axis(logits, labels[..., None], axis=-1).sum()
+
+
+def _take_step(logits, labels):
+    """A descent step on the picked logits: a gather, and its transpose, a scatter-add, whose
+    result is sharded like the logits (the step ties their classes)."""
+    loss, grad = jax.value_and_grad(_take_loss)(logits, labels)
+    return loss, logits - 0.1 * grad
+
+
+def _take_args():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(BATCH, SEQ, VOCAB)).astype(np.float32),
+            rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32))
+
+
+@functools.cache
+def _take():
+    args = _take_args()
+    return tl.analyze(tl.trace(_take_step, *args)), args
+
+
+def _class_of(an, value, dim) -> str:
+    return an.classes[an.value_classes[value][dim]].name
+
+
+def _take_plan(an, seq_axes) -> tl.Plan:
+    """Batch on "data", vocabulary on "model" (decided first: the logits keep it there), the
+    sequence on `seq_axes`: the labels hold it, the logits cannot."""
+    logits, labels = an.program.inputs
+    plan = tl.Plan.replicated(an)
+    plan = plan.with_axes(_class_of(an, logits, 2), ("model",))
+    plan = plan.with_axes(_class_of(an, logits, 0), ("data",))
+    plan = plan.with_axes(_class_of(an, labels, 1), seq_axes)
+    assert plan.value_axes(logits) == (("data",), (), ("model",))
+    return plan.validate(MESH)
+
+
+def _bytes_by_kind(collectives) -> dict:
+    out: dict[str, float] = {}
+    for (kind, _), total in collectives.items():
+        out[kind] = out.get(kind, 0.0) + total.bytes
+    return out
+
+
+def test_a_sequence_sharded_take_along_axis_moves_a_logits_shard_each_way():
+    an, _ = _take()
+    shard = BATCH * SEQ * VOCAB * 4 / 8
+    est = tl.estimate(an, _take_plan(an, ("model",)), MESH)
+    a2a = {axes: c.bytes for (kind, axes), c in est.collectives.items() if kind == "all-to-all"}
+    assert a2a == {("data",): 2 * shard}  # the gather's operand, the gradient's result
+    per_op = tl.cost_model(an, MESH).op_collectives(_take_plan(an, ("model",)))
+    prog = an.program
+    movers = sorted(prog.ops[o].primitive for o, cs in per_op.items()
+                    for c in cs if c.kind == "all-to-all")
+    assert movers == ["gather", "scatter-add"]
+
+
+def test_labels_that_do_not_shard_the_sequence_move_nothing():
+    an, _ = _take()
+    est = tl.estimate(an, _take_plan(an, ()), MESH)
+    assert not any(kind == "all-to-all" for kind, _ in est.collectives)
+
+
+@pytest.mark.slow
+def test_xla_moves_what_the_take_along_axis_rule_charges():
+    an, args = _take()
+    plan = _take_plan(an, ("model",))
+    rep = verify(_take_step, args, plan, MESH)
+    assert rep.ok, rep
+    measured = _bytes_by_kind(rep.stats.collective_summary())
+    est = _bytes_by_kind(tl.estimate(an, plan, MESH).collectives)
+    # XLA's all-to-alls run over half of "data" (groups of 2, a part of the axis): compare
+    # bytes, not axes.
+    assert measured["all-to-all"] == est["all-to-all"] == 2 * BATCH * SEQ * VOCAB * 4 / 8
