@@ -24,7 +24,10 @@ BATCH, SEQ, VOCAB = 8, 32, 256
 
 
 def _take_loss(logits, labels):
-    return jnp.take_along_axis(logits, labels[..., None], axis=-1).sum()
+    """Labels [batch, seq] pick one logit per token; [batch, seq, k] pick k (a router's top-k
+    gates), an index dim that pairs with no logits dim."""
+    picks = labels[..., None] if labels.ndim == 2 else labels
+    return jnp.take_along_axis(logits, picks, axis=-1).sum()
 
 
 def _take_step(logits, labels):
@@ -34,15 +37,12 @@ def _take_step(logits, labels):
     return loss, logits - 0.1 * grad
 
 
-def _take_args():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(BATCH, SEQ, VOCAB)).astype(np.float32),
-            rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32))
-
-
 @functools.cache
-def _take():
-    args = _take_args()
+def _take(picks=None):
+    rng = np.random.default_rng(0)
+    shape = (BATCH, SEQ) if picks is None else (BATCH, SEQ, picks)
+    args = (rng.normal(size=(BATCH, SEQ, VOCAB)).astype(np.float32),
+            rng.integers(0, VOCAB, shape).astype(np.int32))
     return tl.analyze(tl.trace(_take_step, *args)), args
 
 
@@ -82,20 +82,26 @@ def test_a_sequence_sharded_take_along_axis_moves_a_logits_shard_each_way():
     assert movers == ["gather", "scatter-add"]
 
 
-def test_labels_that_do_not_shard_the_sequence_move_nothing():
-    an, _ = _take()
-    est = tl.estimate(an, _take_plan(an, ()), MESH)
+@pytest.mark.parametrize("picks, seq_axes", [(None, ()), (2, ("model",))])
+def test_other_labels_move_nothing(picks, seq_axes):
+    """Labels that leave the sequence whole; or two picks per token, where XLA gathers the
+    labels instead (see the XLA test below)."""
+    an, _ = _take(picks)
+    est = tl.estimate(an, _take_plan(an, seq_axes), MESH)
     assert not any(kind == "all-to-all" for kind, _ in est.collectives)
 
 
 @pytest.mark.slow
-def test_xla_moves_what_the_take_along_axis_rule_charges():
-    an, args = _take()
+@pytest.mark.parametrize("picks", [None, 2])
+def test_xla_moves_what_the_take_along_axis_rule_charges(picks):
+    an, args = _take(picks)
     plan = _take_plan(an, ("model",))
     rep = verify(_take_step, args, plan, MESH)
     assert rep.ok, rep
     measured = _bytes_by_kind(rep.stats.collective_summary())
     est = _bytes_by_kind(tl.estimate(an, plan, MESH).collectives)
     # XLA's all-to-alls run over half of "data" (groups of 2, a part of the axis): compare
-    # bytes, not axes.
-    assert measured["all-to-all"] == est["all-to-all"] == 2 * BATCH * SEQ * VOCAB * 4 / 8
+    # bytes, not axes. With two picks per token it all-gathers the labels' sequence instead.
+    expected = 2 * BATCH * SEQ * VOCAB * 4 / 8 if picks is None else 0.0
+    assert measured.get("all-to-all", 0.0) == est.get("all-to-all", 0.0) == expected, rep
+
