@@ -14,12 +14,18 @@ Known differences, reported rather than tuned away:
   "all-reduce" below compares the model's all-reduce + reduce-scatter bytes with XLA's
   all-reduce bytes.
 - XLA adds collective-permutes of its own choosing (resharding between its fusions), which
-  the model does not predict: the "other" column. The all-to-alls the model predicts are
-  those XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP
-  embedding gradient), a segment sum whose messages outweigh its sums (the GNN: the scatter
-  runs on the messages' sharding and its sums move) and a scan's parameter stacks whose
-  slices take the stack's axes on another dim; XLA's small all-to-alls over parts of axes
-  around gathers of sharded tables (sequence-parallel embeddings) it misses.
+  the model does not predict: the "other" column. The all-to-alls the model predicts: those
+  XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
+  gradient); the re-tiling of the logits around a take_along_axis whose labels shard the
+  sequence while the logits' vocabulary holds that axis (sequence parallelism's loss, and
+  its gradient: XLA runs it over part of an axis, the model over the whole); a segment sum
+  whose messages outweigh its sums (the GNN: Shardy shards the scatter like the messages and
+  its sums move after it); and a scan's parameter stacks whose slices take the stack's axes
+  on another dim. It misses XLA's own choices for MoE dispatch matmuls and a router's top-k
+  gradient, for a dynamic slice of a layer-sharded stack, and for a rotary concatenate; and
+  where XLA propagates a sharding the plan does not pin (gpt_scan random0: the embedding
+  gradient's updates are not sharded as the plan says) it predicts an all-to-all XLA does
+  not emit.
 - All-gathers are modelled where XLA puts them: once per value and sharding (a kernel read
   forward and, through `rev`, by its input gradient is gathered once), a parameter stack
   sharded on a scan's scanned dim gathered whole before each loop, and the smaller of a
