@@ -12,6 +12,7 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.cost import cost_model
+from toast_lab.cost._model import CostModel
 from toast_lab.verification import read_compiled, summarize_collectives
 
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
@@ -77,6 +78,28 @@ def test_a_kernel_read_through_rev_is_gathered_once_for_forward_and_backward():
     est = tl.estimate(an, plan, MESH)
     gathered = sum(c.bytes for (kind, _), c in est.collectives.items() if kind == "all-gather")
     assert gathered == sum(prog.values[v].nbytes for v in sharded)
+
+
+def test_a_reversed_kernel_holds_a_buffer_of_its_own():
+    """XLA writes `reverse(all-gather(w))` out: the input gradient's kernel is a buffer apart
+    from the gathered kernel, though the gather is shared. The reads through `rev` say so
+    (copy_of); under FSDP, XLA:CPU reverses each kernel as soon as it is gathered, so the
+    temporaries hold every reversed kernel at once, on top of what they hold with the reads
+    taken as reads of the gathered kernel itself (checked against XLA in test_cost.py,
+    breadth-first schedule, cnn fsdp)."""
+    _, _, an = cnn()
+    prog = an.program
+    revs = {op.results[0] for op in prog.ops
+            if op.primitive == "rev" and prog.values[op.operands[0]].ndim == 4}
+    model = CostModel(an, MESH)
+    through = [r for r in model.ty.tables.shared_reads if r["copy_of"] >= 0]
+    assert through and {int(r["copy_of"]) for r in through} == revs
+    assert all(r["nbytes"] == prog.values[int(r["copy_of"])].nbytes for r in through)
+    plan = tl.strategies.expert(an, MESH)["fsdp"]  # every kernel sharded over every device
+    with_copies = model.estimate(plan).temp_bytes
+    model.ty.tables.shared_reads["copy_of"] = -1  # a fresh model, not the shared one
+    without = model.estimate(plan).temp_bytes
+    assert with_copies - without == sum(prog.values[v].nbytes for v in revs)
 
 
 def test_a_pinned_rev_is_gathered_apart_under_overrides():

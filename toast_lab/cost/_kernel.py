@@ -498,6 +498,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     # Under per-domain overrides, a relayout plan.jit pins is gathered apart (SHARED_READ).
+    # A read of a relayout the compiler writes out (a `rev` of the gathered kernel) shares the
+    # gather but holds a buffer of its own, from when the relayout can run to its reader.
     gdelta = np.zeros(tables.num_ops + 2)
     read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
     overridden = False
@@ -510,9 +512,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
+    copy_key = np.empty(MAX_SHARDINGS, np.int64)
+    copy_bytes = np.empty(MAX_SHARDINGS)
+    copy_start = np.empty(MAX_SHARDINGS, np.int64)
+    copy_end = np.empty(MAX_SHARDINGS, np.int64)
     reads = tables.shared_reads
     for v in range(tables.shared_values.shape[0]):
         nk = 0
+        nc = 0
         for j in range(tables.shared_values[v].start, tables.shared_values[v].end):
             read = reads[j]
             ot = read.operand_type
@@ -527,26 +534,49 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                     found = k
                     break
             at = read.memory_position
-            if found >= 0:
+            if found < 0:
+                pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
+                t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
+                op_comm[read.op_type] += t * read.trip
+                totals[T_COMM] += t * read.trip
+                read_time[j] = t
+                if nk == MAX_SHARDINGS:
+                    continue
+                found = nk
+                nk += 1
+                kept_gather[found] = g
+                kept_a2a[found] = a
+                kept_pin[found] = pin
+                kept_bytes[found] = b
+                kept_start[found] = tables.num_ops + 1  # empty until a direct read
+                kept_end[found] = 0
+            if read.copy_of < 0:
                 kept_start[found] = min(kept_start[found], read.ready)
                 kept_end[found] = max(kept_end[found], at + 1)
                 continue
-            pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
-            t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
-            op_comm[read.op_type] += t * read.trip
-            totals[T_COMM] += t * read.trip
-            read_time[j] = t
-            if nk < MAX_SHARDINGS:
-                kept_gather[nk] = g
-                kept_a2a[nk] = a
-                kept_pin[nk] = pin
-                kept_bytes[nk] = b
-                kept_start[nk] = read.ready
-                kept_end[nk] = at + 1
-                nk += 1
+            c = -1
+            for k in range(nc):
+                if copy_key[k] == read.copy_of * MAX_SHARDINGS + found:
+                    c = k
+                    break
+            if c < 0:
+                if nc == MAX_SHARDINGS:
+                    continue
+                c = nc
+                nc += 1
+                copy_key[c] = read.copy_of * MAX_SHARDINGS + found
+                copy_bytes[c] = kept_bytes[found]
+                copy_start[c] = read.ready
+                copy_end[c] = at + 1
+            copy_start[c] = min(copy_start[c], read.ready)
+            copy_end[c] = max(copy_end[c], at + 1)
         for k in range(nk):
-            gdelta[kept_start[k]] += kept_bytes[k]
-            gdelta[kept_end[k]] -= kept_bytes[k]
+            if kept_end[k] > kept_start[k]:
+                gdelta[kept_start[k]] += kept_bytes[k]
+                gdelta[kept_end[k]] -= kept_bytes[k]
+        for k in range(nc):
+            gdelta[copy_start[k]] += copy_bytes[k]
+            gdelta[copy_end[k]] -= copy_bytes[k]
     reshards = (pre_early, pre_late, post, read_time)
     return (totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced,
             member_bytes)

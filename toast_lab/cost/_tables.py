@@ -73,10 +73,12 @@ OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=
 # pins the values on domain boundaries (a pinned relayout is gathered itself, apart).
 # memory_position: the reading op's place in the order the compiler runs them (_order.py),
 # ready: where in that order the compiler reshards the value (at the read, or as soon as
-# the value is made where it runs each op as soon as it can).
+# the value is made where it runs each op as soon as it can). copy_of: where the read is of a
+# relayout the compiler writes out from the gathered value (a `rev`: _types.materialised),
+# that relayout's value (-1: none): one more gathered-size buffer, from `ready` to the read.
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_, pinned=_I, memory_position=_I, ready=_I)
+                     early=np.bool_, pinned=_I, memory_position=_I, ready=_I, copy_of=_I)
 # An op's operand that is not a shared read, where the compiler reshards it as soon as the
 # value is made: the op's position, the reshard's, and the operand (an index into op_operands).
 OPERAND_READ = record(position=_I, ready=_I, member=_I)

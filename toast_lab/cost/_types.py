@@ -254,7 +254,9 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                             early=st.early[st.operand_value[inst]],
                             pinned=gather_sources(an.program, _boundary_values(an))[
                                 st.operand_value[inst]],
-                            memory_position=op_of_read, ready=op_of_read)
+                            memory_position=op_of_read, ready=op_of_read,
+                            copy_of=np.where(materialised(an.program)[st.operand_value[inst]],
+                                             st.operand_value[inst], -1))
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
 
@@ -271,6 +273,24 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
 
 # Ops that only relayout their operand: same elements, same dtype, no arithmetic.
 _RELAYOUT = frozenset({"rev", "transpose", "reshape", "squeeze", "expand_dims", "copy"})
+# Those the compiler writes out as a buffer of their own: a reverse moves every element
+# (XLA:CPU keeps `reverse(all-gather(w))` as its own op feeding a convolution's input
+# gradient, cnn fsdp, jax 0.10.2); a reshape, squeeze or expand_dims is a bitcast, and a
+# transpose is mostly folded into its reader's layout.
+_MATERIALISED = frozenset({"rev"})
+
+
+def materialised(prog) -> np.ndarray:
+    """[V] bool: the value is a relayout, somewhere along its chain back to its gather source
+    (gather_sources), that the compiler writes out: reading it costs a buffer of its own."""
+    out = np.zeros(len(prog.values), bool)
+    source = gather_sources(prog)
+    for op in prog.ops:  # program order, as in gather_sources
+        if op.primitive not in _RELAYOUT or op.body or len(op.operands) != 1 \
+                or len(op.results) != 1 or source[op.results[0]] == op.results[0]:
+            continue
+        out[op.results[0]] = op.primitive in _MATERIALISED or out[op.operands[0]]
+    return out
 
 
 def gather_sources(prog, pinned=None) -> np.ndarray:
