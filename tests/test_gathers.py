@@ -228,3 +228,38 @@ def test_scan_stack_gathers_agree_with_xla(name):
     est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
            if k[0] == "all-gather"}
     assert est == pytest.approx(measured)
+
+
+def _tied_table_plan(an) -> tl.Plan:
+    # the tied embedding table's vocab over every device, the activations' embed on "data":
+    # the logits gather the table whole, and the input gradient wants it on embed instead
+    return (tl.Plan.replicated(an).with_axes("batch", ("model",))
+            .with_axes("vocab", ("model", "data")).with_axes("embed", ("data",)))
+
+
+def test_a_table_gathered_whole_is_sliced_not_moved_for_a_later_read():
+    """The input gradient of the tied unembedding wants the table with vocab whole and embed
+    on "data": an all-gather over "model" and an all-to-all over "data" from the table's own
+    sharding. XLA takes the replicated copy the logits already gathered and slices it: the
+    model charges neither, and the table's whole gather once."""
+    fn, args = tl.zoo.get("gpt_scan")
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = _tied_table_plan(an)
+    est = tl.estimate(an, plan, MESH)
+    assert not any(kind == "all-to-all" for kind, _ in est.collectives)
+    whole = est.collectives[("all-gather", ("data", "model"))]
+    assert whole.count == 1
+
+
+@pytest.mark.slow
+def test_tied_table_reads_agree_with_xla():
+    fn, args = tl.zoo.get("gpt_scan")
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = _tied_table_plan(an)
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = summarize_collectives(stats.collectives)
+    assert not any(kind == "all-to-all" for kind, _ in measured)
+    est = tl.estimate(an, plan, MESH)
+    assert est.collectives[("all-gather", ("data", "model"))].bytes == \
+        measured[("all-gather", ("data", "model"))].bytes

@@ -533,6 +533,18 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 if kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin:
                     found = k
                     break
+            if found < 0 and g != 0 and a != 0:
+                # A reshard that both gathers and moves axes, of a value the step has already
+                # gathered whole: XLA's partitioner slices that replicated copy locally
+                # (ReshardNoCache's last resort is Replicate(), which takes a replicated copy
+                # from its reshard cache). Seen on gpt_scan with the tied embedding table on
+                # (model, data): gathered whole for the logits, then sliced, not moved, for
+                # the input gradient's `embed` on data (jax 0.10.2, spmd_partitioner.cc).
+                whole = vmask[operands[ot].value_type]
+                for k in range(nk):
+                    if kept_gather[k] == whole and kept_a2a[k] == 0 and kept_pin[k] == pin:
+                        found = k
+                        break
             at = read.memory_position
             if found < 0:
                 pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
