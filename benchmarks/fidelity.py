@@ -22,12 +22,14 @@ Known differences, reported rather than tuned away:
   whose messages outweigh its sums (the GNN: Shardy shards the scatter like the messages and
   its sums move after it); and a scan's parameter stacks whose slices take the stack's axes
   on another dim. It misses XLA's own choices for MoE dispatch matmuls and a router's top-k
-  gradient, for a dynamic slice of a layer-sharded stack, and for a rotary concatenate; and
-  where XLA propagates a sharding the plan does not pin (gpt_scan random0: the embedding
-  gradient's updates are not sharded as the plan says) it predicts an all-to-all XLA does
-  not emit.
+  gradient, for a dynamic slice of a layer-sharded stack, and for a rotary concatenate. A
+  reshard that would both gather and move axes of a value the step already gathered whole
+  is a local slice of that copy, as XLA's partitioner takes it from its reshard cache
+  (gpt_scan random0: the tied embedding table, gathered for the logits, sliced for the
+  input gradient).
 - All-gathers are modelled where XLA puts them: once per value and sharding (a kernel read
-  forward and, through `rev`, by its input gradient is gathered once), a parameter stack
+  forward and, through `rev`, by its input gradient is gathered once; the reversed copy is
+  a buffer of its own), a parameter stack
   sharded on a scan's scanned dim gathered whole before each loop, and the smaller of a
   segment sum's messages and sums moved. Still missed: a class sharded over several axes
   out of mesh order (("model", "data")), where XLA gathers what the plan slices before a
