@@ -499,7 +499,11 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     # Under per-domain overrides, a relayout plan.jit pins is gathered apart (SHARED_READ).
     # A read of a relayout the compiler writes out (a `rev` of the gathered kernel) shares the
-    # gather but holds a buffer of its own, from when the relayout can run to its reader.
+    # gather but holds a buffer of its own, from when the relayout runs to its reader; the
+    # gathered value lives until then. Where the compiler runs each op as soon as it can
+    # (XLA:CPU) the reverse runs right after the gather, and the gathered kernel is freed
+    # after the forward; elsewhere it runs by its reader, and the gathered kernel is held
+    # from the forward to the backward.
     gdelta = np.zeros(tables.num_ops + 2)
     read_time = np.zeros(tables.shared_reads.shape[0])  # per execution, where charged
     overridden = False
@@ -582,6 +586,9 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 copy_end[c] = at + 1
             copy_start[c] = min(copy_start[c], read.ready)
             copy_end[c] = max(copy_end[c], at + 1)
+            # the gathered value lives until the relayout is made from it
+            kept_start[found] = min(kept_start[found], read.ready)
+            kept_end[found] = max(kept_end[found], read.ready + 1)
         for k in range(nk):
             if kept_end[k] > kept_start[k]:
                 gdelta[kept_start[k]] += kept_bytes[k]
