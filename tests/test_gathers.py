@@ -263,3 +263,40 @@ def test_tied_table_reads_agree_with_xla():
     est = tl.estimate(an, plan, MESH)
     assert est.collectives[("all-gather", ("data", "model"))].bytes == \
         measured[("all-gather", ("data", "model"))].bytes
+
+
+def test_plan_jit_pins_the_reshapes_it_gathers_at():
+    """Llama's GQA reshape splits 4 query heads, sharded over "data" (4 devices), into 2 kv
+    heads x 2: the plan gathers there. plan.jit pins the reshape's result, so that XLA does
+    not carry the heads' sharding through it on sub-axes; a reshape that keeps its axes is
+    left to XLA."""
+    from toast_lab.plan._export import constraint_values
+
+    fn, args = tl.zoo.get("llama")
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = tl.strategies.expert(an, MESH)["megatron"]
+    prog = an.program
+    pinned = constraint_values(plan)
+    gathering = [op for op in prog.ops if op.primitive == "reshape"
+                 and any(plan.value_axes(op.operands[0]))
+                 and not any(plan.value_axes(op.results[0]))]
+    assert gathering and all(op.results[0] in pinned for op in gathering)
+    kept = [op for op in prog.ops if op.primitive == "reshape" and not op.body
+            and plan.value_axes(op.operands[0]) == plan.value_axes(op.results[0])
+            and not any(plan.value_axes(op.operands[0]))]
+    assert not any(op.results[0] in pinned for op in kept)
+    assert constraint_values(plan, "none") == frozenset()
+
+
+@pytest.mark.slow
+def test_gqa_reshape_gathers_agree_with_xla():
+    fn, args = tl.zoo.get("llama")
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = tl.strategies.expert(an, MESH)["megatron"]
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
+                if k[0] == "all-gather"}
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
+           if k[0] == "all-gather"}
+    assert est == pytest.approx(measured)
