@@ -290,13 +290,14 @@ def test_export_shards_each_argument_by_its_domain_and_constrains_the_boundaries
         params, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     mu = opt_state[0].mu["blocks"][0]["mlp"]["w_in"]
     assert mu == jax.sharding.PartitionSpec(("data", "fsdp", "tensor"))
-    from toast_lab.plan._export import constraint_values, domain_boundaries
-    boundaries = domain_boundaries(plan)
+    from toast_lab.analysis import domain_boundaries
+    from toast_lab.plan._export import constraint_values
+    boundaries = domain_boundaries(an)
     d = domains(an)
     assert {d.of(v) for v in boundaries} == {COMPUTE, PARAMETERS, OPTIMIZER}
     results = {v for v in boundaries if an.program.values[v].origin == "result"}
     assert results <= constraint_values(plan, "conflicts")
-    assert not domain_boundaries(tl.Plan.replicated(an)) & constraint_values(
+    assert not domain_boundaries(an) & constraint_values(
         tl.Plan.replicated(an).with_axes("batch", "data"), "conflicts")
     rules = dict(maxtext(an).logical_axis_rules(PARAMETERS))
     assert rules["embed"] == "fsdp" and dict(maxtext(an).logical_axis_rules())["embed"] == "tensor"

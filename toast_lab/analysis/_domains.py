@@ -82,6 +82,28 @@ def domains(an) -> Domains:
     return an.derived("domains", lambda: find_domains(an))
 
 
+def domain_boundaries(an) -> frozenset[int]:
+    """The values on either side of the ops that read one domain and write another: the
+    results, and the operands from the other domain. Where a plan with per-domain overrides
+    reshards, so plan.jit pins them and the cost model gathers a pinned relayout apart."""
+    def find():
+        prog = an.program
+        of = domains(an).of_value
+        out: set[int] = set()
+        for op in prog.ops:
+            results = [r for r in op.results if prog.values[r].ndim]
+            if op.body or not results:
+                continue
+            crossing = [u for u in op.operands
+                        if prog.values[u].ndim and of[u] != of[results[0]]]
+            if crossing:
+                out.update(results)
+                out.update(crossing)
+        return frozenset(out)
+
+    return an.derived("domain_boundaries", find)
+
+
 def find_domains(an) -> Domains:
     prog = an.program
     values = prog.values

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis import domains
+from ..analysis import domain_boundaries
 from ._plan_arrays import split_classes
 from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
@@ -248,15 +248,16 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         if len(units) else np.zeros(1, _I)
     op_of_read = st.operand_op[inst]
     shared_values = _records(SPAN, start=ptr[:-1], end=ptr[1:])
+    pinned = np.zeros(len(an.program.values), bool)  # what plan.jit pins under overrides
+    pinned[list(domain_boundaries(an))] = True
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
                             trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
                             early=st.early[st.operand_value[inst]],
-                            pinned=gather_sources(an.program, _boundary_values(an))[
-                                st.operand_value[inst]],
+                            pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
                             memory_position=op_of_read, ready=op_of_read,
-                            copy_of=np.where(materialised(an.program)[st.operand_value[inst]],
-                                             st.operand_value[inst], -1))
+                            copy_of=np.where(materialised(an.program, source)[
+                                st.operand_value[inst]], st.operand_value[inst], -1))
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
 
@@ -280,11 +281,11 @@ _RELAYOUT = frozenset({"rev", "transpose", "reshape", "squeeze", "expand_dims", 
 _MATERIALISED = frozenset({"rev"})
 
 
-def materialised(prog) -> np.ndarray:
+def materialised(prog, source: np.ndarray) -> np.ndarray:
     """[V] bool: the value is a relayout, somewhere along its chain back to its gather source
-    (gather_sources), that the compiler writes out: reading it costs a buffer of its own."""
+    (`source`: gather_sources), that the compiler writes out: reading it costs a buffer of its
+    own."""
     out = np.zeros(len(prog.values), bool)
-    source = gather_sources(prog)
     for op in prog.ops:  # program order, as in gather_sources
         if op.primitive not in _RELAYOUT or op.body or len(op.operands) != 1 \
                 or len(op.results) != 1 or source[op.results[0]] == op.results[0]:
@@ -317,23 +318,6 @@ def gather_sources(prog, pinned=None) -> np.ndarray:
         if values[u].nbytes == values[v].nbytes and values[u].dtype == values[v].dtype:
             source[v] = source[u]
     return source
-
-
-def _boundary_values(an) -> np.ndarray:
-    """[V] bool: the values plan.jit pins in a plan with per-domain overrides (the export's
-    domain_boundaries: both sides of every op that reads one domain and writes another)."""
-    of = domains(an).of_value
-    prog = an.program
-    out = np.zeros(len(prog.values), bool)
-    for op in prog.ops:
-        results = [r for r in op.results if prog.values[r].ndim]
-        if op.body or not results:
-            continue
-        crossing = [u for u in op.operands if prog.values[u].ndim and of[u] != of[results[0]]]
-        if crossing:
-            out[results] = True
-            out[crossing] = True
-    return out
 
 
 def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:

@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..analysis import domains
+from ..analysis import domain_boundaries, domains
 from ..program import as_function, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
@@ -87,7 +87,7 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
         if c.name in active:
             out.update(c.values)
     if plan.overrides:
-        out.update(domain_boundaries(plan))
+        out.update(domain_boundaries(an))
     if policy == "compute":
         for op, rule in zip(prog.ops, an.op_rules):
             if op.body or REDUCTION not in rule.kinds:
@@ -115,27 +115,6 @@ def _gathering_reshapes(plan) -> set[int]:
         after = {a for dim in plan.value_axes(op.results[0]) for a in dim}
         if before - after:
             out.add(op.results[0])
-    return out
-
-
-def domain_boundaries(plan) -> set[int]:
-    """The values on either side of the ops that read one domain and write another (see
-    analysis/_domains.py): the results, and the operands from the other domain."""
-    an = plan.analysis
-    prog = an.program
-    of = domains(an).of_value
-    out: set[int] = set()
-    for op in prog.ops:
-        if op.body:
-            continue
-        results = [r for r in op.results if prog.values[r].ndim]
-        if not results:
-            continue
-        there = of[results[0]]
-        crossing = [u for u in op.operands if prog.values[u].ndim and of[u] != there]
-        if crossing:
-            out.update(results)
-            out.update(crossing)
     return out
 
 
