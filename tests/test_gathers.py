@@ -41,6 +41,20 @@ def _gathered(an, plan) -> dict[int, float]:
     return {n: b for n, b in out.items() if b}
 
 
+def _xla_bytes(fn, args, plan, kind: str | None = None) -> dict:
+    """{(kind, axes): bytes} of the collectives XLA compiles for `plan` (of `kind` only)."""
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    return {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
+            if kind in (None, k[0])}
+
+
+def _model_bytes(an, plan, kind: str | None = None) -> dict:
+    """{(kind, axes): bytes} the cost model charges for `plan` (of `kind` only; none of 0)."""
+    return {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
+            if c.bytes and kind in (None, k[0])}
+
+
 def _kernel_gathers(an, plan) -> list[tuple[float, float]]:
     """Per convolution kernel: the all-gather bytes charged at its forward convolution and at
     its input gradient's (the convolution that reads it through `rev`)."""
@@ -118,13 +132,8 @@ def test_a_pinned_rev_is_gathered_apart_under_overrides():
 def test_kernel_gathers_agree_with_xla(name):
     fn, args, an = cnn()
     plan = _plan(an, name)
-    jm = MESH.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
-                if k[0] == "all-gather"}
-    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
-           if k[0] == "all-gather"}
-    assert est == pytest.approx(measured)
+    assert _model_bytes(an, plan, "all-gather") == \
+        pytest.approx(_xla_bytes(fn, args, plan, "all-gather"))
 
 
 # A segment_sum of messages [E, D] into N segments, its sums [N, D] constrained by the plan (a
@@ -151,10 +160,6 @@ def _segment_plan(an, segments, features) -> tl.Plan:
             .with_axes("w[1]", features))
 
 
-def _charged(an, plan) -> dict:
-    return {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items() if c.bytes}
-
-
 SEGMENT_CASES = {
     # more messages than sums: the scatter runs on the messages' sharding and its sums move
     # from features to segments, an all-to-all of their shard
@@ -177,7 +182,7 @@ def test_a_segment_sum_moves_the_smaller_of_its_messages_and_sums(case):
     expected = {"all_to_all": {("all-to-all", ("data",)): sums / 4},
                 "rematerialized": {("all-gather", ("data", "model")): sums},
                 "gathered": {("all-gather", ("data", "model")): messages}}[case]
-    assert _charged(an, plan) == expected
+    assert _model_bytes(an, plan) == expected
 
 
 @pytest.mark.slow
@@ -186,10 +191,7 @@ def test_segment_sum_collectives_agree_with_xla(case):
     (edges, segments), seg_axes, feature_axes = SEGMENT_CASES[case]
     fn, args, an = segment_sum(edges, segments)
     plan = _segment_plan(an, seg_axes, feature_axes)
-    jm = MESH.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
-    assert measured == pytest.approx(_charged(an, plan))
+    assert _xla_bytes(fn, args, plan) == pytest.approx(_model_bytes(an, plan))
 
 
 @functools.cache
@@ -221,13 +223,8 @@ def test_a_scan_gathers_its_parameter_stacks_sharded_on_the_scanned_dim_once_per
 def test_scan_stack_gathers_agree_with_xla(name):
     fn, args, an = zoo(name)
     plan = tl.Plan.replicated(an).with_axes("batch", ("data",)).with_axes("layers", ("model",))
-    jm = MESH.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
-                if k[0] == "all-gather"}
-    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
-           if k[0] == "all-gather"}
-    assert est == pytest.approx(measured)
+    assert _model_bytes(an, plan, "all-gather") == \
+        pytest.approx(_xla_bytes(fn, args, plan, "all-gather"))
 
 
 def _tied_table_plan(an) -> tl.Plan:
@@ -242,8 +239,7 @@ def test_a_table_gathered_whole_is_sliced_not_moved_for_a_later_read():
     on "data": an all-gather over "model" and an all-to-all over "data" from the table's own
     sharding. XLA takes the replicated copy the logits already gathered and slices it: the
     model charges neither, and the table's whole gather once."""
-    fn, args = tl.zoo.get("gpt_scan")
-    an = tl.analyze(tl.trace(fn, *args))
+    _, _, an = zoo("gpt_scan")
     plan = _tied_table_plan(an)
     est = tl.estimate(an, plan, MESH)
     assert not any(kind == "all-to-all" for kind, _ in est.collectives)
@@ -253,16 +249,12 @@ def test_a_table_gathered_whole_is_sliced_not_moved_for_a_later_read():
 
 @pytest.mark.slow
 def test_tied_table_reads_agree_with_xla():
-    fn, args = tl.zoo.get("gpt_scan")
-    an = tl.analyze(tl.trace(fn, *args))
+    fn, args, an = zoo("gpt_scan")
     plan = _tied_table_plan(an)
-    jm = MESH.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = summarize_collectives(stats.collectives)
+    measured = _xla_bytes(fn, args, plan)
     assert not any(kind == "all-to-all" for kind, _ in measured)
-    est = tl.estimate(an, plan, MESH)
-    assert est.collectives[("all-gather", ("data", "model"))].bytes == \
-        measured[("all-gather", ("data", "model"))].bytes
+    whole = ("all-gather", ("data", "model"))
+    assert _model_bytes(an, plan)[whole] == measured[whole]
 
 
 def test_plan_jit_pins_the_reshapes_it_gathers_at():
@@ -272,8 +264,7 @@ def test_plan_jit_pins_the_reshapes_it_gathers_at():
     left to XLA."""
     from toast_lab.plan._export import constraint_values
 
-    fn, args = tl.zoo.get("llama")
-    an = tl.analyze(tl.trace(fn, *args))
+    _, _, an = zoo("llama")
     plan = tl.strategies.expert(an, MESH)["megatron"]
     prog = an.program
     pinned = constraint_values(plan)
@@ -290,13 +281,7 @@ def test_plan_jit_pins_the_reshapes_it_gathers_at():
 
 @pytest.mark.slow
 def test_gqa_reshape_gathers_agree_with_xla():
-    fn, args = tl.zoo.get("llama")
-    an = tl.analyze(tl.trace(fn, *args))
+    fn, args, an = zoo("llama")
     plan = tl.strategies.expert(an, MESH)["megatron"]
-    jm = MESH.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
-                if k[0] == "all-gather"}
-    est = {k: c.bytes for k, c in tl.estimate(an, plan, MESH).collectives.items()
-           if k[0] == "all-gather"}
-    assert est == pytest.approx(measured)
+    assert _model_bytes(an, plan, "all-gather") == \
+        pytest.approx(_xla_bytes(fn, args, plan, "all-gather"))
