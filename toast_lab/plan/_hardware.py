@@ -22,7 +22,9 @@ for InfiniBand and DCN), not datasheet figures; pass your own `Link` where they 
 Peaks are not what a step reaches. `Efficiency` says, per device, what fraction of its peak
 large matmuls, fused attention kernels and collectives reach and how matmuls tile; each
 preset's `source` names where its figures come from (measurements by others: no constant
-here is fitted to training step times).
+here is fitted to training step times). `benchmarks/device_rates.py` measures the same rates
+on a local device, beside the model's time for each measured function, and prints the
+`Efficiency` they give.
 """
 
 from __future__ import annotations
