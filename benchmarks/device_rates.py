@@ -134,11 +134,18 @@ def attention(spec, shapes, dtype, reps) -> list[Row]:
 
 
 def memory(spec, nbytes, reps) -> list[Row]:
-    """One read and one write of a float32 array (an elementwise kernel XLA cannot elide)."""
+    """One read and one write of a float32 array (an elementwise kernel XLA cannot elide),
+    then the same with an `exp` in it: the model costs both by their bytes, which holds where
+    transcendentals run on units of their own faster than memory feeds them (a GPU's SFUs, a
+    TPU's EUP) and not where they are a polynomial on the vector units (a CPU)."""
     x = _random((nbytes // 4,), jnp.float32, 0)
-    axpy = jax.jit(lambda x: x * 1.5 + 1.0)
-    return [Row(f"elementwise {nbytes / 2**20:.0f} MiB f32 (read + write)", 2.0 * nbytes,
-                model_time(axpy, (x,), spec), min(timed(axpy, x, reps=reps)))]
+    rows = []
+    for what, f in (("elementwise", lambda x: x * 1.5 + 1.0),
+                    ("exp", lambda x: jnp.exp(x * 0.5))):
+        f = jax.jit(f)
+        rows.append(Row(f"{what} {nbytes / 2**20:.0f} MiB f32 (read + write)", 2.0 * nbytes,
+                        model_time(f, (x,), spec), min(timed(f, x, reps=reps))))
+    return rows
 
 
 def collectives(spec, nbytes, reps) -> list[Row]:
@@ -169,7 +176,7 @@ def collectives(spec, nbytes, reps) -> list[Row]:
 def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
     """The preset with its rates replaced by the measured ones: peak = the preset's, or the
     fastest matmul where that is faster; matmul and attention efficiencies = measured / peak;
-    memory bandwidth = the elementwise kernel's."""
+    memory bandwidth = the plain elementwise kernel's."""
     best = max(r.rate for r in rows_mm)
     peak = max(spec.peak_flops[dtype], best)
     scale = peak / spec.peak_flops[dtype]
@@ -179,7 +186,7 @@ def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
     attention = min(1.0, max(r.rate for r in rows_attn) / peak) \
         if rows_attn and spec.fuses_attention else eff.attention
     efficiency = dataclasses.replace(eff, matmul=min(1.0, best / peak), attention=attention)
-    bandwidth = max(r.rate for r in rows_mem) if rows_mem else spec.memory_bandwidth
+    bandwidth = rows_mem[0].rate if rows_mem else spec.memory_bandwidth  # the plain kernel
     return dataclasses.replace(spec, name=spec.name + "-measured", peak_flops=flops,
                                memory_bandwidth=bandwidth, efficiency=efficiency,
                                source=f"{spec.name}'s preset with the rates measured by "

@@ -32,7 +32,8 @@ def test_quick_run_measures_every_rate_and_compares_a_step(device_rates, tmp_pat
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     kinds = [row["what"].split()[0] for row in doc["rows"]]
-    assert kinds == ["matmul", "attention", "elementwise", "all-reduce", "all-gather"]
+    assert kinds == ["matmul", "attention", "elementwise", "exp", "all-reduce",
+                     "all-gather"]
     for row in doc["rows"]:
         assert row["model_s"] > 0 and row["measured_s"] > 0 and row["work"] > 0, row
     # the measured spec takes its bandwidth from the elementwise kernel and its peak from the
