@@ -93,10 +93,14 @@ def timed(fn, *args, reps: int) -> list[float]:
     return out
 
 
-def model_time(fn, args, spec) -> float:
-    """The cost model's compute time for `fn(*args)` on one device described by `spec`."""
-    an = tl.analyze(tl.trace(fn, *args))
+def compute_s(an, spec) -> float:
+    """The cost model's compute time for an analysed step on one device described by `spec`."""
     return tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=spec)).compute_s
+
+
+def model_time(fn, args, spec) -> float:
+    """compute_s of `fn(*args)`."""
+    return compute_s(tl.analyze(tl.trace(fn, *args)), spec)
 
 
 def _random(shape, dtype, seed):
@@ -199,12 +203,10 @@ def steps(spec, measured, cases, reps) -> list[tuple]:
         fn, fargs = tl.zoo.get(name, **cfg)
         sample = tl.zoo.sample(name, **cfg)
         an = tl.analyze(tl.trace(fn, *fargs))
-        plan = tl.Plan.replicated(an)
-        by_preset = tl.estimate(an, plan, tl.Mesh({"data": 1}, device=spec)).compute_s
-        by_measured = tl.estimate(an, plan, tl.Mesh({"data": 1}, device=measured)).compute_s
         took = statistics.median(timed(jax.jit(fn), *sample, reps=reps))
         label = ", ".join(f"{k}={v}" for k, v in cfg.items())
-        out.append((f"{name} ({label})", an.program, by_preset, by_measured, took))
+        out.append((f"{name} ({label})", len(an.program.ops), compute_s(an, spec),
+                    compute_s(an, measured), took))
     return out
 
 
@@ -245,7 +247,7 @@ def main() -> None:
           f"{spec.efficiency}\n")
 
     rows_mm = matmuls(spec, mm_shapes, dtype, args.reps)
-    rows_attn = attention(spec, attn_shapes, dtype if not on_cpu else "float32", args.reps)
+    rows_attn = attention(spec, attn_shapes, dtype, args.reps)
     rows_mem = memory(spec, mem_bytes, args.reps)
     rows_coll = collectives(spec, coll_bytes, args.reps)
     unit, scale = ("GFLOP/s", 1e9) if on_cpu else ("TFLOP/s", 1e12)
@@ -271,8 +273,8 @@ def main() -> None:
     print("| step | ops | estimate, preset (ms) | estimate, measured rates (ms) | measured (ms) "
           "| preset ÷ measured | measured rates ÷ measured |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for what, prog, by_preset, by_measured, took in results:
-        print(f"| {what} | {len(prog.ops)} | {by_preset * 1e3:.1f} | {by_measured * 1e3:.1f} | "
+    for what, ops, by_preset, by_measured, took in results:
+        print(f"| {what} | {ops} | {by_preset * 1e3:.1f} | {by_measured * 1e3:.1f} | "
               f"{took * 1e3:.1f} | {by_preset / took:.2f} | {by_measured / took:.2f} |")
 
     if args.json:
