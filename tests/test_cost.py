@@ -460,6 +460,27 @@ def test_flops_are_counted_like_xla_cost_analysis():
     assert est.flops == pytest.approx(xla, rel=0.02)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
+def test_random_bits_count_the_threefry_expansion_like_xla_cost_analysis(dtype):
+    """jax.random lowers to threefry2x32 on counters, about 47 integer ops per element as
+    XLA's cost_analysis() counts them (its rounds' loop body once): dropout masks and noise
+    are not one flop per element. A batch-sharded mask is made shard by shard."""
+
+    def f(key):
+        return jax.random.bits(key, (64, 32), dtype)
+
+    key = jax.random.key(0)
+    an = tl.analyze(tl.trace(f, key))
+    whole = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(f).lower(key).compile().cost_analysis()["flops"]
+    assert whole.flops == pytest.approx(xla, rel=0.03)
+    mesh = tl.Mesh({"data": 8}, device="cpu")
+    rows = an.value_classes[an.program.outputs[0]][0]
+    sharded = tl.estimate(an, tl.Plan.replicated(an).with_axes(an.classes[rows].name, "data"),
+                          mesh)
+    assert sharded.flops == pytest.approx(whole.flops / 8, rel=0.03)
+
+
 def test_xla_cpu_counts_a_cheap_producer_once_per_fusion_that_clones_it():
     """XLA:CPU clones a cheap elementwise producer into each fusion that reads it, and
     cost_analysis() counts every clone; an expensive one (a division by an array) it computes

@@ -186,6 +186,8 @@ EXPENSIVE = frozenset({
     "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
     "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
     "atanh", "lgamma", "digamma", "div", "rem",
+    # jax's threefry2x32 on XLA:CPU: a loop over its rounds, computed once
+    "random_bits",
 })
 _SPREAD = frozenset({"broadcast_in_dim", "iota"})
 

@@ -105,6 +105,12 @@ _TRANSCENDENTAL = frozenset({
     "cos", "tan", "atan2", "erf", "erfc", "erf_inv", "pow", "asin", "acos", "atan", "sinh",
     "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
 })
+# random_bits lowers to jax's partitionable threefry2x32: per element, counters from iotas, the
+# key schedule and 20 rounds of add / rotate / xor, the rounds in a loop whose body
+# HloCostAnalysis counts once: 47 flops per element of 32-bit bits, one more to narrow to 8
+# or 16 bits, three more to join two words into 64 (cost_analysis() on XLA:CPU, jax 0.10.2;
+# tests/test_cost.py). The bits of a shard are made on its device, so it shards like them.
+_THREEFRY_FLOPS = {8: 48.0, 16: 48.0, 32: 47.0, 64: 50.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
@@ -120,6 +126,8 @@ def _flops(op, values) -> float:
         return 0.0
     if name in _ONE_FLOP:
         return size(out[0])
+    if name == "random_bits":
+        return size(out[0]) * _THREEFRY_FLOPS.get(int(op.params.get("bit_width", 32)), 47.0)
     if name == "integer_pow":  # square-and-multiply
         y = abs(int(op.params.get("y", 2)))
         return size(out[0]) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
