@@ -1,6 +1,7 @@
 """The cost model: internal consistency, and agreement with what XLA compiled."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -458,6 +459,20 @@ def test_flops_are_counted_like_xla_cost_analysis():
     est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
     xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
     assert est.flops == pytest.approx(xla, rel=0.02)
+
+
+@pytest.mark.parametrize("fn", [jax.nn.sigmoid, functools.partial(jax.nn.gelu, approximate=False),
+                                jax.lax.erf_inv, jax.lax.lgamma, jax.lax.digamma, jnp.arcsinh,
+                                jnp.sinh, jnp.exp2], ids=lambda f: getattr(f, "__name__", "gelu"))
+def test_ops_xla_expands_count_the_arithmetic_of_their_expansion(fn):
+    """XLA rewrites a sigmoid as 1 / (1 + exp(-x)) and CHLO decomposes erfc (exact GELU),
+    lgamma, digamma, inverse hyperbolics... into polynomials around an exp or log:
+    cost_analysis() counts their arithmetic, so the estimate does too."""
+    x = jax.ShapeDtypeStruct((64, 32), "float32")
+    an = tl.analyze(tl.trace(fn, x))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(fn).lower(x).compile().cost_analysis()["flops"]
+    assert est.flops == pytest.approx(xla, rel=0.05)
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])

@@ -105,6 +105,16 @@ _TRANSCENDENTAL = frozenset({
     "cos", "tan", "atan2", "erf", "erfc", "erf_inv", "pow", "asin", "acos", "atan", "sinh",
     "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
 })
+# Ops lowered to several HLO ops (CHLO decompositions: polynomials and rational
+# approximations around an exp or log; XLA's LogisticExpander: 1 / (1 + exp(-x))), whose
+# arithmetic HloCostAnalysis counts as flops beside their transcendentals: flops per float32
+# element as cost_analysis() counts them on XLA:CPU (jax 0.10.2; tests/test_cost.py). exact
+# GELU is an erfc.
+_EXPANDED_FLOPS = {
+    "erfc": 60.0, "erf_inv": 37.0, "lgamma": 52.0, "digamma": 73.0, "asin": 5.0, "acos": 3.0,
+    "sinh": 10.0, "cosh": 3.0, "asinh": 11.0, "acosh": 7.0, "atanh": 6.0, "logistic": 3.0,
+    "exp2": 1.0,
+}
 # random_bits lowers to jax's partitionable threefry2x32: per element, counters from iotas, the
 # key schedule and 20 rounds of add / rotate / xor, the rounds in a loop whose body
 # HloCostAnalysis counts once: 47 flops per element of 32-bit bits, one more to narrow to 8
@@ -118,10 +128,13 @@ _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 def _flops(op, values) -> float:
     """Flops as XLA's HloCostAnalysis counts them (so the estimate and cost_analysis() agree):
     2 per multiply-add of a matmul or convolution, one per element of an elementwise op,
-    integer powers by their multiplies, transcendentals none."""
+    integer powers by their multiplies, transcendentals none, ops XLA expands into several
+    (_EXPANDED_FLOPS, random_bits) by the arithmetic of their expansion."""
     name = op.primitive
     out = [values[r].shape for r in op.results]
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
+    if name in _EXPANDED_FLOPS and out:
+        return size(out[0]) * _EXPANDED_FLOPS[name]
     if op.body or not out or name in _TRANSCENDENTAL:
         return 0.0
     if name in _ONE_FLOP:
