@@ -562,3 +562,25 @@ def test_an_axis_across_nodes_uses_nvlink_inside_them():
     ib = (7 / 8) / 8 / (dev.inter_node.bandwidth * eff)
     assert table[1]["gather_beta"] == pytest.approx(max(nvlink, ib))
     assert shares[1] == {"data": pytest.approx(1.0)}
+
+
+def test_arguments_the_step_never_reads_are_not_counted_nor_donated():
+    """jax.jit drops an argument no op reads and no output returns (keep_unused=False), as
+    haiku's batch-norm EMA `average` states are (recomputed from `hidden`): XLA's argument
+    bytes leave it out, and so does the estimate."""
+
+    def step(params, state, x):
+        hidden = 0.9 * state["hidden"] + 0.1 * jnp.mean(x, axis=0)
+        new_state = {"average": hidden / 0.1, "hidden": hidden}  # the old average is unread
+        return params - 0.1 * jnp.sum(x @ params), new_state
+
+    args = (jax.ShapeDtypeStruct((16, 16), "float32"),
+            {"average": jax.ShapeDtypeStruct((16,), "float32"),
+             "hidden": jax.ShapeDtypeStruct((16,), "float32")},
+            jax.ShapeDtypeStruct((8, 16), "float32"))
+    an = tl.analyze(tl.trace(step, *args))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile()
+    mem = compiled.memory_analysis()
+    assert est.argument_bytes == mem.argument_size_in_bytes == (256 + 16 + 128) * 4
+    assert est.alias_bytes == mem.alias_size_in_bytes

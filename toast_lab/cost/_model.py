@@ -179,7 +179,11 @@ class CostModel:
         by_type["start"], by_type["end"] = ends - counts, ends
         ins, outs = st.input_values, st.output_values
         inputs = np.zeros(len(ins), INPUT)
-        inputs["nbytes"], inputs["value_type"] = st.nbytes[ins], ty.value_type[ins]
+        # jax.jit drops the arguments the step never reads or returns (keep_unused=False):
+        # no buffer of theirs reaches XLA
+        unused = _unused_inputs(prog)
+        inputs["nbytes"] = np.where([v in unused for v in ins], 0.0, st.nbytes[ins])
+        inputs["value_type"] = ty.value_type[ins]
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
@@ -427,16 +431,26 @@ class IncrementalEstimator:
         return self.model._step_and_peak(totals)
 
 
+def _unused_inputs(prog) -> set[int]:
+    """Input values no op reads and no output returns: jax.jit prunes them."""
+    outputs = set(prog.outputs)
+    return {v for v in prog.inputs if v not in outputs and not prog.users(v)}
+
+
 def _aliases(prog) -> list[tuple[int, int]]:
     """(donated input value, output index) pairs, matched as jax does (mlir._set_up_aliases):
-    each output, in order, takes the first unused donated input of its shape and dtype."""
+    each output, in order, takes the first unused donated input of its shape and dtype (of
+    those jax.jit keeps: a pruned argument is no buffer to reuse)."""
     donated = set(donated_arguments(prog))
+    pruned = _unused_inputs(prog)
     args = prog.in_tree.children()[0]
     free: dict[tuple, list[int]] = {}
     first = 0
     for i, arg in enumerate(args.children()):
         if i in donated:
             for u in prog.inputs[first:first + arg.num_leaves]:
+                if u in pruned:
+                    continue
                 key = (prog.values[u].shape, prog.values[u].dtype)
                 free.setdefault(key, []).append(u)
         first += arg.num_leaves
