@@ -2,8 +2,9 @@
 
     python benchmarks/fidelity.py [--models gpt mlp ...] [--random 3]
 
-For every zoo model (tiny sizes) and two third-party steps (flax.nnx, equinox; the held-out
-models of tests/ext_models.py) x the expert strategies x a few random plans, on 8 simulated
+For every zoo model (tiny sizes) and seven third-party steps (flax.nnx and equinox MLPs, the
+held-out models of tests/ext_models.py; a step each in flax.linen, flax.nnx, equinox, haiku and
+Keras 3, tests/third_party/models.py) x the expert strategies x a few random plans, on 8 simulated
 CPU devices (mesh data=4 x model=2): estimate with tl.estimate, compile and run with tl.verify,
 and compare per device: argument bytes, output bytes, temporaries, peak (argument + output +
 temporaries − aliased, the way both count it), flops, and collective bytes by kind. Prints one
@@ -107,17 +108,30 @@ def compare(fn, sample, an, plan, mesh) -> dict:
     return {"pairs": pairs, "other": mc["other"], "ok": rep.ok}
 
 
-# Training steps written with other libraries (flax.nnx, equinox), kept in tests/ext_models.py.
+# Training steps written with other libraries: flax.nnx and equinox MLPs (tests/ext_models.py),
+# and one step per library the way its docs write one (tests/third_party/models.py): flax.linen
+# (scan + remat, an embedding), flax.nnx (batch norm, dropout), equinox (filtered), haiku (a
+# ResNet with batch norm) and Keras 3 (attention, exact GELU).
 EXTERNAL = ("nnx", "equinox")
+THIRD_PARTY = {"linen": "linen", "nnx-bn-dropout": "nnx", "equinox-filter": "equinox",
+               "haiku-resnet": "haiku", "keras-transformer": "keras"}
+
+
+def _repository_on_path() -> None:
+    """The third-party steps live in the repository's tests/ package."""
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
 
 
 def _model(name: str):
     """(step, abstract args, concrete sample) of a zoo model or a third-party step."""
+    if name in EXTERNAL or name in THIRD_PARTY:
+        _repository_on_path()
     if name in EXTERNAL:
-        import sys
-        from pathlib import Path
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests import ext_models
 
         build, sample = {"nnx": (ext_models.nnx_train_step, ext_models.nnx_sample),
@@ -125,6 +139,14 @@ def _model(name: str):
                                      ext_models.equinox_sample)}[name]
         fn, fargs = build()
         return fn, fargs, sample()
+    if name in THIRD_PARTY:
+        from tests.third_party.models import BUILDERS
+
+        fn, sample = BUILDERS[THIRD_PARTY[name]][0]()
+        import jax
+
+        fargs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), sample)
+        return fn, fargs, sample
     fn, fargs = tl.zoo.get(name)
     return fn, fargs, tl.zoo.sample(name)
 
@@ -139,8 +161,10 @@ def ratio(e: float, m: float) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(tl.zoo.names()) + list(EXTERNAL),
-                        help="zoo models, and the third-party steps " + ", ".join(EXTERNAL))
+    parser.add_argument("--models", nargs="+",
+                        default=list(tl.zoo.names()) + list(EXTERNAL) + list(THIRD_PARTY),
+                        help="zoo models, and the third-party steps "
+                        + ", ".join(EXTERNAL + tuple(THIRD_PARTY)))
     parser.add_argument("--random", type=int, default=2, help="random plans per model")
     args = parser.parse_args()
     # The devices XLA compiles for here are CPUs: the estimate follows XLA:CPU's passes (no
@@ -162,7 +186,7 @@ def main() -> None:
             cells = []
             for f in FIGURES:
                 r = ratio(*row["pairs"][f])
-                if r is not None and np.isfinite(r):
+                if r is not None:  # one side only (∞, 0) counts, as a miss
                     ratios[f].append(r)
                 cells.append("—" if r is None else "∞" if not np.isfinite(r) else f"{r:.2f}")
             print(f"| {name} | {pname} | {'ok' if row['ok'] else 'MISMATCH'} | "
@@ -176,7 +200,7 @@ def main() -> None:
         if not rs:
             print(f"| {f} | 0 | — | — | — |")
             continue
-        worst = max(rs, key=lambda r: abs(np.log(r)) if r > 0 else np.inf)
+        worst = max(rs, key=lambda r: abs(np.log(r)) if 0 < r < np.inf else np.inf)
         goal = goals[f]
         within = "—" if goal is None else \
             f"{sum(abs(r - 1) <= goal + 1e-9 for r in rs)}/{len(rs)}"
