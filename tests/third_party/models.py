@@ -181,6 +181,9 @@ def _keras_transformer():
         import pytest
 
         pytest.skip("keras is configured for another backend")
+    # layer names come from a process-wide counter: a fresh session names them as a new
+    # process would ("embedding", not "embedding_1"), whatever was built before
+    keras.backend.clear_session()
     inp = keras.Input((SEQ,), dtype="int32")
     h = keras.layers.Embedding(VOCAB, WIDTH)(inp)
     h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(4, 8)(h, h))
