@@ -181,15 +181,15 @@ class CostModel:
         inputs = np.zeros(len(ins), INPUT)
         # jax.jit drops the arguments the step never reads or returns (keep_unused=False):
         # no buffer of theirs reaches XLA
-        unused = _unused_inputs(prog)
-        inputs["nbytes"] = np.where([v in unused for v in ins], 0.0, st.nbytes[ins])
+        pruned = _unused_inputs(prog)
+        inputs["nbytes"] = np.where([v in pruned for v in ins], 0.0, st.nbytes[ins])
         inputs["value_type"] = ty.value_type[ins]
         inputs["is_state"] = self.is_state[ins]
         outputs = np.zeros(len(outs), OUTPUT)
         outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
         outputs["position"] = [position[prog.values[v].producer]
                                if prog.values[v].producer >= 0 else 0 for v in outs]
-        pairs = _aliases(prog) if self.donate else []
+        pairs = _aliases(prog, pruned) if self.donate else []
         aliases = np.zeros(len(pairs), ALIAS)
         for i, (u, o) in enumerate(pairs):
             aliases[i] = (ty.value_type[u], ty.value_type[outs[o]], st.nbytes[u], o)
@@ -437,12 +437,11 @@ def _unused_inputs(prog) -> set[int]:
     return {v for v in prog.inputs if v not in outputs and not prog.users(v)}
 
 
-def _aliases(prog) -> list[tuple[int, int]]:
+def _aliases(prog, pruned: set[int]) -> list[tuple[int, int]]:
     """(donated input value, output index) pairs, matched as jax does (mlir._set_up_aliases):
     each output, in order, takes the first unused donated input of its shape and dtype (of
-    those jax.jit keeps: a pruned argument is no buffer to reuse)."""
+    those jax.jit keeps: a `pruned` argument is no buffer to reuse)."""
     donated = set(donated_arguments(prog))
-    pruned = _unused_inputs(prog)
     args = prog.in_tree.children()[0]
     free: dict[tuple, list[int]] = {}
     first = 0
