@@ -142,6 +142,47 @@ def test_kernel_gathers_agree_with_xla(name):
 FEATURES, HIDDEN = 16, 32
 
 
+
+def _embedding_gradient(name: str, plan_name: str):
+    """(step, args, analysis, plan) of a training step whose embedding table's gradient is a
+    combining scatter contested on its pass-through dim: the table's embed dim sharded (FSDP)
+    over axes that also shard the token gradients' batch (or sequence) dims."""
+    if name == "gpt":
+        fn, _ = tl.zoo.get("gpt")
+        args = tl.zoo.sample("gpt")
+    else:
+        from tests.third_party.models import BUILDERS
+
+        pytest.importorskip(BUILDERS[name][1])
+        fn, args = BUILDERS[name][0]()
+    an = tl.analyze(tl.trace(fn, *args))
+    return fn, args, an, tl.strategies.expert(an, MESH)[plan_name]
+
+
+def _total(charged: dict, *kinds: str) -> float:
+    return sum(b for (kind, _), b in charged.items() if kind in kinds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, plan_name", [
+    ("gpt", "fsdp"),  # a vocabulary larger than the token gradients
+    ("linen", "fsdp"),  # a vocabulary of 64 rows: smaller than the token gradients
+    ("keras", "fsdp+tp+sp"),  # the token gradients' batch moves, their sequence stays summed
+])
+def test_an_fsdp_embedding_gradient_is_partitioned_the_way_xla_picks(name, plan_name):
+    """XLA orders a scatter's partitioning methods by a dry run of each, memory first
+    (EvaluatePartitionCost): moving the token gradients to the table's sharding (an
+    all-to-all) costs two shards of them, which beats scattering into a whole table even when
+    the table is smaller than the token gradients. The model picks the same method: its
+    all-to-all bytes are XLA's, and no reduce-scatter of the table is charged instead (XLA:CPU
+    writes a reduce-scatter as an all-reduce)."""
+    fn, args, an, plan = _embedding_gradient(name, plan_name)
+    measured, charged = _xla_bytes(fn, args, plan), _model_bytes(an, plan)
+    assert _total(measured, "all-to-all") > 0, measured
+    assert _total(charged, "all-to-all") == _total(measured, "all-to-all")
+    assert _total(charged, "all-reduce", "reduce-scatter") == \
+        pytest.approx(_total(measured, "all-reduce"), rel=0.1)
+
 @functools.cache
 def segment_sum(edges: int, segments: int):
     def fn(x, w, ids):

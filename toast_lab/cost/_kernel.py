@@ -116,7 +116,7 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, 
     cannot split one dim's axes). Index passthrough: whole operand +
     updates and indices as they are (its all-reduce reads only the operand). Checked against
     what XLA compiles for an FSDP embedding gradient with a small and a large vocabulary
-    (tests/test_scatter.py).
+    (tests/test_gathers.py).
     Returns (the axes operand passthrough takes, seconds, bytes of the new buffers); no
     axes where index passthrough wins or nothing is contested. Ledger rows `row` (the
     all-to-all) and `row + 1` (the all-gather)."""
