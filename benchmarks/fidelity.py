@@ -70,6 +70,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import toast_lab as tl  # noqa: E402
@@ -143,8 +144,6 @@ def _model(name: str):
         from tests.third_party.models import BUILDERS
 
         fn, sample = BUILDERS[THIRD_PARTY[name]][0]()
-        import jax
-
         fargs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), sample)
         return fn, fargs, sample
     fn, fargs = tl.zoo.get(name)

@@ -99,11 +99,11 @@ class Static:
 # cannot split: it all-gathers the operand and computes the op whole on every device.
 _CPU_WHOLE = frozenset({"top_k"})
 
-# Ops XLA's HloCostAnalysis counts as transcendentals, not flops.
+# Ops XLA runs as one transcendental each, which HloCostAnalysis counts apart from flops (those
+# it expands into several ops are in _EXPANDED_FLOPS).
 _TRANSCENDENTAL = frozenset({
-    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "sin",
-    "cos", "tan", "atan2", "erf", "erfc", "erf_inv", "pow", "asin", "acos", "atan", "sinh",
-    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma",
+    "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "sin", "cos", "tan",
+    "atan2", "erf", "pow", "atan",
 })
 # Ops lowered to several HLO ops (CHLO decompositions: polynomials and rational
 # approximations around an exp or log; XLA's LogisticExpander: 1 / (1 + exp(-x))), whose
@@ -133,10 +133,10 @@ def _flops(op, values) -> float:
     name = op.primitive
     out = [values[r].shape for r in op.results]
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
-    if name in _EXPANDED_FLOPS and out:
-        return size(out[0]) * _EXPANDED_FLOPS[name]
     if op.body or not out or name in _TRANSCENDENTAL:
         return 0.0
+    if name in _EXPANDED_FLOPS:
+        return size(out[0]) * _EXPANDED_FLOPS[name]
     if name in _ONE_FLOP:
         return size(out[0])
     if name == "random_bits":
