@@ -214,14 +214,52 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
     return out
 
 
+# Windowed reductions: pooling and the ops of its gradient. Partitioned along a sharded window
+# dim, even from whole operands, XLA computes some of them wrong (jax 0.10.2: the gradient of
+# an average pool whose pooled width is sharded, of a 3x3 stride-1 max pool sharded on height
+# or width), so plan.jit has them computed whole on those dims, then sliced (see
+# whole_results). Convolutions are not among them: from whole operands XLA slices their window
+# correctly and computes only the result's shard.
+WINDOWED_REDUCTIONS = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min",
+                                 "reduce_window", "select_and_scatter_add",
+                                 "select_and_gather_add"})
+
+
+def whole_results(plan) -> dict[int, PartitionSpec]:
+    """{value: PartitionSpec} for the results of windowed reductions (WINDOWED_REDUCTIONS)
+    whose window dims the plan shards: the spec they are computed in, whole on those dims.
+    The op then runs on whole windows from its whole operands (gathered_operands), and its
+    result is sliced to the plan's sharding, a local slice without communication."""
+    an = plan.analysis
+    prog = an.program
+    out = {}
+    for op, rule in zip(prog.ops, an.op_rules):
+        if op.body or op.primitive not in WINDOWED_REDUCTIONS or rule.fallback:
+            continue
+        for j, dims in enumerate(rule.results):
+            r = op.results[j]
+            axes = plan.value_axes(r)
+            whole = [d for d, fs in enumerate(dims)
+                     if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
+            if whole:
+                out[r] = spec_of(() if d in whole else a for d, a in enumerate(axes))
+    return out
+
+
 def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
     """The traced function, re-run op by op with sharding constraints at the chosen values
     (and, unless the policy is "none", on the operands the plan reshards just before their
-    op: dims it needs whole, and what it reads from another domain, see boundary_reads)."""
+    op: dims it needs whole, and what it reads from another domain, see boundary_reads; and
+    on the results of windowed reductions, computed whole on their window dims before they
+    take the plan's sharding, see whole_results)."""
     targets = constraint_values(plan, policy)
+    whole = whole_results(plan) if policy != "none" else {}
+    targets = targets | frozenset(whole)
     cache: dict[int, NamedSharding] = {}
 
     def constrain(vid, x):
+        if vid in whole:
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(jax_mesh, whole[vid]))
         sharding = cache.get(vid)
         if sharding is None:
             sharding = cache[vid] = NamedSharding(jax_mesh, plan.partition_spec(vid))
