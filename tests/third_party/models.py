@@ -174,16 +174,22 @@ def keras_transformer():
         return _keras_transformer()
 
 
-def _keras_transformer():
+def _fresh_keras():
+    """keras, on the JAX backend, in a fresh session: layer names come from a process-wide
+    counter, and a fresh session names them as a new process would ("embedding", not
+    "embedding_1"), whatever was built before."""
     import keras
 
     if keras.backend.backend() != "jax":
         import pytest
 
         pytest.skip("keras is configured for another backend")
-    # layer names come from a process-wide counter: a fresh session names them as a new
-    # process would ("embedding", not "embedding_1"), whatever was built before
     keras.backend.clear_session()
+    return keras
+
+
+def _keras_transformer():
+    keras = _fresh_keras()
     inp = keras.Input((SEQ,), dtype="int32")
     h = keras.layers.Embedding(VOCAB, WIDTH)(inp)
     h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(4, 8)(h, h))
@@ -192,6 +198,199 @@ def _keras_transformer():
     model = keras.Model(inp, keras.layers.Dense(VOCAB)(h))
     opt = keras.optimizers.Adam(1e-3)
     opt.build(model.trainable_variables)
+    tokens = _tokens()
+    return _keras_stateless_step(model, opt, (tokens, np.roll(tokens, -1, axis=1)))
+
+
+def nnx_cnn():
+    """flax.nnx: the MNIST tutorial's CNN (two Conv -> ReLU -> avg_pool stages, two Linear
+    layers) on 16x16 RGB images, AdamW through nnx.Optimizer."""
+    from functools import partial
+
+    from flax import nnx
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(3, 16, kernel_size=(3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(16, 32, kernel_size=(3, 3), rngs=rngs)
+            self.avg_pool = partial(nnx.avg_pool, window_shape=(2, 2), strides=(2, 2))
+            self.linear1 = nnx.Linear(4 * 4 * 32, 64, rngs=rngs)
+            self.linear2 = nnx.Linear(64, CLASSES, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.avg_pool(nnx.relu(self.conv1(x)))
+            x = self.avg_pool(nnx.relu(self.conv2(x)))
+            x = x.reshape(x.shape[0], -1)
+            return self.linear2(nnx.relu(self.linear1(x)))
+
+    net = CNN(nnx.Rngs(0))
+    opt = nnx.Optimizer(net, optax.adamw(1e-3, 0.9), wrt=nnx.Param)
+    graphdef, state = nnx.split((net, opt))
+
+    def step(state, x, y):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, grads = nnx.value_and_grad(lambda m: _xent(m(x), y))(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    return step, (state, _images(), _labels())
+
+
+def haiku_transformer():
+    """haiku: a two-layer pre-norm decoder (hk.MultiHeadAttention with a causal mask,
+    hk.LayerNorm, a GELU MLP, learned positions), as haiku's transformer example writes it;
+    Adam with global-norm clipping."""
+    import haiku as hk
+    import jax.numpy as jnp
+
+    def layer_norm(x):
+        return hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(x)
+
+    def forward(tokens):
+        x = hk.Embed(VOCAB, WIDTH)(tokens)
+        pos = hk.get_parameter("pos", [SEQ, WIDTH], init=hk.initializers.TruncatedNormal(0.02))
+        x = x + pos[None, : tokens.shape[1]]
+        mask = jnp.tril(jnp.ones((1, 1, tokens.shape[1], tokens.shape[1])))
+        for _ in range(2):
+            h = layer_norm(x)
+            x = x + hk.MultiHeadAttention(num_heads=4, key_size=8,
+                                          w_init=hk.initializers.VarianceScaling(1.0))(
+                h, h, h, mask=mask)
+            h = hk.Linear(WIDTH)(jax.nn.gelu(hk.Linear(4 * WIDTH)(layer_norm(x))))
+            x = x + h
+        return hk.Linear(VOCAB)(layer_norm(x))
+
+    net = hk.without_apply_rng(hk.transform(forward))
+    tokens = _tokens()
+    params = net.init(jax.random.key(0), tokens)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(3e-4, b1=0.9, b2=0.99))
+
+    def step(params, opt_state, tokens):
+        def loss_fn(p):
+            return _xent(net.apply(p, tokens[:, :-1]), tokens[:, 1:])
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step, (params, tx.init(params), tokens)
+
+
+def equinox_attention():
+    """equinox: a two-block transformer of eqx.nn.MultiheadAttention, eqx.nn.LayerNorm and
+    eqx.nn.MLP on one sequence, vmapped over the batch; parameters split with
+    eqx.is_inexact_array, AdamW."""
+    import equinox as eqx
+
+    class Block(eqx.Module):
+        ln1: eqx.nn.LayerNorm
+        attn: eqx.nn.MultiheadAttention
+        ln2: eqx.nn.LayerNorm
+        mlp: eqx.nn.MLP
+
+        def __init__(self, key):
+            k1, k2 = jax.random.split(key)
+            self.ln1, self.ln2 = eqx.nn.LayerNorm(WIDTH), eqx.nn.LayerNorm(WIDTH)
+            self.attn = eqx.nn.MultiheadAttention(4, WIDTH, key=k1)
+            self.mlp = eqx.nn.MLP(WIDTH, WIDTH, 2 * WIDTH, 1, key=k2)
+
+        def __call__(self, x):
+            h = jax.vmap(self.ln1)(x)
+            x = x + self.attn(h, h, h)
+            return x + jax.vmap(self.mlp)(jax.vmap(self.ln2)(x))
+
+    class Model(eqx.Module):
+        emb: eqx.nn.Embedding
+        blocks: list
+        head: eqx.nn.Linear
+
+        def __init__(self, key):
+            ks = jax.random.split(key, 4)
+            self.emb = eqx.nn.Embedding(VOCAB, WIDTH, key=ks[0])
+            self.blocks = [Block(ks[1]), Block(ks[2])]
+            self.head = eqx.nn.Linear(WIDTH, VOCAB, key=ks[3])
+
+        def __call__(self, tokens):
+            x = jax.vmap(self.emb)(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return jax.vmap(self.head)(x)
+
+    model = Model(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    tx = optax.adamw(1e-3)
+
+    def step(params, opt_state, tokens):
+        @eqx.filter_value_and_grad
+        def loss_fn(m):
+            return _xent(jax.vmap(m)(tokens[:, :-1]), tokens[:, 1:])
+
+        loss, grads = loss_fn(eqx.combine(params, static))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, loss
+
+    return step, (params, tx.init(params), _tokens())
+
+
+def linen_vit():
+    """flax.linen: a two-block ViT (4x4 patch conv, class token, learned positions,
+    nn.MultiHeadDotProductAttention), SGD with Nesterov momentum."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class ViT(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(WIDTH, (4, 4), strides=(4, 4), padding="VALID")(x)
+            b, h, w, c = x.shape
+            x = x.reshape(b, h * w, c)
+            cls = self.param("cls", nn.initializers.zeros, (1, 1, c))
+            x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (1, h * w + 1, c))
+            for _ in range(2):
+                y = nn.LayerNorm()(x)
+                x = x + nn.MultiHeadDotProductAttention(num_heads=4)(y, y)
+                x = x + nn.Dense(c)(nn.gelu(nn.Dense(2 * c)(nn.LayerNorm()(x))))
+            return nn.Dense(CLASSES)(nn.LayerNorm()(x)[:, 0])
+
+    model = ViT()
+    images = _images()
+    params = model.init(jax.random.key(0), images)
+    tx = optax.sgd(0.01, momentum=0.9, nesterov=True)
+
+    def step(params, opt_state, images, labels):
+        loss, grads = jax.value_and_grad(lambda p: _xent(model.apply(p, images), labels))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step, (params, tx.init(params), images, _labels())
+
+
+def keras_cnn():
+    """Keras 3 on JAX: Conv2D -> BatchNormalization -> ReLU -> MaxPooling2D -> Conv2D ->
+    global average pooling -> Dropout -> Dense, AdamW, trained statelessly (see
+    keras_transformer)."""
+    with jax.numpy_rank_promotion("allow"):
+        return _keras_cnn()
+
+
+def _keras_cnn():
+    keras = _fresh_keras()
+    inp = keras.Input((16, 16, 3))
+    h = keras.layers.BatchNormalization()(keras.layers.Conv2D(16, 3, padding="same")(inp))
+    h = keras.layers.MaxPooling2D()(keras.layers.ReLU()(h))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.Dropout(0.2)(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, keras.layers.Dense(CLASSES)(h))
+    opt = keras.optimizers.AdamW(1e-3)
+    opt.build(model.trainable_variables)
+    return _keras_stateless_step(model, opt, (_images(), _labels()))
+
+
+def _keras_stateless_step(model, opt, data):
+    """(step, args) of a Keras model trained with stateless_call and stateless_apply."""
+    import keras
+
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def compute_loss(trainable, non_trainable, x, y):
@@ -211,8 +410,7 @@ def _keras_transformer():
     state = ([v.value for v in model.trainable_variables],
              [v.value for v in model.non_trainable_variables],
              [v.value for v in opt.variables])
-    tokens = _tokens()
-    return step, (state, (tokens, np.roll(tokens, -1, axis=1)))
+    return step, (state, data)
 
 
 BUILDERS = {
@@ -221,4 +419,9 @@ BUILDERS = {
     "equinox": (equinox_filter, "equinox"),
     "haiku": (haiku_resnet, "haiku"),
     "keras": (keras_transformer, "keras"),
+    "nnx-cnn": (nnx_cnn, "flax"),
+    "haiku-transformer": (haiku_transformer, "haiku"),
+    "equinox-attention": (equinox_attention, "equinox"),
+    "linen-vit": (linen_vit, "flax"),
+    "keras-cnn": (keras_cnn, "keras"),
 }
