@@ -360,10 +360,15 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             want = 0
         removed[r] = actual & ~want
         added[r] = want & ~actual
-    # Operands: the axes to all-gather (removed, not added elsewhere) and to move (both).
+    # Operands: the axes to all-gather (removed, not added elsewhere) and to move (both). The
+    # axes only added are sliced first, locally: XLA's reshard takes its shard of the replicated
+    # copy before it communicates, so a gather or an all-to-all moves 1/ways of the operand
+    # (P("data") to P(None, "model") on data=4 x model=2 all-gathers a [64, 32] shard of a
+    # [64, 64] array, not all of it; jax 0.10.2).
     operands, operand_rows = tables.operands, tables.operand_rows
     gather = np.zeros(operands.shape[0], np.int64)
     a2a = np.zeros(operands.shape[0], np.int64)
+    sliced = np.zeros(operands.shape[0], np.int64)
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
@@ -372,6 +377,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             add |= added[operand_rows[i]]
         gather[o] = rem & ~add
         a2a[o] = rem & add
+        sliced[o] = add & ~rem
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
@@ -404,6 +410,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             ot = member.operand_type
             pdb = member.nbytes / mesh[vmask[operands[ot].value_type]].ways
             g = gather[ot]
+            resliced = pdb / mesh[sliced[ot]].ways
             t = 0.0
             b = 0.0
             if member.scatter_updates and a2a[ot] == 0 and member.nbytes > op.result_nbytes:
@@ -418,7 +425,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         b = op.result_nbytes
                         t = _gather_time(b, held, mesh)
                         _charge(coll, AG, held, w, b, t, ledger, 2 * i)
-            tg, bg = _reshard(coll, g, a2a[ot], pdb, w, mesh, ledger, 2 * i)
+            tg, bg = _reshard(coll, g, a2a[ot], resliced, w, mesh, ledger, 2 * i)
             t += tg
             b += bg
             gtime += t
@@ -529,6 +536,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     kept_gather = np.empty(MAX_SHARDINGS, np.int64)
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
     kept_pin = np.empty(MAX_SHARDINGS, np.int64)
+    kept_sliced = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -548,9 +556,11 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             if g == 0 and a == 0:
                 continue
             pin = read.pinned if overridden else -1
+            sl = sliced[ot]
             found = -1
             for k in range(nk):
-                if kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin:
+                if (kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin
+                        and kept_sliced[k] == sl):
                     found = k
                     break
             if found < 0 and g != 0 and a != 0:
@@ -562,12 +572,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 # the input gradient's `embed` on data (jax 0.10.2, spmd_partitioner.cc).
                 whole = vmask[operands[ot].value_type]
                 for k in range(nk):
-                    if kept_gather[k] == whole and kept_a2a[k] == 0 and kept_pin[k] == pin:
+                    if (kept_gather[k] == whole and kept_a2a[k] == 0 and kept_pin[k] == pin
+                            and kept_sliced[k] == 0):
                         found = k
                         break
             at = read.memory_position
             if found < 0:
-                pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
+                pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways / mesh[sl].ways
                 t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
                 op_comm[read.op_type] += t * read.trip
                 totals[T_COMM] += t * read.trip
@@ -579,6 +590,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_gather[found] = g
                 kept_a2a[found] = a
                 kept_pin[found] = pin
+                kept_sliced[found] = sl
                 kept_bytes[found] = b
                 kept_start[found] = tables.num_ops + 1  # empty until a direct read
                 kept_end[found] = 0

@@ -120,7 +120,11 @@ def conv_general_dilated_rule(ins, outs, params):
       (the kernel gradient of a grouped conv) does the same with the lhs batch dim [B, N/B].
     - spatial: the lhs and out spatial dims need replication (halo exchange) unless the window is
       1 with stride 1, no padding and no dilation, when they pass through; they are tied when
-      equal in size (SAME padding, stride 1). The kernel spatial dims are reductions.
+      equal in size (SAME padding, stride 1). The kernel spatial dims need replication too:
+      plan.jit reads the lhs window dims whole (a multi-axis mesh's windowed partial sums are
+      miscompiled, see tests/test_property.py), and from a whole lhs XLA's conv partitioner
+      gathers the rhs window dims rather than summing partial windows (jax 0.10.2: the kernel
+      gradient of a conv with its output's width sharded all-gathers the output gradient).
     """
     lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
     x, w = ins[0], ins[1]
@@ -152,7 +156,7 @@ def conv_general_dilated_rule(ins, outs, params):
             b.factor(x[ls], operands={0: ls}, results={0: os_})
         else:
             resized_dim(b, x[ls], y[os_], operands=(0,), results=(0,), in_dim=ls, out_dim=os_)
-        b.factor(w[rs], REDUCTION, operands={1: rs})
+        b.factor(w[rs], NEED_REPLICATION, operands={1: rs})
     return b.build()
 
 
