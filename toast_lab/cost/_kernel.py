@@ -349,6 +349,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     rows = tables.rows
     removed = np.zeros(rows.shape[0], np.int64)
     added = np.zeros(rows.shape[0], np.int64)
+    onto_whole = np.zeros(rows.shape[0], np.int64)  # added on a dim that is whole now
     for r in range(rows.shape[0]):
         row = rows[r]
         actual = eff[row.value_type, row.dim]
@@ -360,11 +361,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             want = 0
         removed[r] = actual & ~want
         added[r] = want & ~actual
+        if actual == 0:
+            onto_whole[r] = added[r]
     # Operands: the axes to all-gather (removed, not added elsewhere) and to move (both). The
-    # axes only added are sliced first, locally: XLA's reshard takes its shard of the replicated
-    # copy before it communicates, so a gather or an all-to-all moves 1/ways of the operand
-    # (P("data") to P(None, "model") on data=4 x model=2 all-gathers a [64, 32] shard of a
-    # [64, 64] array, not all of it; jax 0.10.2).
+    # axes only added, onto a dim each device holds whole, are sliced first, locally: XLA's
+    # reshard takes its part of that dim before it communicates, so a gather or an all-to-all
+    # moves 1/ways of the operand (P("data") to P(None, "model") on data=4 x model=2
+    # all-gathers a [64, 32] shard of a [64, 64] array, not all of it; jax 0.10.2). An axis
+    # added onto a dim sharded otherwise (P(None, "data") to P(None, "model")) is not local.
     operands, operand_rows = tables.operands, tables.operand_rows
     gather = np.zeros(operands.shape[0], np.int64)
     a2a = np.zeros(operands.shape[0], np.int64)
@@ -372,12 +376,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
+        local = 0
         for i in range(operands[o].start, operands[o].end):
             rem |= removed[operand_rows[i]]
             add |= added[operand_rows[i]]
+            local |= onto_whole[operand_rows[i]]
         gather[o] = rem & ~add
         a2a[o] = rem & add
-        sliced[o] = add & ~rem
+        sliced[o] = local & ~rem
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
