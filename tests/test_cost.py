@@ -496,6 +496,24 @@ def test_random_bits_count_the_threefry_expansion_like_xla_cost_analysis(dtype):
     assert sharded.flops == pytest.approx(whole.flops / 8, rel=0.03)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "uint32"])
+def test_random_bits_hold_their_threefry_loop_state_as_workspace_on_xla_cpu(dtype):
+    """XLA:CPU runs threefry's rounds in a loop whose state (two counter words and a key word
+    per element, and a u32 word narrowed after it for 8-bit bits) is workspace beside the
+    bits: the temporaries of a dropout mask are not only the mask."""
+
+    def f(key):
+        return jax.random.bits(key, (256, 64), dtype)
+
+    key = jax.random.key(0)
+    an = tl.analyze(tl.trace(f, key))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(f).lower(key).compile().memory_analysis().temp_size_in_bytes
+    assert est.temp_bytes == pytest.approx(xla, rel=0.05)
+    h100 = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="h100"))
+    assert h100.temp_bytes == 0  # other compilers' kernels need none the model counts
+
+
 def test_xla_cpu_counts_a_cheap_producer_once_per_fusion_that_clones_it():
     """XLA:CPU clones a cheap elementwise producer into each fusion that reads it, and
     cost_analysis() counts every clone; an expensive one (a division by an array) it computes

@@ -121,6 +121,11 @@ _EXPANDED_FLOPS = {
 # or 16 bits, three more to join two words into 64 (cost_analysis() on XLA:CPU, jax 0.10.2;
 # tests/test_cost.py). The bits of a shard are made on its device, so it shards like them.
 _THREEFRY_FLOPS = {8: 48.0, 16: 48.0, 32: 47.0, 64: 50.0}
+# XLA:CPU runs those rounds in a while loop whose state holds the two counter words and a key
+# word per element: 12 bytes of workspace per element of 32- or 64-bit bits, 16 for 8- or
+# 16-bit ones (a u32 word narrowed after the loop) -- memory_analysis() temp of
+# jax.random.bits alone, less nothing (its result is the output), jax 0.10.2.
+_THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
@@ -516,12 +521,18 @@ def _workspace(prog) -> dict:
     max-pool gradient (select_and_scatter_add) as: an s32 iota per operand dim, a reduce-window
     carrying the window maxima and their rank indices, their concatenation, and a scatter
     (seen in its buffer assignment: rank x operand + (2 rank + 1) x window-output 4-byte
-    elements live together)."""
+    elements live together). random_bits holds its threefry loop's state
+    (_THREEFRY_WORKSPACE), sharded like the bits."""
     values, ops = prog.values, prog.ops
     workspace = np.zeros(len(ops))
     value = np.zeros(len(ops), np.int64)
     for op in ops:
-        if op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:
+        if op.primitive == "random_bits" and op.results and not op.body:
+            bits = values[op.results[0]]
+            per = _THREEFRY_WORKSPACE.get(int(op.params.get("bit_width", 32)), 12.0)
+            workspace[op.id] = per * float(np.prod(bits.shape, dtype=np.float64))
+            value[op.id] = op.results[0]
+        elif op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:
             source, operand = op.operands[0], op.operands[1]
             rank = values[operand].ndim
             numel = lambda v: float(np.prod(values[v].shape))  # noqa: E731
