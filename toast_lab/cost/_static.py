@@ -123,8 +123,8 @@ _EXPANDED_FLOPS = {
 _THREEFRY_FLOPS = {8: 48.0, 16: 48.0, 32: 47.0, 64: 50.0}
 # XLA:CPU runs those rounds in a while loop whose state holds the two counter words and a key
 # word per element: 12 bytes of workspace per element of 32- or 64-bit bits, 16 for 8- or
-# 16-bit ones (a u32 word narrowed after the loop) -- memory_analysis() temp of
-# jax.random.bits alone, less nothing (its result is the output), jax 0.10.2.
+# 16-bit ones (a u32 word narrowed after the loop): the memory_analysis() temp of
+# jax.random.bits jitted alone, whose bits are its output (jax 0.10.2; tests/test_cost.py).
 _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
