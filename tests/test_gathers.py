@@ -377,3 +377,33 @@ def test_a_reshard_slices_the_axes_it_adds_before_it_moves_the_others():
     for key in [("all-to-all", ("model",)), ("all-gather", ("model",)),
                 ("all-gather", ("data", "model"))]:
         assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (key, model, xla)
+
+
+def test_an_op_that_needs_its_window_whole_reads_its_other_dims_as_the_model_charges():
+    # A max pool's gradient (select_and_scatter_add) reads the pooled gradient, sharded on its
+    # width, whole on that window dim; its result is sharded on the batch. plan.jit asks for
+    # the read the cost model charges (the width's axes moved to the batch: an all-to-all),
+    # not the operand's own sharding less the window (which XLA all-gathers whole, then slices)
+
+    def loss(scale, x):
+        y = x * scale[None, None, None, :]
+        return jnp.sum(jnp.sin(jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1),
+                                                     (1, 2, 2, 1), "VALID")))
+
+    step = jax.grad(loss, argnums=(0, 1))
+    rng = np.random.default_rng(0)
+    args = ((1 + 0.1 * rng.normal(size=(4,))).astype(np.float32),
+            rng.normal(size=(8, 16, 16, 4)).astype(np.float32))
+    an = tl.analyze(tl.trace(step, *args))
+    prog = an.program
+    pool = next(o for o in prog.ops if o.primitive == "reduce_window_max")
+    pooled_width = an.classes[an.value_classes[pool.results[0]][2]].name
+    batch = an.classes[an.value_classes[prog.inputs[1]][0]].name
+    # the pooled width decided first: where a value has both, the batch gives way
+    plan = (tl.Plan.replicated(an).with_axes(pooled_width, ("data", "model"))
+            .with_axes(batch, ("data", "model")))
+    xla = _xla_bytes(step, args, plan)
+    model = _model_bytes(an, plan)
+    assert ("all-to-all", ("data", "model")) in xla, xla
+    for key in [("all-to-all", ("data", "model")), ("all-gather", ("data", "model"))]:
+        assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (key, model, xla)

@@ -194,9 +194,12 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
 
     A need-replication factor (the window of a convolution or a pooling, a sorted or scanned
     dim) makes the op read that operand dim whole: the plan gathers it just before the op, as
-    the cost model charges. Saying so explicitly also keeps XLA off partitioning paths it gets
-    wrong (jax 0.10.2 all-reduces a spatially sharded convolution's weight gradient over every
-    device on a multi-axis mesh; see tests/test_property.py).
+    the cost model charges, and reads the other dims as the cost model does too (read_axes: a
+    dim the result shards, sharded like it, so an axis leaving the window for the batch moves
+    there rather than being gathered as well). Saying so explicitly also keeps XLA off
+    partitioning paths it gets wrong (jax 0.10.2 all-reduces a spatially sharded
+    convolution's weight gradient over every device on a multi-axis mesh; see
+    tests/test_property.py).
     """
     an = plan.analysis
     prog = an.program
@@ -210,7 +213,7 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
             whole = [d for d, fs in enumerate(dims)
                      if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
             if whole:
-                out[(op.id, t)] = spec_of(() if d in whole else a for d, a in enumerate(axes))
+                out[(op.id, t)] = spec_of(read_axes(plan, op, rule, t))
     return out
 
 
