@@ -130,6 +130,11 @@ _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
 
+def _bit_width(op) -> int:
+    """The width of the words a random_bits op makes (jax's default: 32)."""
+    return int(op.params.get("bit_width", 32))
+
+
 def _flops(op, values) -> float:
     """Flops as XLA's HloCostAnalysis counts them (so the estimate and cost_analysis() agree):
     2 per multiply-add of a matmul or convolution, one per element of an elementwise op,
@@ -145,7 +150,7 @@ def _flops(op, values) -> float:
     if name in _ONE_FLOP:
         return size(out[0])
     if name == "random_bits":
-        return size(out[0]) * _THREEFRY_FLOPS.get(int(op.params.get("bit_width", 32)), 47.0)
+        return size(out[0]) * _THREEFRY_FLOPS.get(_bit_width(op), 47.0)
     if name == "integer_pow":  # square-and-multiply
         y = abs(int(op.params.get("y", 2)))
         return size(out[0]) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
@@ -529,7 +534,7 @@ def _workspace(prog) -> dict:
     for op in ops:
         if op.primitive == "random_bits" and op.results and not op.body:
             bits = values[op.results[0]]
-            per = _THREEFRY_WORKSPACE.get(int(op.params.get("bit_width", 32)), 12.0)
+            per = _THREEFRY_WORKSPACE.get(_bit_width(op), 12.0)
             workspace[op.id] = per * float(np.prod(bits.shape, dtype=np.float64))
             value[op.id] = op.results[0]
         elif op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:

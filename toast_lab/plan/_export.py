@@ -208,13 +208,16 @@ def gathered_operands(plan) -> dict[tuple[int, int], object]:
         if op.body or NEED_REPLICATION not in rule.kinds or rule.fallback:
             continue
         for t, dims in enumerate(rule.operands):
-            u = op.operands[t]
-            axes = plan.value_axes(u)
-            whole = [d for d, fs in enumerate(dims)
-                     if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
-            if whole:
+            if _sharded_whole_dims(rule, dims, plan.value_axes(op.operands[t])):
                 out[(op.id, t)] = spec_of(read_axes(plan, op, rule, t))
     return out
+
+
+def _sharded_whole_dims(rule, dims, axes) -> list[int]:
+    """The dims of one operand or result of `rule` (its factors per dim, `dims`) that the op
+    needs whole (a need-replication factor) and the plan shards (`axes`, per dim)."""
+    return [d for d, fs in enumerate(dims)
+            if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
 
 
 # Windowed reductions: pooling and the ops of its gradient. Partitioned along a sharded window
@@ -242,8 +245,7 @@ def whole_results(plan) -> dict[int, PartitionSpec]:
         for j, dims in enumerate(rule.results):
             r = op.results[j]
             axes = plan.value_axes(r)
-            whole = [d for d, fs in enumerate(dims)
-                     if fs and axes[d] and rule.kinds[fs[0]] is NEED_REPLICATION]
+            whole = _sharded_whole_dims(rule, dims, axes)
             if whole:
                 out[r] = spec_of(() if d in whole else a for d, a in enumerate(axes))
     return out
