@@ -116,4 +116,3 @@ def test_xla_compiles_what_the_cost_model_charges(name, constraints):
     measured = {key: total.bytes for key, total in rep.stats.collective_summary().items()}
     assert measured, rep  # the updates are sharded: something must be communicated
     assert measured == charged(an, plan), rep
-
