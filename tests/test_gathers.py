@@ -13,6 +13,7 @@ import pytest
 import toast_lab as tl
 from toast_lab.cost import cost_model
 from toast_lab.cost._model import CostModel
+from toast_lab.plan._export import constraint_values
 from toast_lab.verification import read_compiled, summarize_collectives
 
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
@@ -303,8 +304,6 @@ def test_plan_jit_pins_the_reshapes_it_gathers_at():
     heads x 2: the plan gathers there. plan.jit pins the reshape's result, so that XLA does
     not carry the heads' sharding through it on sub-axes; a reshape that keeps its axes is
     left to XLA."""
-    from toast_lab.plan._export import constraint_values
-
     _, _, an = zoo("llama")
     plan = tl.strategies.expert(an, MESH)["megatron"]
     prog = an.program
@@ -407,3 +406,44 @@ def test_an_op_that_needs_its_window_whole_reads_its_other_dims_as_the_model_cha
     assert ("all-to-all", ("data", "model")) in xla, xla
     for key in [("all-to-all", ("data", "model")), ("all-gather", ("data", "model"))]:
         assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (key, model, xla)
+
+
+def _kv_stacked_plan(an) -> tl.Plan:
+    # `layers` and `kv_heads` on one axis: a stack of kv projections (or of their gradients)
+    # holds `model` on the layers, each layer's slice on its kv heads
+    return (tl.Plan.replicated(an).with_axes("batch", ("data",))
+            .with_axes("layers", ("model",)).with_axes("kv_heads", ("model",)))
+
+
+def test_a_stack_a_scan_hands_on_is_resharded_once_after_the_loop():
+    """The backward scan writes the parameters' gradients slice by slice, sharded like the
+    slices; the optimizer reads them sharded like the parameters, on `layers`. plan.jit pins
+    those stacks. Each one whose slices hold `model` on their kv heads costs an all-to-all of
+    its shard, once, at the scan; the others only take their layers locally. The stacks
+    another loop reads (the forward's residuals) are neither pinned nor charged."""
+    _, _, an = zoo("llama")
+    prog = an.program
+    plan = _kv_stacked_plan(an)
+    handed_on = prog.handed_on_stacks()
+    backward = max(op.id for op in prog.ops if op.primitive == "scan")
+    assert handed_on and {op for op, _, _ in handed_on} == {backward}
+    resharded = [(r, b) for _, r, b in handed_on
+                 if plan.value_axes(r) != ((),) + plan.value_axes(b)]
+    assert {r for r, _ in resharded} <= constraint_values(plan)
+    moved = [r for r, b in resharded if ("model",) in plan.value_axes(b)]
+    assert moved and len(moved) < len(resharded)
+    charged = sum(c.bytes for c in cost_model(an, MESH).op_collectives(plan)[backward]
+                  if c.kind == "all-to-all" and c.operand is None)
+    # `model` moves from the kv heads to the layers: each such stack's shard, once
+    assert charged == sum(prog.values[r].nbytes / MESH.axis_size("model") for r in moved)
+    residuals = {r for op in prog.ops if op.primitive == "scan" for r in op.results} \
+        - {r for _, r, _ in handed_on}
+    assert residuals and not residuals & constraint_values(plan)
+
+
+@pytest.mark.slow
+def test_stacks_handed_on_are_moved_as_xla_moves_them():
+    fn, args, an = zoo("llama")
+    plan = _kv_stacked_plan(an)
+    assert _model_bytes(an, plan, "all-to-all") == \
+        pytest.approx(_xla_bytes(fn, args, plan, "all-to-all"))

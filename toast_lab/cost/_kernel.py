@@ -16,7 +16,7 @@ from numba import njit
 
 from ._plan_arrays import PlanArrays
 from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE
-from ._static import DIM_BATCH, DIM_M, ROW_GROUP, ROW_RESULT
+from ._static import DIM_BATCH, DIM_M, ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, ScheduleTables, TypeTables
 
 AR, AG, RS, A2A = 0, 1, 2, 3
@@ -354,6 +354,9 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         row = rows[r]
         actual = eff[row.value_type, row.dim]
         if row.kind == ROW_RESULT:
+            want = eff[row.source_type, row.source_dim]
+        elif row.kind == ROW_FROM_WHOLE:
+            actual = 0
             want = eff[row.source_type, row.source_dim]
         elif row.kind == ROW_GROUP:
             want = consensus[row.group]

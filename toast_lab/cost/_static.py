@@ -26,7 +26,11 @@ from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
 
-ROW_RESULT, ROW_GROUP, ROW_REPLICATE = 0, 1, 2
+# An operand row wants its dim sharded like a result's dim (ROW_RESULT), like its group's
+# consensus (ROW_GROUP) or whole (ROW_REPLICATE); ROW_FROM_WHOLE: the operand holds the dim
+# whole (a stack a loop writes slice by slice, along the scanned dim) and the op wants it
+# sharded like the source dim.
+ROW_RESULT, ROW_GROUP, ROW_REPLICATE, ROW_FROM_WHOLE = 0, 1, 2, 3
 # What a result dim of a matmul is to the hardware: a batch of independent matmuls, the rows
 # (M, from the lhs) or the columns (N, from the rhs) of one.
 DIM_BATCH, DIM_M, DIM_N = 0, 1, 2
@@ -43,7 +47,7 @@ class Static:
     row_op: np.ndarray          # [R] int32
     row_value: np.ndarray       # [R] int32
     row_dim: np.ndarray         # [R] int32
-    row_kind: np.ndarray        # [R] int8: ROW_RESULT / ROW_GROUP / ROW_REPLICATE
+    row_kind: np.ndarray        # [R] int8: ROW_RESULT / ROW_GROUP / ROW_REPLICATE / ...
     row_src_value: np.ndarray   # [R] int32: result rows: the result value whose dim it follows
     row_src_dim: np.ndarray     # [R] int32
     row_group: np.ndarray       # [R] int32: group rows: their group (-1 otherwise)
@@ -53,7 +57,8 @@ class Static:
     row_operand: np.ndarray     # [R] int32 index into operand arrays
     operand_op: np.ndarray      # [O] int32
     operand_value: np.ndarray   # [O] int32
-    operand_slot: np.ndarray    # [O] int32: its position among the op's operands
+    operand_slot: np.ndarray    # [O] int32: its position among the op's operands (-1: none)
+    operand_nbytes: np.ndarray  # [O] float64: whole-tensor bytes of what it reshards
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
@@ -244,12 +249,15 @@ def build_static(an) -> Static:
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
                             "operand")}
     group_is_reduction, group_op = [], []
-    operand_op, operand_value, operand_slot = [], [], []
+    operand_op, operand_value, operand_slot, operand_nbytes = [], [], [], []
     op_flops = np.zeros(N, np.float64)
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
     op_is_region = np.array([bool(op.body) for op in ops])
     early = _early_values(prog)
+    written: dict[int, list] = {}
+    for w in prog.handed_on_stacks():
+        written.setdefault(w[0], []).append(w)
     for op, rule in zip(ops, an.op_rules):
         op_flops[op.id] = _flops(op, values)
         with_dims = [r for r in op.results if values[r].ndim]
@@ -280,6 +288,28 @@ def build_static(an) -> Static:
                     operand_op.append(op.id)
                     operand_value.append(u)
                     operand_slot.append(t)
+                    operand_nbytes.append(nbytes[u])
+            # Its stacked outputs that no loop reads mirror that: the loop writes each slice
+            # into a stack sharded like the slice (the scanned dim whole), and plan.jit pins
+            # the result to the plan's sharding after it, where XLA reshards the stack whole,
+            # once: an all-to-all where the stack's scanned dim takes axes its slice has on
+            # another dim (llama's kv-projection gradients, with `layers` and `kv_heads` on
+            # one axis, before the optimizer reads them; jax 0.10.2), nothing where it only
+            # adds axes (a local slice). Costed as the scan op's read of its body's output.
+            for _, r, b in written.get(op.id, ()):
+                dims = [(0, ROW_FROM_WHOLE, r, 0)] * int(slot_class[r, 0] >= 0) + [
+                    (d - 1, ROW_RESULT, r, d) for d in range(1, values[r].ndim)
+                    if slot_class[b, d - 1] >= 0]
+                for d, kind, src_v, src_d in dims:
+                    for key, val in (("op", op.id), ("value", b), ("dim", d), ("kind", kind),
+                                     ("src_value", src_v), ("src_dim", src_d), ("group", -1),
+                                     ("operand", len(operand_op))):
+                        rows[key].append(val)
+                if dims:
+                    operand_op.append(op.id)
+                    operand_value.append(b)
+                    operand_slot.append(-1)
+                    operand_nbytes.append(nbytes[r])
             continue
         # Where each factor lands on the results: (result value, dim, is the major part).
         on_result: dict[int, tuple[int, int, bool]] = {}
@@ -321,6 +351,7 @@ def build_static(an) -> Static:
                 operand_op.append(op.id)
                 operand_value.append(u)
                 operand_slot.append(t)
+                operand_nbytes.append(nbytes[u])
 
     live_start, live_end = liveness(prog)
     is_input = np.array([v.origin == INPUT for v in values])
@@ -342,6 +373,7 @@ def build_static(an) -> Static:
         operand_op=np.array(operand_op, np.int32),
         operand_value=np.array(operand_value, np.int32),
         operand_slot=np.array(operand_slot, np.int32),
+        operand_nbytes=np.array(operand_nbytes, np.float64),
         num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog), op_trip=op_trip,
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,

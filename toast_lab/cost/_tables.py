@@ -34,7 +34,8 @@ def record(**fields) -> np.dtype:
 GROUP = record(start=_I, end=_I, is_reduction=np.bool_)
 GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
-# like its group's consensus (`group`), or whole (ROW_REPLICATE).
+# like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
+# dim the operand holds whole, wanted like `source` (_static.py).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I)
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]).
 OPERAND = record(value_type=_I, start=_I, end=_I)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..analysis import domain_boundaries
 from ._plan_arrays import split_classes
-from ._static import ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
+from ._static import ROW_FROM_WHOLE, ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
     GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
     TypeTables,
@@ -129,7 +129,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for i in range(len(st.row_op)):
         kind = int(row_kind[i])
         vt, d = int(value_type[st.row_value[i]]), int(st.row_dim[i])
-        if kind == ROW_RESULT:
+        if kind in (ROW_RESULT, ROW_FROM_WHOLE):
             key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1)
         elif kind == ROW_GROUP:
             key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]))
@@ -186,7 +186,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     updates = _fresh_scatter_updates(an.program, st)
 
     def member_key(o):  # an OP_OPERAND record
-        return (int(operand_type[o]), float(st.nbytes[st.operand_value[o]]),
+        return (int(operand_type[o]), float(st.operand_nbytes[o]),
                 bool(st.early[st.operand_value[o]]), bool(updates[o]))
 
     ptypes = _Interner()
@@ -252,7 +252,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     pinned[list(domain_boundaries(an))] = True
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=op_of_read,
-                            trip=st.op_trip[op_of_read], nbytes=st.nbytes[st.operand_value[inst]],
+                            trip=st.op_trip[op_of_read], nbytes=st.operand_nbytes[inst],
                             early=st.early[st.operand_value[inst]],
                             pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
                             memory_position=op_of_read, ready=op_of_read,

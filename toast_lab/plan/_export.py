@@ -95,8 +95,16 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
             out.update(r for r in op.results if prog.values[r].ndim)
         out.update(_gathering_reshapes(plan))
     # Region outputs are constrained by their bodies; inputs by in_shardings.
-    return frozenset(v for v in out if prog.values[v].origin == "result"
-                     and not prog.ops[prog.values[v].producer].body)
+    out = {v for v in out if prog.values[v].origin == "result"
+           and not prog.ops[prog.values[v].producer].body}
+    # but for a stack a scan hands on (per-layer gradients) sharded unlike its slices: pinned,
+    # XLA reshards it once after the loop, as the cost model charges; unpinned, its readers
+    # each reshard it (jax 0.10.2: an all-to-all of llama's kv-projection gradients before
+    # each of Adam's moments)
+    for _, r, b in prog.handed_on_stacks():
+        if plan.value_axes(r) != ((),) + tuple(plan.value_axes(b)):
+            out.add(r)
+    return frozenset(out)
 
 
 def _gathering_reshapes(plan) -> set[int]:

@@ -128,6 +128,23 @@ class Program:
     def users(self, value: int) -> tuple[int, ...]:
         return self._users[value]
 
+    def handed_on_stacks(self) -> tuple[tuple[int, int, int], ...]:
+        """(scan op, stacked result, body output) of each stack a scan writes (ys) that no loop
+        reads: what a step hands on from its layers, such as the per-layer gradients its
+        optimizer updates. A stack another loop reads (the activations a forward scan keeps
+        for the backward one) is left out."""
+        out = []
+        for op in self.ops:
+            if op.primitive != "scan":
+                continue
+            nk = op.params["num_carry"]
+            first_out = len(op.body) - len(op.results)
+            for j in range(nk, len(op.results)):
+                r = op.results[j]
+                if not any(self.ops[u].body for u in self._users[r]):
+                    out.append((op.id, r, op.body[first_out + j]))
+        return tuple(out)
+
     @property
     def num_ops(self) -> int:
         return len(self.ops)
