@@ -2,6 +2,8 @@
 
 import functools
 
+import jax
+import numpy as np
 import pytest
 
 import toast_lab as tl
@@ -31,6 +33,66 @@ def test_roles_of_gpt_come_from_structure_not_names():
     prog = anon.program
     tokens = prog.inputs[prog.input_names.index("batch/tokens")]
     assert anon.value_classes[tokens] == (r.batch, r.sequence)
+
+
+def test_fsdp_with_tensor_parallelism_keeps_the_tensor_parallel_classes_on_the_model_axis():
+    # FSDP lists a class that is the only one of some parameter (a bias's hidden dim) even
+    # where tensor parallelism took it; it shards only the classes left
+    _, _, an = analysed("gpt")
+    roles = find_roles(an)
+    plan = tl.strategies.expert(an, MESH)["fsdp+tp"]
+    for c in roles.tensor_parallel:
+        assert plan.axes_of(an.classes[c].name) == ("model",)
+    assert plan.axes_of("embed") == ("data",)
+
+
+def _accumulating_step(micro: int = 4):
+    """An MLP step that splits its batch into micro-batches and sums their gradients with a
+    scan (gradient accumulation), then takes an SGD step."""
+    import jax.numpy as jnp
+
+    def loss(w, x, y):
+        h = jnp.tanh(x @ w["w1"])
+        return jnp.mean((h @ w["w2"] - y) ** 2)
+
+    def step(w, x, y):
+        xs = x.reshape(micro, -1, x.shape[1])
+        ys = y.reshape(micro, -1, y.shape[1])
+
+        def body(acc, batch):
+            g = jax.grad(loss)(w, *batch)
+            return jax.tree.map(jnp.add, acc, g), None
+
+        g, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, w), (xs, ys))
+        return jax.tree.map(lambda p, d: p - 0.1 * d / micro, w, g)
+
+    w = {"w1": jax.ShapeDtypeStruct((16, 64), jnp.float32),
+         "w2": jax.ShapeDtypeStruct((64, 8), jnp.float32)}
+    return step, (w, jax.ShapeDtypeStruct((128, 16), jnp.float32),
+                  jax.ShapeDtypeStruct((128, 8), jnp.float32))
+
+
+def test_a_batch_split_into_micro_batches_is_split_within_each_micro_batch():
+    """Gradient accumulation: data parallelism splits the examples of each micro-batch (the
+    dim after the scanned one), and the inputs' batch dim goes over the same devices."""
+    step, args = _accumulating_step()
+    an = tl.analyze(tl.trace(step, *args))
+    prog = an.program
+    roles = find_roles(an)
+    x, y = prog.inputs[-2:]
+    split = next(o for o in prog.ops if o.primitive == "reshape" and o.operands[0] == x)
+    micro, examples = an.value_classes[split.results[0]][:2]
+    assert roles.batch == examples
+    assert set(roles.micro_batched) == {an.value_classes[x][0], an.value_classes[y][0]}
+    plan = tl.strategies.expert(an, MESH)["dp"]
+    assert plan.value_axes(split.results[0])[:2] == ((), ("data", "model"))
+    assert plan.value_axes(x)[0] == plan.value_axes(y)[0] == ("data", "model")
+    # the weight gradients are summed over the devices: data parallelism is happening
+    est = tl.estimate(an, plan, MESH)
+    assert est.collectives[("all-reduce", ("data", "model"))].bytes > 0
+    rng = np.random.default_rng(0)
+    sample = jax.tree.map(lambda a: rng.normal(size=a.shape).astype(a.dtype), args)
+    assert verify(step, sample, plan, MESH).ok
 
 
 def test_strategies_that_do_not_apply_are_skipped_with_a_reason():

@@ -95,6 +95,9 @@ def expert(an, mesh) -> Strategies:
                 for c in cls:
                     if b.free(c, domain):
                         b.put(c, axes, domain)
+            elif kind == "like":  # the axes class `axes` got (where they divide these too)
+                for c in cls:
+                    b.put(c, b.plan.axes_of(axes), domain)
             else:
                 for c in cls:
                     b.put(c, axes, domain)
@@ -112,30 +115,33 @@ def expert(an, mesh) -> Strategies:
                "the step has no optimizer state (no state input that only the update reads)")
     has_width = (roles.width is not None, "the model has no width class (a residual stream)")
 
-    make("dp", [("one", roles.batch, every)], [has_batch])
-    make("fsdp", [("one", roles.batch, every), ("many", roles.fsdp, every)],
+    # a batch split into micro-batches: the inputs' leading dims go where the batch goes
+    micro = ("like", roles.micro_batched, roles.batch)
+    make("dp", [("one", roles.batch, every), micro], [has_batch])
+    make("fsdp", [("one", roles.batch, every), micro, ("many", roles.fsdp, every)],
          [has_batch, has_fsdp])
     make("megatron", [("many", roles.tensor_parallel, every)], [has_tp])
     make("sp", [("one", roles.sequence, every)], [has_seq])
     # ZeRO-1/2 (Megatron's distributed optimizer): data parallel, with the optimizer state —
     # and the weight gradients that feed it — sharded over the same devices; the gradients are
     # reduce-scattered into it and the updated parameters all-gathered back.
-    make("zero1", [("one", roles.batch, every), ("rest", roles.fsdp, every, OPTIMIZER)],
+    make("zero1", [("one", roles.batch, every), micro,
+                   ("rest", roles.fsdp, every, OPTIMIZER)],
          [has_batch, has_fsdp, has_opt])
     if model_axis is not None:
-        make("dp+tp", [("one", roles.batch, data_axes),
-                       ("many", roles.tensor_parallel, (model_axis,))],
+        batch = [("one", roles.batch, data_axes), ("like", roles.micro_batched, roles.batch)]
+        make("dp+tp", [*batch, ("many", roles.tensor_parallel, (model_axis,))],
              [has_batch, has_tp, two_d])
-        make("fsdp+tp", [("one", roles.batch, data_axes),
-                         ("many", roles.tensor_parallel, (model_axis,)),
-                         ("many", roles.fsdp, data_axes)],
+        # FSDP takes the classes tensor parallelism left (a bias's hidden dim is the only
+        # class of its parameter, so FSDP lists it too)
+        make("fsdp+tp", [*batch, ("many", roles.tensor_parallel, (model_axis,)),
+                         ("rest", roles.fsdp, data_axes)],
              [has_batch, has_tp, has_fsdp, two_d])
-        make("dp+sp", [("one", roles.batch, data_axes), ("one", roles.sequence, (model_axis,))],
+        make("dp+sp", [*batch, ("one", roles.sequence, (model_axis,))],
              [has_batch, has_seq, two_d])
         if len(data_axes) >= 2:  # batch over every data axis, parameters over the innermost
-            make("dp+fsdp+tp", [("one", roles.batch, data_axes),
-                                ("many", roles.tensor_parallel, (model_axis,)),
-                                ("many", roles.fsdp, data_axes[-1:])],
+            make("dp+fsdp+tp", [*batch, ("many", roles.tensor_parallel, (model_axis,)),
+                                ("rest", roles.fsdp, data_axes[-1:])],
                  [has_batch, has_tp, has_fsdp])
         _published(make, roles, data_axes, model_axis,
                    [has_batch, has_tp, has_fsdp, has_seq, has_opt, has_width])
@@ -150,8 +156,9 @@ def _published(make, roles, data_axes, model_axis, needs) -> None:
     FSDP, which takes only the classes it left (so a weight is split once over each axis)."""
     has_batch, has_tp, has_fsdp, has_seq, has_opt, has_width = needs
     batch = ("one", roles.batch, data_axes)
+    micro = ("like", roles.micro_batched, roles.batch)
     tp = ("many", roles.tensor_parallel, (model_axis,))
-    make("zero1+tp", [batch, tp, ("rest", roles.fsdp, data_axes, OPTIMIZER)],
+    make("zero1+tp", [batch, micro, tp, ("rest", roles.fsdp, data_axes, OPTIMIZER)],
          [has_batch, has_tp, has_fsdp, has_opt])
     # Megatron-SP (Korthikanti et al., 2022) with FSDP: activations between the tensor-parallel
     # regions sharded by position over the model axis (decided after the tensor-parallel
@@ -159,16 +166,16 @@ def _published(make, roles, data_axes, model_axis, needs) -> None:
     # reduce-scatter after each region instead of an all-reduce; weights FSDP over the data
     # axes (every one; over the innermost only in the `dp+` variant).
     sp = ("one", roles.sequence, (model_axis,))
-    make("fsdp+tp+sp", [batch, tp, sp, ("rest", roles.fsdp, data_axes)],
+    make("fsdp+tp+sp", [batch, micro, tp, sp, ("rest", roles.fsdp, data_axes)],
          [has_batch, has_tp, has_fsdp, has_seq])
     if len(data_axes) >= 2:
-        make("dp+fsdp+tp+sp", [batch, tp, sp, ("rest", roles.fsdp, data_axes[-1:])],
+        make("dp+fsdp+tp+sp", [batch, micro, tp, sp, ("rest", roles.fsdp, data_axes[-1:])],
              [has_batch, has_tp, has_fsdp, has_seq])
     # MaxText's default rules: activations' embed ("activation_embed") on the tensor axis,
     # the weights' and optimizer state's embed on the innermost data axis ("fsdp"), heads, MLP
     # and vocabulary on the tensor axis, the batch over every data axis.
     fsdp = data_axes[-1:]
-    make("maxtext", [batch, ("one", roles.width, (model_axis,)), tp,
+    make("maxtext", [batch, micro, ("one", roles.width, (model_axis,)), tp,
                      ("one", roles.width, fsdp, PARAMETERS), ("one", roles.width, fsdp, OPTIMIZER),
                      ("rest", roles.fsdp, fsdp)],
          [has_batch, has_tp, has_width, has_opt])

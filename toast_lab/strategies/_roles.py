@@ -10,7 +10,11 @@ and equinox's modules with `None` leaves all look the same here).
   library puts the example dim first. Each data input votes with its bytes for the class of its
   dim 0 (dim 1 where dim 0 is the scanned dim of a `lax.scan`, as in time-major inputs); a class
   that touches state cannot be the batch. Not the class with the most bytes: a sequence or an
-  image's height often has more.
+  image's height often has more. A batch split into micro-batches that a `lax.scan` runs one
+  at a time (gradient accumulation: `tokens.reshape(micro, -1, seq)`) votes for the examples
+  within a micro-batch, the dim after the scanned one: that is what data parallelism splits;
+  the inputs' own leading dims (`micro_batched`) are sharded like it, as a data loader hands
+  each device its share of the global batch.
 - sequence: a data class other than batch that two data inputs share (tokens and labels); it
   may touch state (learned positions).
 - feature classes: classes on a result dim of a contraction (dot_general, a convolution, a
@@ -47,10 +51,12 @@ class Roles:
     width: int | None
     tensor_parallel: tuple[int, ...]
     fsdp: tuple[int, ...]
+    micro_batched: tuple[int, ...] = ()  # the data inputs' leading dims split into `batch`
 
     def describe(self, an) -> dict[str, object]:
         name = lambda c: None if c is None else an.classes[c].name  # noqa: E731
         return {"batch": name(self.batch), "sequence": name(self.sequence),
+                "micro_batched": [name(c) for c in self.micro_batched],
                 "width": name(self.width),
                 "tensor_parallel": [name(c) for c in self.tensor_parallel],
                 "fsdp": [name(c) for c in self.fsdp]}
@@ -71,7 +77,7 @@ def find_roles(an) -> Roles:
     loops = {c for op, rule, classes in zip(prog.ops, an.op_rules, an.op_factor_classes)
              if op.primitive == "scan"
              for c, kind in zip(classes, rule.kinds) if kind is NEED_REPLICATION and c >= 0}
-    batch = _batch(an, data, state_classes, loops)
+    batch, micro_batched = _batch(an, data, state_classes, loops)
     by_bytes = sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
     # A sequence runs from the inputs to the targets: tokens and labels share it (an MLP's
     # features, an image's height, stop at the first layer).
@@ -107,26 +113,52 @@ def find_roles(an) -> Roles:
         if not params_of[c] <= covered:  # where two meet on a weight, the first decided wins
             fsdp.append(c)
             covered |= params_of[c]
-    return Roles(state, batch, sequence, width, tuple(tensor_parallel), tuple(fsdp))
+    micro_batched = tuple(c for c in micro_batched if c != batch and c not in state_classes)
+    return Roles(state, batch, sequence, width, tuple(tensor_parallel), tuple(fsdp),
+                 micro_batched)
 
 
-def _batch(an, data, state_classes, loops) -> int | None:
-    """The class of the data inputs' leading dim, by bytes voted (see the module docstring)."""
+def _batch(an, data, state_classes, loops) -> tuple[int | None, set[int]]:
+    """(the class of the data inputs' leading dim, by bytes voted; the leading classes that
+    are split into micro-batches of it) (see the module docstring)."""
     prog = an.program
     votes: dict[int, int] = defaultdict(int)
+    split: dict[int, set[int]] = defaultdict(set)
     for v in data:
         dims = an.value_classes[v]
         lead = [c for c in dims[:2]]
         if lead and lead[0] in loops and len(lead) > 1:  # time-major: [T, B, ...]
             lead = lead[1:]
         if lead and lead[0] >= 0 and lead[0] not in state_classes and lead[0] not in loops:
+            inner = _micro_batches(an, v, loops)
+            if inner is not None:
+                split[inner].add(lead[0])
+                lead = [inner]
             votes[lead[0]] += max(prog.values[v].nbytes, 1)
     if votes:
-        return max(votes, key=lambda c: (votes[c], -c))
+        batch = max(votes, key=lambda c: (votes[c], -c))
+        return batch, split[batch]
     # No data input has a usable leading dim: the data class with the most bytes at stake.
     data_classes = {c for v in data for c in an.value_classes[v] if c >= 0}
     return next((c for c in sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
-                 if c not in state_classes and c not in loops), None)
+                 if c not in state_classes and c not in loops), None), set()
+
+
+def _micro_batches(an, v: int, loops) -> int | None:
+    """The class of the examples within a micro-batch where data input `v` is reshaped into
+    [micro-batches (a scanned dim), examples, ...]; None where it is not."""
+    prog = an.program
+    n = prog.values[v].shape[0]
+    for op in prog.users(v):
+        op = prog.ops[op]
+        if op.primitive != "reshape":
+            continue
+        r = prog.values[op.results[0]]
+        classes = an.value_classes[r.id]
+        if (r.ndim >= 2 and r.shape[0] * r.shape[1] == n and classes[0] in loops
+                and classes[1] >= 0):
+            return int(classes[1])
+    return None
 
 
 def feature_classes(an) -> frozenset[int]:
