@@ -113,7 +113,8 @@ def find_roles(an) -> Roles:
         if not params_of[c] <= covered:  # where two meet on a weight, the first decided wins
             fsdp.append(c)
             covered |= params_of[c]
-    micro_batched = tuple(c for c in micro_batched if c != batch and c not in state_classes)
+    micro_batched = tuple(sorted(c for c in micro_batched
+                                 if c != batch and c not in state_classes))
     return Roles(state, batch, sequence, width, tuple(tensor_parallel), tuple(fsdp),
                  micro_batched)
 
