@@ -172,8 +172,9 @@ def test_written_plan_file_opens_by_double_click_without_a_kernel(
         assert colour in lab.locator(f'.tl-svg g.node[id="{n["id"]}"]').inner_html().lower()
     # Decisions: every class with the plan's axes; read-only.
     expect(lab.locator(".tl-decision[data-class]")).to_have_count(len(view["classes"]))
-    for name, axes in doc["classes"].items():
-        expect(lab.locator(f'.tl-decision[data-name="{name}"] .tl-axes')).to_have_text("×".join(axes))
+    for name, axes in doc["classes"].items():  # a class on no axis reads "replicated"
+        expect(lab.locator(f'.tl-decision[data-name="{name}"] .tl-axes')).to_have_text(
+            "×".join(axes) or "replicated")
     assert lab.locator(".tl-choice:not([disabled])").count() == 0
     # The estimate in the header, and the experts beside it.
     expect(lab.locator(".tl-figure-value").first).to_have_text(seconds(doc["estimate"]["step_time_s"]))
