@@ -352,11 +352,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     onto_whole = np.zeros(rows.shape[0], np.int64)  # added on a dim that is whole now
     for r in range(rows.shape[0]):
         row = rows[r]
-        actual = eff[row.value_type, row.dim]
-        if row.kind == ROW_RESULT:
-            want = eff[row.source_type, row.source_dim]
-        elif row.kind == ROW_FROM_WHOLE:
-            actual = 0
+        actual = 0 if row.kind == ROW_FROM_WHOLE else eff[row.value_type, row.dim]
+        if row.kind == ROW_RESULT or row.kind == ROW_FROM_WHOLE:
             want = eff[row.source_type, row.source_dim]
         elif row.kind == ROW_GROUP:
             want = consensus[row.group]

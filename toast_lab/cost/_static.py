@@ -255,6 +255,23 @@ def build_static(an) -> Static:
     op_result = np.full(N, -1, np.int32)
     op_is_region = np.array([bool(op.body) for op in ops])
     early = _early_values(prog)
+
+    def add_operand(op_id, value, slot, size, dims):
+        """An operand `op_id` reshards (`value`, its position `slot` among the op's operands,
+        -1 for none, and the whole-tensor bytes `size` it moves) with its rows, one per
+        (dim, row kind, source value, source dim, group) of `dims`; nothing without rows."""
+        if not dims:
+            return
+        for d, kind, src_v, src_d, group in dims:
+            for key, val in (("op", op_id), ("value", value), ("dim", d), ("kind", kind),
+                             ("src_value", src_v), ("src_dim", src_d), ("group", group),
+                             ("operand", len(operand_op))):
+                rows[key].append(val)
+        operand_op.append(op_id)
+        operand_value.append(value)
+        operand_slot.append(slot)
+        operand_nbytes.append(size)
+
     written: dict[int, list] = {}
     for w in prog.handed_on_stacks():
         written.setdefault(w[0], []).append(w)
@@ -276,19 +293,10 @@ def build_static(an) -> Static:
                 u = op.operands[t]
                 if not early[u]:
                     continue
-                dims = [(0, ROW_REPLICATE, -1, -1)] + [
-                    (d, ROW_RESULT, op.body[t], d - 1) for d in range(1, values[u].ndim)]
-                dims = [x for x in dims if slot_class[u, x[0]] >= 0]
-                for d, kind, src_v, src_d in dims:
-                    for key, val in (("op", op.id), ("value", u), ("dim", d), ("kind", kind),
-                                     ("src_value", src_v), ("src_dim", src_d), ("group", -1),
-                                     ("operand", len(operand_op))):
-                        rows[key].append(val)
-                if dims:
-                    operand_op.append(op.id)
-                    operand_value.append(u)
-                    operand_slot.append(t)
-                    operand_nbytes.append(nbytes[u])
+                dims = [(0, ROW_REPLICATE, -1, -1, -1)] + [
+                    (d, ROW_RESULT, op.body[t], d - 1, -1) for d in range(1, values[u].ndim)]
+                add_operand(op.id, u, t, nbytes[u],
+                            [x for x in dims if slot_class[u, x[0]] >= 0])
             # Its stacked outputs that no loop reads mirror that: the loop writes each slice
             # into a stack sharded like the slice (the scanned dim whole), and plan.jit pins
             # the result to the plan's sharding after it, where XLA reshards the stack whole,
@@ -297,19 +305,10 @@ def build_static(an) -> Static:
             # one axis, before the optimizer reads them; jax 0.10.2), nothing where it only
             # adds axes (a local slice). Costed as the scan op's read of its body's output.
             for _, r, b in written.get(op.id, ()):
-                dims = [(0, ROW_FROM_WHOLE, r, 0)] * int(slot_class[r, 0] >= 0) + [
-                    (d - 1, ROW_RESULT, r, d) for d in range(1, values[r].ndim)
+                dims = [(0, ROW_FROM_WHOLE, r, 0, -1)] * int(slot_class[r, 0] >= 0) + [
+                    (d - 1, ROW_RESULT, r, d, -1) for d in range(1, values[r].ndim)
                     if slot_class[b, d - 1] >= 0]
-                for d, kind, src_v, src_d in dims:
-                    for key, val in (("op", op.id), ("value", b), ("dim", d), ("kind", kind),
-                                     ("src_value", src_v), ("src_dim", src_d), ("group", -1),
-                                     ("operand", len(operand_op))):
-                        rows[key].append(val)
-                if dims:
-                    operand_op.append(op.id)
-                    operand_value.append(b)
-                    operand_slot.append(-1)
-                    operand_nbytes.append(nbytes[r])
+                add_operand(op.id, b, -1, nbytes[r], dims)
             continue
         # Where each factor lands on the results: (result value, dim, is the major part).
         on_result: dict[int, tuple[int, int, bool]] = {}
@@ -320,8 +319,7 @@ def build_static(an) -> Static:
         groups: dict[int, int] = {}
         for t, dims in enumerate(rule.operands):
             u = op.operands[t]
-            operand_index = len(operand_op)
-            added = False
+            wanted = []
             for d, factors in enumerate(dims):
                 if not factors or slot_class[u, d] < 0:
                     continue
@@ -342,16 +340,8 @@ def build_static(an) -> Static:
                         group_op.append(op.id)
                         group_is_reduction.append(kind is REDUCTION)
                     row_kind, group = ROW_GROUP, groups[f]
-                for key, val in (("op", op.id), ("value", u), ("dim", d), ("kind", row_kind),
-                                 ("src_value", src_v), ("src_dim", src_d), ("group", group),
-                                 ("operand", operand_index)):
-                    rows[key].append(val)
-                added = True
-            if added:
-                operand_op.append(op.id)
-                operand_value.append(u)
-                operand_slot.append(t)
-                operand_nbytes.append(nbytes[u])
+                wanted.append((d, row_kind, src_v, src_d, group))
+            add_operand(op.id, u, t, nbytes[u], wanted)
 
     live_start, live_end = liveness(prog)
     is_input = np.array([v.origin == INPUT for v in values])
