@@ -750,7 +750,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
     hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
-    reduced_buffers(gdelta, gathered, reduced, memory)
+    reduced_buffers(gdelta, gathered, reduced, memory, tables.ops, vmask, mesh)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
@@ -790,53 +790,67 @@ def hoisted_reshards(gdelta, gathered, member_bytes, tables, memory):
 
 
 @njit(cache=True, inline="always")
-def reduced_buffers(gdelta, gathered, reduced, memory):
+def reduced_buffers(gdelta, gathered, reduced, memory, ops, vmask, mesh):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
-    live. XLA:CPU combines the all-reduces of the step into one after the last of them
-    (AllReduceCombiner), but it can only combine all-reduces that do not depend on each
-    other: one whose result is read before the last reducing op (an activation gradient:
-    a message-passing scatter's sum, Megatron's input gradient) runs at its op. Those
-    combined keep their partial sums live until the combined one, which writes all their
-    results at once (whatever reads them waits for it); the others, and all of them
-    elsewhere (GPU, TPU), hold both buffers at the op. Which all-reduces combine is decided in program
-    order (a dependency follows it); the buffers live in the order the compiler runs the
-    ops (memory.position)."""
+    live. XLA:CPU combines the all-reduces of each computation (the step's, a loop body's)
+    into one after the last of them (AllReduceCombiner), but it can only combine all-reduces
+    that do not depend on each other: one whose result is read before the last reducing op
+    of its computation (an activation gradient: a message-passing scatter's sum, Megatron's
+    input gradient) runs at its op. Those combined keep their partial sums, whole, live until
+    the combined one, which writes all their results at once (whatever reads them waits for
+    it; a result sharded where the partial sums are not is sliced from it there); the others,
+    and all of them elsewhere (GPU, TPU), hold both buffers at the op. Which
+    all-reduces combine is decided in program order (a dependency follows it); the buffers
+    live in the order the compiler runs the ops (memory.position)."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
             gathered[p] += reduced[p]
         return
-    latest = -1
-    for p in range(reduced.shape[0]):
-        if reduced[p] > 0.0:
-            span = memory.instances_by_type[p]
-            latest = max(latest, memory.instances[span.end - 1])
-    if latest < 0:
-        return
-    last = -1  # the last reducing op whose result waits past every reducing op
-    combined = -1  # where the combined all-reduce runs: after the last op it combines
+    comp = memory.computation
+    C = 0
+    for n in range(comp.shape[0]):
+        C = max(C, comp[n] + 1)
+    latest = np.full(C, -1, np.int64)
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
-                if memory.deadline[n] > latest:
-                    last = max(last, n)
-                    combined = max(combined, memory.position[n])
+                latest[comp[n]] = max(latest[comp[n]], n)
+    last = np.full(C, -1, np.int64)  # the last reducing op whose result waits past the rest
+    combined = np.full(C, -1, np.int64)  # where the combined all-reduce runs: after the last
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
+                c = comp[n]
+                if memory.deadline[n] > latest[c]:
+                    last[c] = max(last[c], n)
+                    combined[c] = max(combined[c], memory.position[n])
+    for p in range(reduced.shape[0]):
+        if reduced[p] > 0.0:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                n = memory.instances[i]
+                c = comp[n]
                 at = memory.position[n]
-                if memory.deadline[n] > latest and last >= n:
-                    # the partial sums (the op's result) until the combined all-reduce, its
-                    # new buffer there
+                if memory.deadline[n] > latest[c] and last[c] >= n:
+                    # the partial sums until the combined all-reduce (the op's result, as a
+                    # temporary, is their shard until it dies), its new buffer there
                     end = memory.result_end[n]
-                    if end < combined + 1:
+                    stop = combined[c] + 1
+                    shard = 0.0
+                    if ops[p].result_type >= 0:
+                        shard = ops[p].result_nbytes / mesh[vmask[ops[p].result_type]].ways
+                    if end > at + 1 and reduced[p] > shard:
+                        gdelta[at + 1] += reduced[p] - shard
+                        gdelta[max(at + 1, min(end, stop))] -= reduced[p] - shard
+                    if end < stop:
                         gdelta[end] += reduced[p]
-                        gdelta[combined + 1] -= reduced[p]
-                    gdelta[combined] += reduced[p]
-                    gdelta[combined + 1] -= reduced[p]
+                        gdelta[stop] -= reduced[p]
+                    gdelta[combined[c]] += reduced[p]
+                    gdelta[combined[c] + 1] -= reduced[p]
                 else:
                     gdelta[at] += reduced[p]
                     gdelta[at + 1] -= reduced[p]

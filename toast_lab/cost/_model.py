@@ -159,8 +159,9 @@ class CostModel:
                                             lambda: library_inputs(prog, st.fused))
             min_nbytes = np.minimum(min_nbytes, threshold)
         temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
-                          & (st.nbytes > 0))[0]
+                          & (st.nbytes > 0) & ~st.outside_buffer)[0]
         temps = np.zeros(len(temp) + len(pieces), TEMP)
+        self._temp_values = temp  # the value of each temporary (workspace pieces follow)
         live_end = fused_live_ends(prog, live_end, fused)
         for v, ops in readers.items():
             if fused[v]:
@@ -217,6 +218,13 @@ class CostModel:
             operand_reads["ready"] = np.minimum(ready[st.operand_value[o]],
                                                 operand_reads["position"])
             operand_reads["member"] = ty.operand_member[o]
+        # a reshard hoisted out of a loop (Types.read_loop) runs before it; its buffer is read
+        # by every iteration, so it lives until the loop's last op
+        loop = ty.read_loop[ty.read_loop >= 0]
+        if len(loop):
+            body_end = np.array([prog.ops[n].body_ops[1] for n in loop.tolist()], np.int64)
+            reads["ready"][ty.read_loop >= 0] = position[loop]
+            reads["memory_position"][ty.read_loop >= 0] = position[loop] + body_end - loop - 1
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         self.memory = MemoryTables(
@@ -227,7 +235,7 @@ class CostModel:
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
             deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
-            operand_reads=operand_reads)
+            operand_reads=operand_reads, computation=_computations(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -459,6 +467,13 @@ def _aliases(prog, pruned: set[int]) -> list[tuple[int, int]]:
         if waiting:
             pairs.append((waiting.pop(0), o))
     return pairs
+
+
+def _computations(prog) -> np.ndarray:
+    """[N] the computation each op runs in (MemoryTables.computation)."""
+    regions = sorted({op.region for op in prog.ops if op.region >= 0})
+    index = {r: k + 1 for k, r in enumerate(regions)}
+    return np.array([index.get(op.region, 0) for op in prog.ops], np.int64)
 
 
 def _events(st, shared_reads) -> np.ndarray:

@@ -28,8 +28,9 @@ from ._plan_arrays import split_classes
 
 # An operand row wants its dim sharded like a result's dim (ROW_RESULT), like its group's
 # consensus (ROW_GROUP) or whole (ROW_REPLICATE); ROW_FROM_WHOLE: the operand holds the dim
-# whole (a stack a loop writes slice by slice, along the scanned dim) and the op wants it
-# sharded like the source dim.
+# whole (a stack a loop writes slice by slice, along the scanned dim; the minor part of a
+# compound dim, whose sharding is its major part's) and the op wants it sharded like the
+# source dim.
 ROW_RESULT, ROW_GROUP, ROW_REPLICATE, ROW_FROM_WHOLE = 0, 1, 2, 3
 # What a result dim of a matmul is to the hardware: a batch of independent matmuls, the rows
 # (M, from the lhs) or the columns (N, from the rhs) of one.
@@ -96,6 +97,15 @@ class Static:
     op_deadline: np.ndarray     # [N] int: the first op reading a result (N: none, an output)
     body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
     body_last_trip: np.ndarray  # [N]: the trip count at the last op of a top-level loop body
+    # [V] the outermost loop (a scan op) each value is the same across every iteration of, a
+    # loop-invariant input of its body (-1: none), and the value outside that loop it is
+    invariant_loop: np.ndarray
+    invariant_source: np.ndarray
+    # [V] bool: a scan's body input that is a buffer outside the body, not one of its own: a
+    # constant is its operand, read in place; the carry is the loop's result buffer, updated
+    # in place (XLA's while loop keeps one buffer per state element; copy insertion adds none
+    # for an element the body only reads)
+    outside_buffer: np.ndarray
     op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
@@ -341,6 +351,15 @@ def build_static(an) -> Static:
                         group_is_reduction.append(kind is REDUCTION)
                     row_kind, group = ROW_GROUP, groups[f]
                 wanted.append((d, row_kind, src_v, src_d, group))
+                # The minor parts of a compound dim (a batch split into micro-batches, [32] ->
+                # [4, 8]) hold no axes of their own: the operand's axes are its major part's.
+                # A minor part the result shards comes from other devices' blocks: with the
+                # major part's row losing those axes, an all-to-all (tokens on data to each
+                # micro-batch's examples on data: jax 0.10.2 moves the tokens' shard so).
+                for f2 in factors[1:]:
+                    if rule.kinds[f2] is PASS_THROUGH and on_result.get(f2, (0, 0, False))[2]:
+                        r, e, _ = on_result[f2]
+                        wanted.append((d, ROW_FROM_WHOLE, r, e, -1))
             add_operand(op.id, u, t, nbytes[u], wanted)
 
     live_start, live_end = liveness(prog)
@@ -374,7 +393,8 @@ def build_static(an) -> Static:
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
         value_classes=an.value_classes, op_kernel=op_kernel, op_flop_scale=op_flop_scale,
-        op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders))
+        op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders),
+        **_loop_invariants(prog))
 
 
 def liveness(prog, position=None):
@@ -412,6 +432,9 @@ def liveness(prog, position=None):
             end[u] = max(end[u], pos)
         for u in op.body:
             end[u] = max(end[u], region_end[op.id])
+        if op.primitive == "scan":  # its constants are read in place by every iteration
+            for u in op.operands[:op.params["num_consts"]]:
+                end[u] = max(end[u], region_end[op.id])
     for v in prog.outputs:
         end[v] = N + 1
     return start, end
@@ -541,6 +564,28 @@ def _schedule(prog, sum_leader) -> dict:
             body_last_trip[op.body_ops[1] - 1] = float(ops[op.body_ops[0]].trip_count)
     return dict(early=early, op_ready=ready, op_deadline=deadline, body_first=body_first,
                 body_last_trip=body_last_trip)
+
+
+def _loop_invariants(prog) -> dict:
+    """A scan's constants (the weights a gradient-accumulation loop reads every micro-batch)
+    are the same in every iteration: XLA's loop-invariant code motion reshards them once,
+    before the loop (jax 0.10.2 gathers an FSDP step's weights there, not per micro-batch),
+    and the reshard's buffer lives through the loop. Followed through nested scans to the
+    outermost loop they are constant in."""
+    values = prog.values
+    loop = np.full(len(values), -1, np.int64)
+    source = np.arange(len(values), dtype=np.int64)
+    for op in prog.ops:  # program order: an outer loop comes before the loops in its body
+        if op.primitive != "scan":
+            continue
+        for b, u in zip(op.body[:op.params["num_consts"]], op.operands):
+            loop[b] = loop[u] if loop[u] >= 0 else op.id
+            source[b] = source[u]
+    outside = np.zeros(len(values), bool)
+    for op in prog.ops:
+        if op.primitive == "scan":
+            outside[list(op.body[:op.params["num_consts"] + op.params["num_carry"]])] = True
+    return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
 
 
 def _workspace(prog) -> dict:

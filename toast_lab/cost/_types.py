@@ -36,6 +36,9 @@ class Types(NamedTuple):
     # through them.
     operand_member: np.ndarray  # [O]
     operand_read: np.ndarray    # [O]
+    # [S] the loop each shared read is hoisted out of (Static.invariant_loop; -1: none): XLA
+    # reshards it once before that loop, and its buffer lives until the loop ends.
+    read_loop: np.ndarray
 
 
 class _Interner(dict):
@@ -163,8 +166,15 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     # read of a relayout of a value is a read of that value (see gather_sources).
     group_of_op = np.array([op.cse_group for op in an.program.ops], _I)
     source = gather_sources(an.program)
-    unit = source[st.operand_value] * (group_of_op.max() + 1) \
-        + group_of_op[st.operand_op]
+    # A loop-invariant read (a scan's constant, or a relayout of one) is resharded before the
+    # loop (Static.invariant_loop): once per loop and sharding, whichever ops read it there.
+    read_of = source[st.operand_value]
+    loop_of = st.invariant_loop[read_of]
+    hoisted = loop_of >= 0
+    read_of = np.where(hoisted, source[st.invariant_source[read_of]], read_of)
+    groups_count = group_of_op.max() + 2
+    unit = read_of * groups_count + np.where(hoisted, groups_count - 1,
+                                             group_of_op[st.operand_op])
     # Reads of their own: a loop's gather of its stack, not CSE'd with other reads (_static,
     # scans), and a relayout's read of its operand (it reshards nothing there, passing the
     # sharding through: its readers' reads are the value's).
@@ -175,7 +185,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     own = st.op_is_region[st.operand_op] | linked
     unit = np.where(own, -1 - np.arange(len(unit)), unit)
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
-    shared = uses[unit_id] >= 2
+    shared = (uses[unit_id] >= 2) | hoisted
     operands_of_op = [[] for _ in range(N)]
     for o in range(num_operands):
         if not shared[o]:
@@ -250,12 +260,14 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     shared_values = _records(SPAN, start=ptr[:-1], end=ptr[1:])
     pinned = np.zeros(len(an.program.values), bool)  # what plan.jit pins under overrides
     pinned[list(domain_boundaries(an))] = True
+    read_loop = loop_of[inst]
+    at = np.where(read_loop >= 0, read_loop, op_of_read)  # where the reshard runs
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
-                            op_type=op_type[op_of_read], position=op_of_read,
-                            trip=st.op_trip[op_of_read], nbytes=st.operand_nbytes[inst],
+                            op_type=op_type[op_of_read], position=at,
+                            trip=st.op_trip[at], nbytes=st.operand_nbytes[inst],
                             early=st.early[st.operand_value[inst]],
                             pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
-                            memory_position=op_of_read, ready=op_of_read,
+                            memory_position=at, ready=at,
                             copy_of=np.where(materialised(an.program, source)[
                                 st.operand_value[inst]], st.operand_value[inst], -1))
     operand_read = np.full(num_operands, -1, _I)
@@ -269,7 +281,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, split_base=split_classes(an).base, num_ops=N)
-    return Types(value_type, op_type, tables, operand_member, operand_read)
+    return Types(value_type, op_type, tables, operand_member, operand_read, read_loop)
 
 
 # Ops that only relayout their operand: same elements, same dtype, no arithmetic.

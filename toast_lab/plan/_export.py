@@ -18,7 +18,7 @@ from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 #                parameter step): where the plan reshards, XLA must too;
 #   "compute":   also every result of an op with a contracting (reduction) factor — matmuls,
 #                convolutions, reductions — so XLA follows the plan where the flops are, and
-#                every reshape the plan gathers at (see _gathering_reshapes);
+#                every reshape the plan reshards at (see _resharding_reshapes);
 #   "all":       every value (slow to compile; for debugging the cost model);
 #   "none":      only the in/out shardings.
 CONSTRAINT_POLICIES = ("none", "conflicts", "compute", "all")
@@ -93,7 +93,7 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
             if op.body or REDUCTION not in rule.kinds:
                 continue
             out.update(r for r in op.results if prog.values[r].ndim)
-        out.update(_gathering_reshapes(plan))
+        out.update(_resharding_reshapes(plan))
     # Region outputs are constrained by their bodies; inputs by in_shardings.
     out = {v for v in out if prog.values[v].origin == "result"
            and not prog.ops[prog.values[v].producer].body}
@@ -107,21 +107,31 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
     return frozenset(out)
 
 
-def _gathering_reshapes(plan) -> set[int]:
-    """The results of reshapes whose operand is sharded on an axis the result is not: the plan
-    gathers there, and so does the cost model. Unpinned, XLA carries the operand's sharding
-    through the reshape on sub-axes where it can (a GQA reshape of 4 heads sharded over 4
-    devices into 2 kv heads x 2: 2 x 2 sub-axes) and gathers piecemeal downstream instead:
-    llama megatron (jax 0.10.2) paid 42 all-gathers, 1.8 MB, in its attention, against the
-    4 of 262 KB it pays pinned, which the model predicts exactly."""
-    prog = plan.analysis.program
+def _resharding_reshapes(plan) -> set[int]:
+    """The results of reshapes that read their operand on fewer axes than it holds (read_axes:
+    an axis the result does not shard, or one that moves from a compound dim's major part to a
+    minor one): the plan gathers or moves it there, and so does the cost model. Unpinned, XLA
+    carries the operand's sharding through the reshape on sub-axes where it can (a GQA reshape
+    of 4 heads sharded over 4 devices into 2 kv heads x 2: 2 x 2 sub-axes) and reshards
+    piecemeal downstream instead: llama megatron (jax 0.10.2) paid 42 all-gathers, 1.8 MB, in
+    its attention, against the 4 of 262 KB it pays pinned, which the model predicts exactly;
+    a batch split into 4 micro-batches whose examples are sharded on (data, model) was
+    gathered over `data` every micro-batch (4 KB, and 31 KB of permutes), against one
+    all-to-all of the tokens' 256 B shard pinned."""
+    an = plan.analysis
+    prog = an.program
     out: set[int] = set()
-    for op in prog.ops:
+    for op, rule in zip(prog.ops, an.op_rules):
         if op.primitive != "reshape" or op.body:
             continue
-        before = {a for dim in plan.value_axes(op.operands[0]) for a in dim}
-        after = {a for dim in plan.value_axes(op.results[0]) for a in dim}
-        if before - after:
+        own = plan.value_axes(op.operands[0])
+        if rule.fallback:  # no factors to follow: where an axis leaves the value altogether
+            lost = {a for d in own for a in d} - {a for d in plan.value_axes(op.results[0])
+                                                  for a in d}
+        else:
+            lost = {a for have, want in zip(own, read_axes(plan, op, rule, 0))
+                    for a in set(have) - set(want)}
+        if lost:
             out.add(op.results[0])
     return out
 
