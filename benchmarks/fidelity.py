@@ -2,9 +2,10 @@
 
     python benchmarks/fidelity.py [--models gpt mlp ...] [--random 3]
 
-For every zoo model (tiny sizes) and twelve third-party steps (flax.nnx and equinox MLPs, the
+For every zoo model (tiny sizes) and thirteen third-party steps (flax.nnx and equinox MLPs, the
 held-out models of tests/ext_models.py; two steps each in flax.linen, flax.nnx, equinox, haiku
-and Keras 3, tests/third_party/models.py) x the expert strategies x a few random plans, on 8 simulated
+and Keras 3, and a flax.linen step accumulating gradients, tests/third_party/models.py) x the
+expert strategies x a few random plans, on 8 simulated
 CPU devices (mesh data=4 x model=2): estimate with tl.estimate, compile and run with tl.verify,
 and compare per device: argument bytes, output bytes, temporaries, peak (argument + output +
 temporaries − aliased, the way both count it), flops, and collective bytes by kind. Prints one
@@ -111,7 +112,8 @@ def compare(fn, sample, an, plan, mesh) -> dict:
 
 # Training steps written with other libraries: flax.nnx and equinox MLPs (tests/ext_models.py),
 # and two steps per library the way its docs write them (tests/third_party/models.py): flax.linen
-# (scan + remat, an embedding; a ViT), flax.nnx (batch norm, dropout; the MNIST tutorial's CNN),
+# (scan + remat, an embedding; a ViT; a decoder accumulating gradients over micro-batches in a
+# scan), flax.nnx (batch norm, dropout; the MNIST tutorial's CNN),
 # equinox (filtered; attention blocks), haiku (a ResNet with batch norm; a causal decoder) and
 # Keras 3 (attention, exact GELU; a CNN with batch norm, max pooling and dropout).
 EXTERNAL = ("nnx", "equinox")
@@ -119,7 +121,7 @@ THIRD_PARTY = {"linen": "linen", "nnx-bn-dropout": "nnx", "equinox-filter": "equ
                "haiku-resnet": "haiku", "keras-transformer": "keras", "nnx-cnn": "nnx-cnn",
                "haiku-transformer": "haiku-transformer",
                "equinox-attention": "equinox-attention", "linen-vit": "linen-vit",
-               "keras-cnn": "keras-cnn"}
+               "keras-cnn": "keras-cnn", "linen-accumulate": "linen-accumulate"}
 
 
 def _repository_on_path() -> None:

@@ -413,6 +413,54 @@ def _keras_stateless_step(model, opt, data):
     return step, (state, data)
 
 
+def linen_accumulate():
+    """flax.linen: a two-block causal decoder whose step accumulates gradients over four
+    micro-batches with `lax.scan` (the batch reshaped to [micro-batches, examples, seq]),
+    then clips and applies AdamW once."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
+            attention = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=WIDTH)
+            x = x + attention(nn.LayerNorm()(x), mask=mask)
+            h = nn.Dense(4 * WIDTH)(nn.LayerNorm()(x))
+            return x + nn.Dense(WIDTH)(nn.gelu(h))
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(VOCAB, WIDTH)(tokens)
+            for _ in range(2):
+                x = Block()(x)
+            return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+    micro = 4
+    model = Decoder()
+    tokens = _tokens(shape=(micro * BATCH, SEQ))
+    params = model.init(jax.random.key(0), tokens[:2, :-1])
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+
+    def step(params, opt_state, tokens):
+        def loss_fn(p, batch):
+            return _xent(model.apply(p, batch[:, :-1]), batch[:, 1:])
+
+        def accumulate(acc, batch):
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            return jax.tree.map(jnp.add, acc, (loss, grads)), None
+
+        zeros = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+        batches = tokens.reshape(micro, -1, tokens.shape[1])
+        (loss, grads), _ = jax.lax.scan(accumulate, zeros, batches)
+        grads = jax.tree.map(lambda g: g / micro, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss / micro
+
+    return step, (params, tx.init(params), tokens)
+
+
 BUILDERS = {
     "linen": (linen_scan_remat, "flax"),
     "nnx": (nnx_dropout_batchnorm, "flax"),
@@ -424,4 +472,5 @@ BUILDERS = {
     "equinox-attention": (equinox_attention, "equinox"),
     "linen-vit": (linen_vit, "flax"),
     "keras-cnn": (keras_cnn, "keras"),
+    "linen-accumulate": (linen_accumulate, "flax"),
 }
