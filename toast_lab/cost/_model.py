@@ -161,7 +161,6 @@ class CostModel:
         temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
                           & (st.nbytes > 0) & ~st.outside_buffer)[0]
         temps = np.zeros(len(temp) + len(pieces), TEMP)
-        self._temp_values = temp  # the value of each temporary (workspace pieces follow)
         live_end = fused_live_ends(prog, live_end, fused)
         for v, ops in readers.items():
             if fused[v]:
