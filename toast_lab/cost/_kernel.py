@@ -406,6 +406,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     pre_late = np.zeros(P)
     post = np.zeros(P)
     reduced = np.zeros(P)
+    reduces = np.zeros(P, np.bool_)  # the op reduces partial sums (a scalar's too)
     for p in range(P):
         op = ops[p]
         w = op.weight
@@ -469,6 +470,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
             # (an op whose partial sums are added to its leader's, sharded alike, is reduced
             # there, once: XLA's AllReduceReassociate)
+            reduces[p] = True
             result_bytes = op.result_nbytes / mesh[res_mask].ways
             partial = result_bytes * mesh[psum & res_mask].ways
             # before a reduce-scatter the partial sums are whole on the scattered dims: a
@@ -632,7 +634,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             gdelta[copy_end[k]] -= copy_bytes[k]
     reshards = (pre_early, pre_late, post, read_time)
     return (totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced,
-            member_bytes)
+            member_bytes, reduces)
 
 
 @njit(cache=True, inline="always")
@@ -738,7 +740,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced, \
-        member_bytes = evaluate_types(PlanArrays(*plan), tables, mesh, device,
+        member_bytes, reduces = evaluate_types(PlanArrays(*plan), tables, mesh, device,
                                       np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
@@ -750,7 +752,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     else:
         move_temps(delta, old_vmask, vmask, mesh, memory)
     hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
-    reduced_buffers(gdelta, gathered, reduced, memory, tables.ops, vmask, mesh)
+    reduced_buffers(gdelta, gathered, reduced, reduces, memory, tables.ops, vmask, mesh)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
     return totals, coll, op_compute, op_comm, vmask
@@ -790,13 +792,13 @@ def hoisted_reshards(gdelta, gathered, member_bytes, tables, memory):
 
 
 @njit(cache=True, inline="always")
-def reduced_buffers(gdelta, gathered, reduced, memory, ops, vmask, mesh):
+def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
     live. XLA:CPU combines the all-reduces of each computation (the step's, a loop body's)
     into one after the last of them (AllReduceCombiner), but it can only combine all-reduces
     that do not depend on each other: one whose result is read before the last reducing op
     of its computation (an activation gradient: a message-passing scatter's sum, Megatron's
-    input gradient) runs at its op. Those combined keep their partial sums live until the
+    input gradient; a gradient whose global norm is reduced after it) runs at its op. Those combined keep their partial sums live until the
     combined one, which writes all their results at once (whatever reads them waits for it;
     a result sharded where the partial sums are not is sliced from it there); the others,
     and all of them elsewhere (GPU, TPU), hold both buffers at the op. Which
@@ -807,12 +809,10 @@ def reduced_buffers(gdelta, gathered, reduced, memory, ops, vmask, mesh):
             gathered[p] += reduced[p]
         return
     comp = memory.computation
-    C = 0
-    for n in range(comp.shape[0]):
-        C = max(C, comp[n] + 1)
+    C = memory.num_computations
     latest = np.full(C, -1, np.int64)
     for p in range(reduced.shape[0]):
-        if reduced[p] > 0.0:
+        if reduces[p]:  # a scalar's reduction (a global norm's) orders the others too
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
@@ -836,21 +836,18 @@ def reduced_buffers(gdelta, gathered, reduced, memory, ops, vmask, mesh):
                 c = comp[n]
                 at = memory.position[n]
                 if memory.deadline[n] > latest[c] and last[c] >= n:
-                    # the partial sums until the combined all-reduce, its new buffer there.
-                    # In a loop body the partial sums are whole until then, where the op's
-                    # result (a temporary) is only their shard (an FSDP step accumulating
-                    # gradients: one all-reduce of 34 whole gradients per micro-batch, jax
-                    # 0.10.2). In the step's own computation an optimizer reading the
-                    # gradients (a global norm) splits XLA's combine into pairs that run
-                    # earlier (haiku-transformer, ZeRO-1), and the shard stands for them.
+                    # the partial sums, whole, until the combined all-reduce (the op's
+                    # result, a temporary, is only their shard where it is sharded: an FSDP
+                    # step accumulating gradients combines 34 whole gradients per
+                    # micro-batch, jax 0.10.2), its new buffer there
                     end = memory.result_end[n]
                     stop = combined[c] + 1
-                    shard = 0.0
-                    if ops[p].result_type >= 0:
-                        shard = ops[p].result_nbytes / mesh[vmask[ops[p].result_type]].ways
-                    if c > 0 and end > at + 1 and reduced[p] > shard:
-                        gdelta[at + 1] += reduced[p] - shard
-                        gdelta[max(at + 1, min(end, stop))] -= reduced[p] - shard
+                    if end > at + 1 and ops[p].result_type >= 0:
+                        rest = reduced[p] - ops[p].result_nbytes / mesh[
+                            vmask[ops[p].result_type]].ways
+                        if rest > 0.0:
+                            gdelta[at + 1] += rest
+                            gdelta[max(at + 1, min(end, stop))] -= rest
                     if end < stop:
                         gdelta[end] += reduced[p]
                         gdelta[stop] -= reduced[p]

@@ -219,13 +219,14 @@ class CostModel:
             operand_reads["member"] = ty.operand_member[o]
         # a reshard hoisted out of a loop (Types.read_loop) runs before it; its buffer is read
         # by every iteration, so it lives until the loop's last op
-        loop = ty.read_loop[ty.read_loop >= 0]
-        if len(loop):
-            body_end = np.array([prog.ops[n].body_ops[1] for n in loop.tolist()], np.int64)
-            reads["ready"][ty.read_loop >= 0] = position[loop]
-            reads["memory_position"][ty.read_loop >= 0] = position[loop] + body_end - loop - 1
+        hoisted = ty.read_loop >= 0
+        loop = ty.read_loop[hoisted]
+        body_end = np.array([prog.ops[n].body_ops[1] for n in loop.tolist()], np.int64)
+        reads["ready"][hoisted] = position[loop]
+        reads["memory_position"][hoisted] = position[loop] + body_end - loop - 1
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
+        computation = _computations(prog)
         self.memory = MemoryTables(
             op_type=type_at, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
@@ -234,7 +235,8 @@ class CostModel:
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
             deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
-            operand_reads=operand_reads, computation=_computations(prog))
+            operand_reads=operand_reads, computation=computation,
+            num_computations=int(computation.max(initial=0)) + 1)
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,

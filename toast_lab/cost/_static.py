@@ -575,16 +575,15 @@ def _loop_invariants(prog) -> dict:
     values = prog.values
     loop = np.full(len(values), -1, np.int64)
     source = np.arange(len(values), dtype=np.int64)
+    outside = np.zeros(len(values), bool)
     for op in prog.ops:  # program order: an outer loop comes before the loops in its body
         if op.primitive != "scan":
             continue
-        for b, u in zip(op.body[:op.params["num_consts"]], op.operands):
+        consts = op.params["num_consts"]
+        for b, u in zip(op.body[:consts], op.operands):
             loop[b] = loop[u] if loop[u] >= 0 else op.id
             source[b] = source[u]
-    outside = np.zeros(len(values), bool)
-    for op in prog.ops:
-        if op.primitive == "scan":
-            outside[list(op.body[:op.params["num_consts"] + op.params["num_carry"]])] = True
+        outside[list(op.body[:consts + op.params["num_carry"]])] = True
     return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
 
 

@@ -162,5 +162,6 @@ class MemoryTables(NamedTuple):
     result_end: np.ndarray      # [N] where each op's first result stops being live
     operand_reads: np.ndarray   # OPERAND_READ records (none where reshards run at their op)
     # [N] (program order) the computation each op runs in: 0 the step's own, k > 0 the body of
-    # the k-th region (a compiler combines collectives within one computation)
+    # the k-th region (a compiler combines collectives within one computation); how many
     computation: np.ndarray
+    num_computations: int
