@@ -7,8 +7,9 @@ activations' `embed` on the tensor axis and the weights' `embed` on the FSDP axi
 while the parameters stay replicated. A plan says so with per-domain overrides
 (`Plan.with_axes(cls, axes, domain=...)`); this module says which domain each value is in.
 
-- **activations**: values carrying an *activation class* — a class of the data inputs that no
-  state input has (the batch; positions, when nothing learned is indexed by them).
+- **activations**: values carrying an *activation class* — a class of the data inputs, or of
+  values computed from the data alone, that no state input has (the batch, and the examples
+  of each micro-batch it is split into; positions, when nothing learned is indexed by them).
 - **compute**: the activations (forward and backward) and every value that feeds them and
   depends on the data: what the step computes per example.
 - **parameters**: state inputs that feed the activations (what the forward reads), the values
@@ -112,8 +113,14 @@ def find_domains(an) -> Domains:
     updated = updated_pairs(prog)  # the state a step returns updated (none for a loss)
     data = [v for v in prog.inputs if v not in state]
     vc = an.value_classes
+    succ, pred = _dataflow(prog)
+    on_data = _closure(data, succ, V)
+    # Classes of the data and of what is computed from it alone: a batch split into
+    # micro-batches (a reshape, sliced by a scan) gives its examples a class of their own,
+    # which the data input, holding them in one compound dim, does not have.
+    data_only = np.nonzero(on_data & ~_closure(state, succ, V))[0]
     state_classes = {c for v in state for c in vc[v] if c >= 0}
-    activation = frozenset(c for v in data for c in vc[v] if c >= 0) - state_classes
+    activation = frozenset(c for v in data_only for c in vc[v] if c >= 0) - state_classes
     of_value = np.zeros(V, np.int8)  # COMPUTE
     if not activation:
         params = frozenset(state)
@@ -121,12 +128,10 @@ def find_domains(an) -> Domains:
             of_value[v] = DOMAINS.index(PARAMETERS)
         return Domains(of_value, params, frozenset(), activation, updated)
 
-    succ, pred = _dataflow(prog)
     carries = np.array([any(c in activation for c in vc[v.id]) for v in values], bool)
     feeds = _closure(np.nonzero(carries)[0], pred, V)        # activations and their ancestors
     params = frozenset(v for v in state if feeds[v])
     opt_state = frozenset(state) - params
-    on_data = _closure(data, succ, V)
     on_params = _closure(sorted(params), succ, V)
     for v in values:
         i = v.id
