@@ -46,8 +46,9 @@ Known differences, reported rather than tuned away:
   transpose, the max-pool gradient's window indices run as soon as their operands exist),
   with elementwise producers fused into their readers except the inputs its YNNPACK
   reductions read from memory (x - mean and the normalised x of a large layer norm) and
-  expensive ops read by several fusions, XLA:CPU's single combined gradient all-reduce
-  (partial sums live until it, results written there), its max-pool-gradient expansion, a
+  expensive ops read by several fusions, a while's state and a cond's results held once
+  (colocated with their bodies' parameters and roots), XLA:CPU's single combined gradient
+  all-reduce (partial sums live until it, results written there), its max-pool-gradient expansion, a
   loop body's temporaries within their iteration, and temporaries placed in output buffers
   not yet written. Still missed: recomputation XLA chooses (a relu or a gather feeding a
   weight gradient recomputed in slices: gnn zero1, maxtext), XLA's scan residual stacks

@@ -432,9 +432,9 @@ def liveness(prog, position=None):
             end[u] = max(end[u], pos)
         for u in op.body:
             end[u] = max(end[u], region_end[op.id])
-        if op.primitive == "scan":  # its constants are read in place by every iteration
-            for u in op.operands[:op.params["num_consts"]]:
-                end[u] = max(end[u], region_end[op.id])
+        for i in region_read_operands(op):  # read in place by every iteration or branch
+            u = op.operands[i]
+            end[u] = max(end[u], region_end[op.id])
     for v in prog.outputs:
         end[v] = N + 1
     return start, end
@@ -584,7 +584,29 @@ def _loop_invariants(prog) -> dict:
             loop[b] = loop[u] if loop[u] >= 0 else op.id
             source[b] = source[u]
         outside[list(op.body[:consts + op.params["num_carry"]])] = True
+    outside[_in_place_region_values(prog)] = True
     return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
+
+
+def _in_place_region_values(prog) -> list[int]:
+    """The body values of `while` and `cond` regions that are no buffers of their own: XLA
+    colocates a while's state with its cond's and body's parameters and its body's root, and
+    a conditional's result with each branch's root; a branch's parameters are its operands.
+    (optax.MultiSteps and apply_if_finite step through a cond: counted as buffers, both
+    branches' copies of the whole optimizer state put dp's peak at 2.5x XLA's.)"""
+    return [v for op in prog.ops if op.primitive in ("while", "cond") for v in op.body]
+
+
+def region_read_operands(op) -> range:
+    """The operands of a region op that its body reads in place, every iteration or branch:
+    they live until the region ends (a scan's and a while's constants, a cond's operands)."""
+    if op.primitive == "scan":
+        return range(op.params["num_consts"])
+    if op.primitive == "while":
+        return range(op.params["cond_nconsts"] + op.params["body_nconsts"])
+    if op.primitive == "cond":
+        return range(1, len(op.operands))
+    return range(0)
 
 
 def _workspace(prog) -> dict:

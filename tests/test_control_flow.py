@@ -1,0 +1,109 @@
+"""Steps that branch or loop on a condition: optax.MultiSteps and apply_if_finite update the
+state inside a `cond`, an inner optimisation loop is a `while`. XLA colocates a conditional's
+result with each branch's root (a branch's parameters are its operands) and a while's state
+with its body's parameters and root: the estimate holds one copy of the state there, not one
+per branch or body value."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import toast_lab as tl
+
+MESH = tl.Mesh({"data": 8}, device="cpu")
+D, H, O, B = 128, 256, 64, 32
+
+
+def _params():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    return {"w1": jax.random.normal(k1, (D, H)) * 0.1, "w2": jax.random.normal(k2, (H, O)) * 0.1}
+
+
+def _batch():
+    kx, ky = jax.random.split(jax.random.key(1))
+    return jax.random.normal(kx, (B, D)), jax.random.normal(ky, (B, O))
+
+
+def _loss(p, x, y):
+    return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
+
+
+def _optax_step(tx):
+    def step(p, s, x, y):
+        g = jax.grad(_loss)(p, x, y)
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p = _params()
+    return step, (p, tx.init(p), *_batch())
+
+
+def multi_steps():
+    return _optax_step(optax.MultiSteps(optax.adam(1e-3), every_k_schedule=2))
+
+
+def if_finite():
+    return _optax_step(optax.apply_if_finite(optax.adam(1e-3), 3))
+
+
+def inner_while():
+    def step(p, x, y):
+        def cond(c):
+            return (c[0] < 3) & (_loss(c[1], x, y) > 1e-3)
+
+        def body(c):
+            i, q = c
+            g = jax.grad(_loss)(q, x, y)
+            return i + 1, jax.tree.map(lambda a, b: a - 0.1 * b, q, g)
+
+        return jax.lax.while_loop(cond, body, (0, p))[1]
+
+    return step, (_params(), *_batch())
+
+
+def test_more_branches_need_no_more_memory():
+    """Each branch writes the cond's results in place: a switch of four branches, each
+    returning a new copy of the state, needs what one of two does."""
+
+    def step(n):
+        def f(i, s):
+            branches = [lambda s, k=k: jax.tree.map(lambda a: jnp.tanh(a * (k + 1.0)), s)
+                        for k in range(n)]
+            return jax.tree.map(jnp.sum, jax.lax.switch(i, branches, s))
+        return f
+
+    state = {"a": jax.ShapeDtypeStruct((256, 256), "float32"),
+             "b": jax.ShapeDtypeStruct((256, 128), "float32")}
+    args = (jax.ShapeDtypeStruct((), "int32"), state)
+    nbytes = 4 * (256 * 256 + 256 * 128)
+    temps = []
+    for n in (2, 4):
+        an = tl.analyze(tl.trace(step(n), *args))
+        temps.append(tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1})).temp_bytes)
+    assert temps[1] == pytest.approx(temps[0], abs=64)  # a branch's scalar constants
+    assert temps[0] < 1.1 * nbytes  # the switch's results, once
+
+
+def test_a_while_loop_keeps_one_copy_of_its_state():
+    """The loop's parameters are its state, updated in place: under data parallelism its
+    temporaries are the state, one gradient and the activations, not a copy per body value."""
+    fn, args = inner_while()
+    an = tl.analyze(tl.trace(fn, *args))
+    state = sum(a.nbytes for a in jax.tree.leaves(args[0]))
+    est = tl.estimate(an, tl.Plan.replicated(an).with_axes("x[0]", "data"), MESH)
+    assert est.temp_bytes < 2.5 * state
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [multi_steps, if_finite, inner_while])
+def test_conditional_steps_peak_as_xla_compiles_them(build):
+    fn, args = build()
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = tl.strategies.expert(an, MESH)["dp"]
+    rep = tl.verify(fn, args, plan, MESH)
+    assert rep.ok, str(rep)
+    est = tl.estimate(an, plan, MESH)
+    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.1)
