@@ -64,6 +64,21 @@ def inner_while():
     return step, (_params(), *_batch())
 
 
+def fori_accumulate():
+    """Gradients accumulated over 4 micro-batches in a fori_loop (a scan without xs) that
+    indexes the batch itself."""
+    def step(p, x, y):
+        xs, ys = x.reshape(4, B // 4, D), y.reshape(4, B // 4, O)
+
+        def body(i, acc):
+            return jax.tree.map(jnp.add, acc, jax.grad(_loss)(p, xs[i], ys[i]))
+
+        g = jax.lax.fori_loop(0, 4, body, jax.tree.map(jnp.zeros_like, p))
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+    return step, (_params(), *_batch())
+
+
 def test_more_branches_need_no_more_memory():
     """Each branch writes the cond's results in place: a switch of four branches, each
     returning a new copy of the state, needs what one of two does."""
@@ -97,13 +112,28 @@ def test_a_while_loop_keeps_one_copy_of_its_state():
     assert est.temp_bytes < 2.5 * state
 
 
+def test_a_loop_accumulates_in_place():
+    """The accumulator a loop carries is its state: each iteration's sum is written there, so
+    the temporaries hold it once, with one micro-batch's gradients, not a second copy."""
+    fn, args = fori_accumulate()
+    an = tl.analyze(tl.trace(fn, *args))
+    weights = sum(a.nbytes for a in jax.tree.leaves(args[0]))
+    est = tl.estimate(an, tl.Plan.replicated(an).with_axes("x[0]", "data"), MESH)
+    assert 2 * weights < est.temp_bytes < 2.5 * weights
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("build", [multi_steps, if_finite, inner_while])
-def test_conditional_steps_peak_as_xla_compiles_them(build):
+@pytest.mark.parametrize("build, rel", [
+    (multi_steps, 0.1), (if_finite, 0.1), (inner_while, 0.1),
+    # XLA adds each micro-batch's gradient to the accumulator as soon as it is made; the
+    # model, in program order, after the last (1.13x XLA's peak)
+    (fori_accumulate, 0.2),
+])
+def test_conditional_steps_peak_as_xla_compiles_them(build, rel):
     fn, args = build()
     an = tl.analyze(tl.trace(fn, *args))
     plan = tl.strategies.expert(an, MESH)["dp"]
     rep = tl.verify(fn, args, plan, MESH)
     assert rep.ok, str(rep)
     est = tl.estimate(an, plan, MESH)
-    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.1)
+    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=rel)

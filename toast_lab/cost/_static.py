@@ -571,7 +571,12 @@ def _loop_invariants(prog) -> dict:
     are the same in every iteration: XLA's loop-invariant code motion reshards them once,
     before the loop (jax 0.10.2 gathers an FSDP step's weights there, not per micro-batch),
     and the reshard's buffer lives through the loop. Followed through nested scans to the
-    outermost loop they are constant in."""
+    outermost loop they are constant in.
+
+    outside_buffer: body values that are no buffers of their own: a scan's constants (read in
+    place), and its carry in and out (the while XLA lowers it to keeps one buffer per state
+    element, and an accumulator's sum is written there: a fori_loop accumulating gradients
+    held a second copy of them before), with while's and cond's (_in_place_region_values)."""
     values = prog.values
     loop = np.full(len(values), -1, np.int64)
     source = np.arange(len(values), dtype=np.int64)
@@ -584,6 +589,8 @@ def _loop_invariants(prog) -> dict:
             loop[b] = loop[u] if loop[u] >= 0 else op.id
             source[b] = source[u]
         outside[list(op.body[:consts + op.params["num_carry"]])] = True
+        n_in = len(op.operands)
+        outside[list(op.body[n_in:n_in + op.params["num_carry"]])] = True
     outside[_in_place_region_values(prog)] = True
     return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
 
