@@ -46,13 +46,14 @@ Known differences, reported rather than tuned away:
   transpose, the max-pool gradient's window indices run as soon as their operands exist),
   with elementwise producers fused into their readers except the inputs its YNNPACK
   reductions read from memory (x - mean and the normalised x of a large layer norm) and
-  expensive ops read by several fusions, a while's state and a cond's results held once
+  expensive ops read by several fusions, a loop's state and a cond's results held once
   (colocated with their bodies' parameters and roots), XLA:CPU's single combined gradient
-  all-reduce (partial sums live until it, results written there), its max-pool-gradient expansion, a
-  loop body's temporaries within their iteration, and temporaries placed in output buffers
-  not yet written. Still missed: recomputation XLA chooses (a relu or a gather feeding a
-  weight gradient recomputed in slices: gnn zero1, maxtext), XLA's scan residual stacks
-  (llama megatron, gpt_scan random plans), and odd shardings of a max pool (cnn random1).
+  all-reduce (partial sums live until it, results written there), its max-pool-gradient
+  expansion, a loop body's temporaries within their iteration, and temporaries placed in
+  output buffers not yet written. Still missed: recomputation XLA chooses (a relu or a
+  gather feeding a weight gradient recomputed in slices: gnn zero1, maxtext), XLA's scan
+  residual stacks (llama megatron, gpt_scan random plans), and odd shardings of a max pool
+  (cnn random1).
 - XLA's cost_analysis() counts a while loop's body once; the model's `flops` counts a scan body
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce

@@ -798,12 +798,13 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
     into one after the last of them (AllReduceCombiner), but it can only combine all-reduces
     that do not depend on each other: one whose result is read before the last reducing op
     of its computation (an activation gradient: a message-passing scatter's sum, Megatron's
-    input gradient; a gradient whose global norm is reduced after it) runs at its op. Those combined keep their partial sums live until the
-    combined one, which writes all their results at once (whatever reads them waits for it;
-    a result sharded where the partial sums are not is sliced from it there); the others,
-    and all of them elsewhere (GPU, TPU), hold both buffers at the op. Which
-    all-reduces combine is decided in program order (a dependency follows it); the buffers
-    live in the order the compiler runs the ops (memory.position)."""
+    input gradient; a gradient whose global norm is reduced after it) runs at its op. Those
+    combined keep their partial sums live until the combined one, which writes all their
+    results at once (whatever reads them waits for it; a result sharded where the partial
+    sums are not is sliced from it there); the others, and all of them elsewhere (GPU, TPU),
+    hold both buffers at the op. Which all-reduces combine is decided in program order (a
+    dependency follows it); the buffers live in the order the compiler runs the ops
+    (memory.position)."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
             gathered[p] += reduced[p]

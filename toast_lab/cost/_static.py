@@ -101,10 +101,10 @@ class Static:
     # loop-invariant input of its body (-1: none), and the value outside that loop it is
     invariant_loop: np.ndarray
     invariant_source: np.ndarray
-    # [V] bool: a scan's body input that is a buffer outside the body, not one of its own: a
-    # constant is its operand, read in place; the carry is the loop's result buffer, updated
-    # in place (XLA's while loop keeps one buffer per state element; copy insertion adds none
-    # for an element the body only reads)
+    # [V] bool: a region's body value that is a buffer outside the body, not one of its own
+    # (in_place_body_values): a constant or a branch's input is its operand, read in place; a
+    # loop's carry in and out are its state buffer, updated in place; a branch's output is
+    # the cond's result
     outside_buffer: np.ndarray
     op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
@@ -571,37 +571,38 @@ def _loop_invariants(prog) -> dict:
     are the same in every iteration: XLA's loop-invariant code motion reshards them once,
     before the loop (jax 0.10.2 gathers an FSDP step's weights there, not per micro-batch),
     and the reshard's buffer lives through the loop. Followed through nested scans to the
-    outermost loop they are constant in.
-
-    outside_buffer: body values that are no buffers of their own: a scan's constants (read in
-    place), and its carry in and out (the while XLA lowers it to keeps one buffer per state
-    element, and an accumulator's sum is written there: a fori_loop accumulating gradients
-    held a second copy of them before), with while's and cond's (_in_place_region_values)."""
+    outermost loop they are constant in. With them, the body values that are no buffers of
+    their own (in_place_body_values)."""
     values = prog.values
     loop = np.full(len(values), -1, np.int64)
     source = np.arange(len(values), dtype=np.int64)
     outside = np.zeros(len(values), bool)
     for op in prog.ops:  # program order: an outer loop comes before the loops in its body
+        outside[in_place_body_values(op)] = True
         if op.primitive != "scan":
             continue
         consts = op.params["num_consts"]
         for b, u in zip(op.body[:consts], op.operands):
             loop[b] = loop[u] if loop[u] >= 0 else op.id
             source[b] = source[u]
-        outside[list(op.body[:consts + op.params["num_carry"]])] = True
-        n_in = len(op.operands)
-        outside[list(op.body[n_in:n_in + op.params["num_carry"]])] = True
-    outside[_in_place_region_values(prog)] = True
     return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
 
 
-def _in_place_region_values(prog) -> list[int]:
-    """The body values of `while` and `cond` regions that are no buffers of their own: XLA
-    colocates a while's state with its cond's and body's parameters and its body's root, and
-    a conditional's result with each branch's root; a branch's parameters are its operands.
-    (optax.MultiSteps and apply_if_finite step through a cond: counted as buffers, both
-    branches' copies of the whole optimizer state put dp's peak at 2.5x XLA's.)"""
-    return [v for op in prog.ops if op.primitive in ("while", "cond") for v in op.body]
+def in_place_body_values(op) -> list[int]:
+    """The body values of a region op that are no buffers of their own. XLA lowers a scan to
+    a while, keeps one buffer per state element and colocates it with the cond's and body's
+    parameters and the body's root (an accumulator's sum is written there: a fori_loop
+    accumulating gradients held a second copy of them otherwise); it colocates a conditional's
+    result with each branch's root, and a branch's parameters are its operands (optax's
+    MultiSteps and apply_if_finite update the whole optimizer state in a cond: counted as
+    buffers, both branches' copies of it put dp's peak at 2.5x XLA's). A scan's constants are
+    read in place; its x slices and y slices are buffers of their own."""
+    if op.primitive == "scan":
+        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
+        return [*op.body[:nc + nk], *op.body[n_in:n_in + nk]]
+    if op.primitive in ("while", "cond"):
+        return list(op.body)
+    return []
 
 
 def region_read_operands(op) -> range:
