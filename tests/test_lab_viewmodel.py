@@ -450,3 +450,23 @@ def test_scanned_layers_are_one_group_with_the_scan_length():
     tree = build_scope_tree(tl.trace(fn, *args))
     assert tree.groups["block"].repeat == 3 and tree.groups["block/attn"].repeat == 3
     assert tree.groups["embed"].repeat == 1
+
+
+def test_a_step_drawing_random_bits_draws_its_key_values():
+    # jax.random.bernoulli wraps a legacy uint32 key into a typed key<fry> value: an extended
+    # dtype with no numpy kind, which the graph's type labels once crashed on
+    import jax
+    import jax.numpy as jnp
+
+    def step(w, x, key):
+        def loss(w):
+            h = x @ w
+            return jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h, 0.0).sum()
+        return w - 0.1 * jax.grad(loss)(w)
+
+    args = (jnp.ones((16, 16)), jnp.ones((8, 16)), jax.random.PRNGKey(0))
+    an = tl.analyze(tl.trace(step, *args))
+    b = ViewBuilder(an, tl.Mesh({"data": 4, "model": 2}, device="h100"))
+    opened = b.build(Session(an, b.mesh), set(b.tree.groups))
+    labels = [n.label for n in opened.graph.nodes] + [e.label for e in opened.graph.edges]
+    assert any("key<fry>[" in str(x) for x in labels)

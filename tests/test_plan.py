@@ -139,6 +139,47 @@ def test_plan_jit_refuses_another_function():
         plan.jit(other, tl.Mesh({"data": 8}).jax_mesh())
 
 
+def test_plan_jit_runs_the_function_it_is_given_with_its_own_constants():
+    # a plan is keyed by the program's structure: a function that differs only in a constant
+    # (another learning rate, a partial's argument) takes the plan and runs as itself
+    def make_step(lr):
+        def step(p, x):
+            g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"])))(p)
+            return jax.tree.map(lambda a, b: a - lr * b, p, g)
+        return step
+
+    p, x = {"w": jnp.ones((4, 8)) * 0.1}, jnp.ones((8, 4))
+    an = tl.analyze(tl.trace(make_step(0.1), p, x))
+    plan = tl.Plan.replicated(an).with_axes("x[0]", "data")
+    faster = make_step(1.0)
+    got = plan.jit(faster, tl.Mesh({"data": 8}).jax_mesh(), donate=False)(p, x)
+    np.testing.assert_allclose(got["w"], faster(p, x)["w"], rtol=1e-5)
+    assert not np.allclose(got["w"], make_step(0.1)(p, x)["w"])
+
+    def swapped(p, x):  # the same ops and shapes, wired otherwise: not this plan's function
+        g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"])))(p)
+        return jax.tree.map(lambda a, b: b - 0.1 * a, p, g)
+
+    with pytest.raises(ValueError, match="not the function this plan was made for"):
+        plan.jit(swapped, tl.Mesh({"data": 8}).jax_mesh())
+
+
+def test_plan_jit_refuses_other_shapes_than_it_was_planned_for():
+    # the plan replays the traced shapes (a mean divides by the traced batch): a batch of 16
+    # where 8 was traced would compute the wrong mean, so it is refused by name
+    def loss(p, x):
+        return jnp.mean(x @ p["w"])
+
+    p = {"w": jnp.ones((4, 8))}
+    an = tl.analyze(tl.trace(loss, p, jnp.ones((8, 4))))
+    step = tl.Plan.replicated(an).with_axes("x[0]", "data").jit(loss, tl.Mesh({"data": 8})
+                                                                .jax_mesh())
+    assert float(step(p, jnp.ones((8, 4)))) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match=r"argument x is float32\[16, 4\] but 'loss' was "
+                                         r"traced and planned with float32\[8, 4\]"):
+        step(p, jnp.ones((16, 4)))
+
+
 def test_plan_files_round_trip(gpt, mesh, tmp_path):
     _, _, an = gpt
     (c,) = an.conflicts

@@ -21,8 +21,10 @@ from ._scopes import ROOT, ScopeTree
 
 
 def type_label(value) -> str:
-    """'f32[32,1024,768]'."""
-    kind = {"f": "f", "i": "s", "u": "u", "b": "pred", "c": "c"}.get(value.dtype.kind, "")
+    """'f32[32,1024,768]'; a typed PRNG key array reads 'key<fry>[2]'."""
+    # extended dtypes (jax.random.key's key<fry>) have a name but no numpy kind
+    kind = {"f": "f", "i": "s", "u": "u", "b": "pred", "c": "c"}.get(
+        getattr(value.dtype, "kind", ""), "")
     name = f"{kind}{value.dtype.itemsize * 8}" if kind and kind != "pred" else (
         kind or value.dtype.name)
     return f"{name}[{','.join(map(str, value.shape))}]"

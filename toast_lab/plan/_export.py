@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis import domain_boundaries, domains
@@ -269,12 +270,17 @@ def whole_results(plan) -> dict[int, PartitionSpec]:
     return out
 
 
-def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
+def constrained(plan, jax_mesh, policy: str = "compute", program=None) -> Callable:
     """The traced function, re-run op by op with sharding constraints at the chosen values
     (and, unless the policy is "none", on the operands the plan reshards just before their
     op: dims it needs whole, and what it reads from another domain, see boundary_reads; and
     on the results of windowed reductions, computed whole on their window dims before they
-    take the plan's sharding, see whole_results)."""
+    take the plan's sharding, see whole_results).
+
+    program: the program to re-run (default: the plan's own), one with the same ops and
+    wiring (`same_structure`), e.g. the user's function traced again with other constants.
+    The function checks, when jax traces it, that it is called with the shapes traced.
+    """
     targets = constraint_values(plan, policy)
     whole = whole_results(plan) if policy != "none" else {}
     targets = targets | frozenset(whole)
@@ -295,7 +301,42 @@ def constrained(plan, jax_mesh, policy: str = "compute") -> Callable:
     def gather(op_id, t, x):
         return jax.lax.with_sharding_constraint(x, NamedSharding(jax_mesh, uses[(op_id, t)]))
 
-    return as_function(plan.analysis.program, constrain, targets, gather, frozenset(uses))
+    program = plan.analysis.program if program is None else program
+    return _checking_shapes(program, as_function(program, constrain, targets, gather,
+                                                 frozenset(uses)))
+
+
+def _checking_shapes(program, fn: Callable) -> Callable:
+    """fn, refusing arguments of other shapes or dtypes than the program was traced with: its
+    ops replay the traced shapes (a mean divides by the traced batch), so another batch size
+    would run wrong or fail deep inside jax."""
+
+    def checked(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+        if tree == program.in_tree:  # as_function names a structure mismatch itself
+            for (path, leaf), v in zip(leaves, program.inputs):
+                val = program.values[v]
+                shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", val.dtype)
+                if shape != val.shape or not _same_dtype(dtype, val.dtype):
+                    raise ValueError(
+                        f"plan.jit: argument {val.name or jax.tree_util.keystr(path)} is "
+                        f"{getattr(dtype, 'name', dtype)}{list(shape)} but {program.fn_name!r} "
+                        f"was traced and planned with {val.dtype.name}{list(val.shape)}; a "
+                        f"plan is for the shapes it was made for: trace, analyse and plan "
+                        f"these shapes")
+        return fn(*args, **kwargs)
+
+    checked.__name__ = fn.__name__
+    return checked
+
+
+def _same_dtype(a, b) -> bool:
+    """Equal after JAX's canonicalization (float64 NumPy arrays trace as float32 without x64;
+    Python scalars are weakly typed)."""
+    try:
+        return jax.dtypes.canonicalize_dtype(a) == jax.dtypes.canonicalize_dtype(b)
+    except (TypeError, ValueError):  # extended dtypes (PRNG keys)
+        return str(a) == str(b)
 
 
 def donated_arguments(program) -> tuple[int, ...]:
@@ -326,10 +367,11 @@ def jit(plan, fn: Callable | None, jax_mesh, constraints: str = "compute", donat
     """
     prog = plan.analysis.program
     jax_mesh = as_jax_mesh(plan, jax_mesh)
-    if fn is not None and fn is not prog.fn:
-        _check_same_program(fn, prog)
+    # A function other than the traced one (a fresh closure, another learning rate) runs as
+    # itself: its own program, re-traced, once it has the plan's ops and wiring.
+    own = _retraced(fn, prog) if fn is not None and fn is not prog.fn else prog
     in_sh, out_sh = shardings(plan, jax_mesh)
-    body = constrained(plan, jax_mesh, constraints)
+    body = constrained(plan, jax_mesh, constraints, own)
     if donate and "donate_argnums" not in jit_kwargs and "donate_argnames" not in jit_kwargs:
         jit_kwargs["donate_argnums"] = donated_arguments(prog)
     if not _has_kwargs(prog):
@@ -363,16 +405,32 @@ class KeywordStep:
         return self.packed.lower(*args, kwargs)
 
 
-def _check_same_program(fn, prog) -> None:
+def _retraced(fn, prog):
+    """fn traced on the program's argument shapes; it must have the program's ops, wiring and
+    shapes (its constants may differ: they are its own), else the plan is not for it."""
     args, kwargs = jax.tree_util.tree_unflatten(
         prog.in_tree, [jax.ShapeDtypeStruct(prog.values[v].shape, prog.values[v].dtype)
                        for v in prog.inputs])
     other = trace(fn, *args, **kwargs)
-    if other.fingerprint() != prog.fingerprint():
+    if not same_structure(other, prog):
         raise ValueError(
             f"plan.jit: {getattr(fn, '__name__', fn)!r} is not the function this plan was made "
-            f"for ({prog.fn_name!r}: program fingerprints {other.fingerprint()} != "
-            f"{prog.fingerprint()}); trace and analyse it first")
+            f"for ({prog.fn_name!r}: program fingerprints {other.fingerprint()} vs "
+            f"{prog.fingerprint()}, or the same ops wired differently); trace and analyse it "
+            f"first")
+    return other
+
+
+def same_structure(a, b) -> bool:
+    """The same inputs, ops (primitive, operands, results) and value shapes and dtypes: a plan
+    for one, keyed by value ids, holds for the other. Constants and literals may differ."""
+    if a.fingerprint() != b.fingerprint() or len(a.values) != len(b.values) \
+            or a.inputs != b.inputs or a.outputs != b.outputs or a.in_tree != b.in_tree:
+        return False
+    return all(x.operands == y.operands and x.results == y.results
+               for x, y in zip(a.ops, b.ops)) and \
+        all(u.shape == v.shape and str(u.dtype) == str(v.dtype)
+            for u, v in zip(a.values, b.values))
 
 
 def logical_axis_rules(plan, domain: str | None = None
