@@ -71,6 +71,23 @@ def test_pins_are_kept(gpt_big):
     assert {"batch", "seq", conflict.name} <= set(res.plan.pinned)
 
 
+def test_a_pinned_class_keeps_its_axes_on_every_tensor_of_the_class():
+    # The batch of tanh(x @ w) pinned to data: w's columns, unpinned and bigger, once ranked
+    # first and took data on every activation, leaving the pin on the input x alone.
+    import jax.numpy as jnp
+
+    def step(p, x):
+        g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"])))(p)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+    an = tl.analyze(tl.trace(step, {"w": jnp.ones((16, 32))}, jnp.ones((8, 16))))
+    batch = an.class_named("x[0]")
+    res = search(an, tl.Mesh({"data": 8}, device="h100"), pins={"x[0]": "data"},
+                 simulations=300, budget_s=None, seed=0)
+    assert len(batch.members) > 1
+    assert all(res.plan.value_axes(v)[d] == ("data",) for v, d in batch.members)
+
+
 @pytest.mark.parametrize("mesh, pins, message", [
     (MESH, {"bogus": "data"}, "name no class"),
     (tl.Mesh({"data": 3}), {"heads": "data"}, "size 16, not divisible by the 3 devices"),

@@ -504,9 +504,14 @@ class Session:
 
 
 def _pins_of(plan: Plan) -> dict:
-    """{name: axes or resolution} of the pinned decisions, as `tl.search(pins=)` takes them."""
+    """{name: axes or resolution} of the pinned decisions, as `tl.search(pins=)` takes them:
+    the classes in the plan's decision order (the search ranks pinned classes in the order
+    given, and the plan's order is the one the person built), then the rest by name."""
+    an = plan.analysis
+    ranked = [an.classes[k].name for k, _ in plan.assignments]
+    ranked = [n for n in ranked if n in plan.pinned]
     out = {}
-    for name in sorted(plan.pinned):
+    for name in ranked + sorted(plan.pinned - set(ranked)):
         try:
             out[name] = plan.axes_of(name)
         except PlanError:

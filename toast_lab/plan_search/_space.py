@@ -20,7 +20,9 @@ the *rank order* of the classes (which class keeps a mesh axis two classes of on
 Plan's first-decision-wins). The rank order is the tree order unless `order` says otherwise:
 the search takes it from the best plan it starts from, so that plan is in the space exactly
 (Megatron-SP needs the tensor-parallel classes ranked before the sequence, whatever their
-bytes). Pins fix a decision's choice at the root.
+bytes). Pins fix a decision's choice at the root, and pinned classes rank before all others,
+in the order they are given: a pinned class keeps its axes on every tensor of the class (pin
+the batch before the weights' embed for FSDP).
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class Space:
         self.decisions = tuple(decisions)
         self.num_choices = np.array([len(d.choices) for d in decisions], np.int64)
         self.pinned = np.array([d.pinned for d in decisions], np.int64)
+        # pinned classes rank first, in the pins' order: a pin holds its axes on every tensor
+        # of its class, not only where no class decided earlier wants them
+        by_name = {c.name: c.id for c in analysis.classes}
+        self._pinned_first = tuple(by_name[n] for n in pins if n in by_name)
         self._set_order(order)
 
     @staticmethod
@@ -161,12 +167,13 @@ class Space:
         return out
 
     def _set_order(self, order) -> None:
-        """Rank positions of the class decisions: `order` first, then the rest in tree order."""
+        """Rank positions of the class decisions: the pinned classes first, then `order`, then
+        the rest in tree order."""
         classes = [p for p, d in enumerate(self.decisions) if d.kind == CLASS]
-        if order is not None:
-            where = {d.index: p for p, d in ((p, self.decisions[p]) for p in classes)}
-            first = [where[k] for k in dict.fromkeys(order) if k in where]
-            classes = first + [p for p in classes if p not in set(first)]
+        where = {d.index: p for p, d in ((p, self.decisions[p]) for p in classes)}
+        ranked = [*self._pinned_first, *(order or ())]
+        first = [where[k] for k in dict.fromkeys(ranked) if k in where]
+        classes = first + [p for p in classes if p not in set(first)]
         self._rank_positions = tuple(classes)
         self._overrides = tuple(p for p, d in enumerate(self.decisions) if d.kind == OVERRIDE)
         self._conflicts = tuple(p for p, d in enumerate(self.decisions) if d.kind == CONFLICT)
