@@ -180,6 +180,20 @@ def test_plan_jit_refuses_other_shapes_than_it_was_planned_for():
         step(p, jnp.ones((16, 4)))
 
 
+def test_plan_jit_takes_a_mesh_from_jax_make_mesh():
+    # jax.make_mesh declares Explicit axes, where with_sharding_constraint is refused: the
+    # plan, which says where every value lives, runs on the same devices with Auto axes
+    def loss(p, x):
+        return jnp.mean(jnp.tanh(x @ p["w"]))
+
+    p, x = {"w": jnp.ones((4, 8))}, jnp.ones((8, 4))
+    plan = tl.Plan.replicated(tl.analyze(tl.trace(loss, p, x))).with_axes("x[0]", "data")
+    jm = jax.make_mesh((4, 2), ("data", "model"))
+    assert jax.sharding.AxisType.Explicit in jm.axis_types
+    assert float(plan.jit(loss, jm)(p, x)) == pytest.approx(float(loss(p, x)))
+    assert plan.shardings(jm)[0][1].spec == P("data")
+
+
 def test_plan_files_round_trip(gpt, mesh, tmp_path):
     _, _, an = gpt
     (c,) = an.conflicts

@@ -47,8 +47,21 @@ def as_jax_mesh(plan, jax_mesh):
             raise TypeError(f"expected a jax.sharding.Mesh (or a toast_lab Mesh), got "
                             f"{type(jax_mesh).__name__}: make one with mesh.jax_mesh()")
         mesh = Mesh(tuple(shape.items()))
+        jax_mesh = _auto_axes(jax_mesh)
     plan.validate(mesh)
     return jax_mesh
+
+
+def _auto_axes(jax_mesh):
+    """The mesh with every axis Auto: jax.make_mesh declares its axes Explicit (jax >= 0.7),
+    where sharding follows the types and with_sharding_constraint is refused; the plan's
+    shardings and constraints are what say where each value lives."""
+    types = getattr(jax_mesh, "axis_types", None)
+    auto = jax.sharding.AxisType.Auto
+    if types is None or all(t == auto for t in types):
+        return jax_mesh
+    return jax.sharding.Mesh(jax_mesh.devices, jax_mesh.axis_names,
+                             axis_types=(auto,) * len(jax_mesh.axis_names))
 
 
 def shardings(plan, jax_mesh):
