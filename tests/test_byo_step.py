@@ -192,3 +192,19 @@ def test_time_major_scan_batches_over_the_examples_not_the_steps():
     an = analysed("time_major_scan")
     xs = an.program.inputs[-1]
     assert an.value_classes[xs][1] == find_roles(an).batch
+
+
+def test_a_step_of_no_ops_is_estimated_searched_and_drawn():
+    # lambda x: x traces to no equations: every table of the cost model and the view is empty
+    from toast_lab.lab import Session, ViewBuilder
+
+    an = tl.analyze(tl.trace(lambda x: x, jnp.ones((8, 4))))
+    assert not an.program.ops
+    est = tl.estimate(an, tl.Plan.replicated(an), MESH)
+    assert est.flops == 0 and est.step_time_s == 0
+    res = tl.search(an, MESH, simulations=10, budget_s=None)
+    assert res.plan is not None and res.estimate.step_time_s == 0
+    b = ViewBuilder(an, MESH)
+    vm = b.build(Session(an, MESH))
+    assert {n.kind for n in vm.graph.nodes} == {"input", "output"}
+    assert len(vm.graph.edges) == 1

@@ -263,7 +263,7 @@ def build_static(an) -> Static:
     op_flops = np.zeros(N, np.float64)
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
-    op_is_region = np.array([bool(op.body) for op in ops])
+    op_is_region = np.array([bool(op.body) for op in ops], bool)
     early = _early_values(prog)
 
     def add_operand(op_id, value, slot, size, dims):
@@ -363,7 +363,7 @@ def build_static(an) -> Static:
             add_operand(op.id, u, t, nbytes[u], wanted)
 
     live_start, live_end = liveness(prog)
-    is_input = np.array([v.origin == INPUT for v in values])
+    is_input = np.array([v.origin == INPUT for v in values], bool)
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
     fused = fused_values(prog)

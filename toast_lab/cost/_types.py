@@ -172,7 +172,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     loop_of = st.invariant_loop[read_of]
     hoisted = loop_of >= 0
     read_of = np.where(hoisted, source[st.invariant_source[read_of]], read_of)
-    groups_count = group_of_op.max() + 2
+    groups_count = group_of_op.max(initial=0) + 2  # a program of no ops has no groups
     unit = read_of * groups_count + np.where(hoisted, groups_count - 1,
                                              group_of_op[st.operand_op])
     # Reads of their own: a loop's gather of its stack, not CSE'd with other reads (_static,

@@ -220,7 +220,7 @@ class ViewBuilder:
         for spec in graph.edges:
             badges: Counter = Counter()
             dst = index.pair_dst[spec.pairs]
-            pairs = spec.pairs[(dst >= 0) & pays[np.maximum(dst, 0)]]
+            pairs = spec.pairs[(dst >= 0) & np.append(pays, False)[np.maximum(dst, -1)]]
             for d, slot in zip(index.pair_dst[pairs].tolist(), index.pair_slot[pairs].tolist()):
                 for c in colls[d]:
                     if c.operand == slot:

@@ -223,18 +223,22 @@ class VisibleGraph:
             node[o] = op_node[int(tree.rep[o])]
         self.node_of_op = node
         # edges: flow pairs between different nodes, grouped by (source, target)
-        src = np.where(index.pair_src >= 0, node[np.maximum(index.pair_src, 0)], -1)
+        # (each table padded with a -1 at its end, so that a program of no ops or no outputs
+        # indexes an empty one nowhere)
+        node_at, out_at = np.append(node, -1), np.append(out_node, -1)
+        layer_at = np.append(tree.layer, -1)
+        src = np.where(index.pair_src >= 0, node_at[np.maximum(index.pair_src, -1)], -1)
         is_arg = index.pair_src < -1
         if is_arg.any():
             args = np.array([index.arg_of_input[-2 - int(s)] for s in index.pair_src[is_arg]],
                             np.int64)
             src[is_arg] = arg_node[args]
-        dst = np.where(index.pair_dst >= 0, node[np.maximum(index.pair_dst, 0)],
-                       out_node[np.maximum(-1 - index.pair_dst, 0)])
+        dst = np.where(index.pair_dst >= 0, node_at[np.maximum(index.pair_dst, -1)],
+                       out_at[np.maximum(-1 - index.pair_dst, -1)])
         # one layer's tensors reaching the next layer are the ×N, not an edge inside the group
         both = (index.pair_src >= 0) & (index.pair_dst >= 0)
-        ls = np.where(both, tree.layer[np.maximum(index.pair_src, 0)], -1)
-        ld = np.where(both, tree.layer[np.maximum(index.pair_dst, 0)], -1)
+        ls = np.where(both, layer_at[np.maximum(index.pair_src, -1)], -1)
+        ld = np.where(both, layer_at[np.maximum(index.pair_dst, -1)], -1)
         roots = np.append(tree.folded_root, -1)  # index -1: no folded group
         same_group = both & (ls >= 0) & (ld >= 0) & (roots[ls] == roots[ld])
         keep = np.nonzero((src != dst) & ~(same_group & (ls != ld)))[0]
