@@ -602,3 +602,32 @@ def test_arguments_the_step_never_reads_are_not_counted_nor_donated():
     mem = compiled.memory_analysis()
     assert est.argument_bytes == mem.argument_size_in_bytes == (256 + 16 + 128) * 4
     assert est.alias_bytes == mem.alias_size_in_bytes
+
+
+def test_a_mesh_axis_of_one_device_moves_nothing():
+    # XLA emits no collective over an axis of size 1: a class on it is replicated there
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w1"]) @ p["w2"])
+
+    p = {"w1": jnp.ones((16, 32)), "w2": jnp.ones((32, 8))}
+    an = tl.analyze(tl.trace(loss, p, jnp.ones((8, 16))))
+    mesh = tl.Mesh({"one": 1, "data": 8}, device="h100")
+    replicated = tl.estimate(an, tl.Plan.replicated(an), mesh)
+    on_one = tl.estimate(an, tl.Plan.replicated(an).with_axes("w1[1]", "one"), mesh)
+    assert on_one.collectives == {} and on_one.step_time_s == replicated.step_time_s
+    assert on_one.peak_memory_bytes == replicated.peak_memory_bytes
+    res = tl.search(an, mesh, simulations=50, budget_s=None, seed=0, warm_start={})
+    assert all("one" not in axes for _, axes in res.estimate.collectives)
+
+
+def test_the_all_reduce_of_a_scalar_loss_moves_its_bytes():
+    # a loss summed over a sharded batch is all-reduced: 4 bytes and one latency, as XLA does
+    def loss(p, x):
+        return jnp.sum(x @ p["w"])
+
+    an = tl.analyze(tl.trace(loss, {"w": jnp.ones((4, 8))}, jnp.ones((8, 4))))
+    est = tl.estimate(an, tl.Plan.replicated(an).with_axes("x[0]", "data"),
+                      tl.Mesh({"data": 8}, device="h100"))
+    (cost,) = est.collectives.values()
+    assert list(est.collectives) == [("all-reduce", ("data",))]
+    assert cost.bytes == 4 and cost.time_s > 0

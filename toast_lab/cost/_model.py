@@ -88,7 +88,11 @@ class CostModel:
 
     def _mesh_tables(self, mesh):
         names = tuple(mesh.axis_names)
-        self.axis_bit = axis_bits(mesh)
+        # A mesh axis of one device splits nothing: a class over it is replicated there, and
+        # no collective runs over it (XLA emits none). Plans are read with its bit cleared.
+        self.axis_bit = {a: b if mesh.axis_size(a) > 1 else 0
+                         for a, b in axis_bits(mesh).items()}
+        self._live_bits = sum(self.axis_bit.values())
         self.mesh_table, self.axis_shares = collective_costs(mesh)
         self.ways = self.mesh_table["ways"]
         self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1)
@@ -323,7 +327,10 @@ class CostModel:
         fresh = delta is None
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
-        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
+        mask, rank, res = plan
+        if (mask & ~self._live_bits).any():  # a search's choice of a size-1 axis
+            mask = mask & self._live_bits
+        return _kernel.run((mask, rank, res), self._tables, self.mesh_table, self.device_table,
                            self._memory, self._schedule, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
@@ -368,7 +375,8 @@ class CostModel:
 
     def value_type_masks(self, mask, rank, res):
         """(eff[T, D], vmask[T]): per value type, the mesh-axis bits of each dim."""
-        return _kernel.value_type_masks(tuple(as_plan_arrays(mask, rank, res)), self._tables)
+        mask, rank, res = as_plan_arrays(mask, rank, res)
+        return _kernel.value_type_masks((mask & self._live_bits, rank, res), self._tables)
 
 
 class IncrementalEstimator:

@@ -65,7 +65,8 @@ class Static:
     op_flops: np.ndarray        # [N] float64, whole-op flops
     op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_fusion.py)
     op_trip: np.ndarray         # [N] float64
-    op_result: np.ndarray       # [N] int32: first result with dims (-1: none)
+    op_result: np.ndarray       # [N] int32: first result with dims, else a lone scalar
+                                #   result (-1: none)
     op_results: tuple           # per op: its result value ids
     op_is_region: np.ndarray    # [N] bool
     op_matmul: tuple            # per op: None, or (K, ((result dim, DIM_*, size), ...))
@@ -290,6 +291,9 @@ def build_static(an) -> Static:
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
+        elif len(op.results) == 1 and values[op.results[0]].dtype.kind in "fiucb":
+            # a scalar (a loss summed over a sharded batch): its all-reduce moves its bytes
+            op_result[op.id] = op.results[0]
         if op.body:
             # Region boundaries tie the same classes: no reshard is modelled there, but for a
             # scan's parameter stacks (xs known before compute: their sharding is fixed by
