@@ -94,11 +94,22 @@ def user_module(tmp_path, monkeypatch):
             return w @ w
 
         broken.example_args = step.example_args
+
+        def lazy_fails(w, x):
+            return (x @ w).sum()
+
+        lazy_fails.example_args = lambda: 1 / 0
+
+        def factory_fails(width=16):
+            raise ValueError(f"width {width} is not a multiple of 8")
     """))
+    (tmp_path / "importfails.py").write_text("WIDTH = 1 / 0\n")
+    (tmp_path / "syntaxfails.py").write_text("def step(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
-    sys.modules.pop("usersteps", None)
+    for name in ("usersteps", "importfails", "syntaxfails"):
+        sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -118,6 +129,25 @@ def user_module(tmp_path, monkeypatch):
     (["partition", "mlp", "--out", "no/such/dir/plan.json"], "does not exist; create it first"),
     (["partition", "mlp", "--budget", "abc"], "invalid float value"),
     (["partition", "mlp", "--budget", "-1"], "positive number of seconds"),
+    # what float() and str.isdigit() accept but the search and int() do not: no traceback
+    (["partition", "mlp", "--budget", "inf"], "give a finite, positive number of seconds"),
+    (["partition", "mlp", "--memory-cap", "inf"], "finite, positive number of bytes per device"),
+    (["partition", "mlp", "--memory-cap", "1e400"], "finite, positive number of bytes"),
+    (["partition", "mlp", "--mesh", "data=\u00b2"], "--mesh looks like data=4,model=2"),
+    (["analyze", "mlp", "-c", "hidden=\u00b2"], "'hidden' takes integers separated by commas"),
+    (["partition", "mlp", "--seed", "-1"], "--seed -1: give a non-negative integer"),
+    (["partition", "mlp", "--out", ""], "--out '': give a file name"),
+    (["partition", "mlp", "--out", "plans/"], "directory 'plans/' does not exist"),
+    (["analyze", "mlp", "-c", "batch=-3"], "'batch' is a size or a count; give a non-negative"),
+    (["analyze", "mlp", "-c", "learning_rate=nan"], "'learning_rate' takes a finite number"),
+    (["analyze", "gpt", "-c", "heads=0"], "heads=0"),
+    (["analyze", ".usersteps:step"], "relative module names are not supported"),
+    (["analyze", "importfails:step"], "importing importfails failed: ZeroDivisionError"),
+    (["analyze", "syntaxfails:step"], "importing syntaxfails failed: SyntaxError"),
+    (["analyze", "usersteps:lazy_fails"],
+     "usersteps:lazy_fails.example_args() failed: ZeroDivisionError: division by zero (at "),
+    (["analyze", "usersteps:factory_fails"],
+     "calling usersteps:factory_fails as a factory failed: ValueError: width 16 is not a "),
 ])
 def test_every_usage_error_is_one_line_and_exit_status_2(argv, says, user_module, capsys):
     line = usage_error(argv, capsys)
@@ -135,6 +165,28 @@ def test_out_into_a_missing_directory_fails_before_the_search(user_module, capsy
     finally:
         cli.load_target = real
     assert not started  # the model was never even loaded
+
+
+def test_a_zoo_model_that_fails_to_build_is_one_line(monkeypatch, capsys):
+    def get(name, **config):  # as a config value the model's own checks miss would
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(tl.zoo, "get", get)
+    line = usage_error(["analyze", "cnn", "-c", "kernel=0"], capsys)
+    assert "building cnn -c kernel=0 failed: ZeroDivisionError" in line, line
+
+
+def test_a_plan_the_disk_refuses_is_one_line(tmp_path, monkeypatch, capsys):
+    def save(self, path, **kwargs):  # checked before the search; the disk can still refuse
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(tl.Plan, "save", save)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["partition", "mlp", "--budget", "0.2", "--out", str(tmp_path / "plan.json")])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the search's progress bar
+    assert last.startswith("toast-lab: --out ") and "cannot write the plan: Permission denied" \
+        in last, last
 
 
 def test_strict_and_no_group_do_what_they_say(tmp_path, monkeypatch, capsys):

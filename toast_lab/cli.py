@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,12 @@ EXIT_USAGE = 2  # the status of a command line that cannot run as typed (as argp
 
 class UsageError(Exception):
     """A user's mistake on the command line: main() prints `toast-lab: <message>`, exits 2."""
+
+
+def _is_count(text: str) -> bool:
+    """A size typed as ASCII digits: `str.isdigit` also accepts '²', which `int` refuses."""
+    text = text.strip()
+    return text.isascii() and text.isdigit()
 
 
 def _parse_config(items: list[str]) -> dict:
@@ -64,24 +71,35 @@ def load_target(target: str, config: dict):
             raise UsageError(f"unknown model {target!r}; built-in models: "
                              f"{', '.join(zoo.names())}, or give package.module:function")
         _check_zoo_config(target, config)
-        return zoo.get(target, **config)
+        try:
+            return zoo.get(target, **config)
+        except Exception as err:  # a config value the model cannot build with, e.g. heads=0
+            settings = " ".join(f"-c {k}={v}" for k, v in config.items())
+            raise UsageError(f"building {target} {settings} failed: {type(err).__name__}: "
+                             f"{_first_line(err)}") from None
     module_name, _, attr = target.partition(":")
     if not module_name or not attr or not attr.isidentifier():
         raise UsageError(f"{target!r}: give package.module:function, e.g. mypkg.train:step")
+    if module_name.startswith("."):  # importlib needs a package to resolve it against
+        raise UsageError(f"{target!r}: relative module names are not supported; give the full "
+                         f"dotted name, e.g. mypkg.train:step")
     sys.path.insert(0, "")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise UsageError(f"cannot import {module_name!r}: {err}; run from the directory that "
                          f"holds it or install its package") from None
+    except Exception as err:  # the module itself failed on import (SyntaxError, ...)
+        raise UsageError(f"importing {module_name} failed: {type(err).__name__}: "
+                         f"{_first_line(err)}{_user_frame(err)}") from None
     if not hasattr(module, attr):
         raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
     fn = getattr(module, attr)
     if not callable(fn):
         raise UsageError(f"{target} is a {type(fn).__name__}, not a function")
-    example = getattr(fn, "example_args", None)
+    example, source = getattr(fn, "example_args", None), f"{target}.example_args"
     if example is None:
-        example = getattr(module, f"{attr}_args", None)
+        example, source = getattr(module, f"{attr}_args", None), f"{module_name}.{attr}_args"
     no_args = (f"{target} has no example arguments: give it an `example_args` attribute, "
                f"define `{attr}_args` in the module, or make it a factory returning (fn, args)")
     if example is not None:
@@ -89,7 +107,11 @@ def load_target(target: str, config: dict):
             raise UsageError(f"{target} takes its example arguments as they are: -c "
                              f"{next(iter(config))}=... has nothing to configure (drop -c, or "
                              f"make {attr} a factory taking keyword arguments)")
-        args = example() if callable(example) else example
+        try:
+            args = example() if callable(example) else example
+        except Exception as err:  # the user's callable failed: say where, in one line
+            raise UsageError(f"{source}() failed: {type(err).__name__}: {_first_line(err)}"
+                             f"{_user_frame(err)}") from None
         if not isinstance(args, (tuple, list)):
             raise UsageError(f"{target}'s example arguments must be a tuple of positional "
                              f"arguments, got {type(args).__name__}")
@@ -99,6 +121,9 @@ def load_target(target: str, config: dict):
         made = fn(**config)
     except TypeError as err:  # a step called without its arguments, or a bad config value
         raise UsageError(f"{no_args} (calling it as a factory failed: {err})") from None
+    except Exception as err:  # the factory itself failed, e.g. on a config value
+        raise UsageError(f"calling {target} as a factory failed: {type(err).__name__}: "
+                         f"{_first_line(err)}{_user_frame(err)}") from None
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise UsageError(no_args)
     return made
@@ -118,7 +143,7 @@ def _check_zoo_config(name: str, config: dict) -> None:
         kind = type(default)
         if kind is tuple:  # e.g. mlp's hidden sizes: -c hidden=128 or -c hidden=128,64
             parts = str(value).split(",")
-            if not all(p.strip().isdigit() for p in parts):
+            if not all(_is_count(p) for p in parts):
                 raise UsageError(f"-c {key}={value}: {name}'s {key!r} takes integers separated "
                                  f"by commas, e.g. -c {key}={','.join(map(str, default))}")
             config[key] = value = tuple(int(p) for p in parts)
@@ -129,10 +154,20 @@ def _check_zoo_config(name: str, config: dict) -> None:
         if not ok:
             raise UsageError(f"-c {key}={value}: {name}'s {key!r} takes a{'n' * (kind is int)} "
                              f"{kind.__name__} (default {default!r})")
+        if kind is int and value < 0:  # every int of a zoo config is a size or a count
+            raise UsageError(f"-c {key}={value}: {name}'s {key!r} is a size or a count; give a "
+                             f"non-negative int (default {default!r})")
+        if kind is float and not math.isfinite(value):
+            raise UsageError(f"-c {key}={value}: {name}'s {key!r} takes a finite number "
+                             f"(default {default!r})")
     try:
         zoo.config(name, **config)
     except (TypeError, ValueError) as err:
         raise UsageError(str(err)) from None
+    except ArithmeticError as err:  # a check dividing by a value given as 0, e.g. heads=0
+        raise UsageError(f"{name} cannot be configured with "
+                         f"{' '.join(f'-c {k}={v}' for k, v in config.items())}: "
+                         f"{type(err).__name__}: {_first_line(err)}") from None
 
 
 def _check_factory_config(target, fn, config, no_args) -> None:
@@ -205,7 +240,7 @@ def _parse_mesh(text: str) -> dict[str, int]:
     for part in text.split(","):
         name, sep, size = part.partition("=")
         name = name.strip()
-        if not sep or not name or not size.strip().isdigit() or int(size) < 1:
+        if not sep or not name or not _is_count(size) or int(size) < 1:
             raise UsageError(f"--mesh looks like data=4,model=2 (names and positive sizes), got "
                              f"{text!r}")
         if name in axes:
@@ -240,15 +275,26 @@ def _parse_pins(items: list[str]) -> dict:
 
 def _check_out(path: str | None) -> None:
     """Fails before the search, not after it, when the plan could not be written."""
-    if path is None:
-        return
+    if path is not None:
+        _check_file("--out", path, "plan.json")
+
+
+def _check_file(flag: str, path: str, example: str) -> None:
+    """A file `path` can be written: its directory exists and is writable, and `path` does
+    not name a directory (one that exists, or one ending in a separator)."""
+    if not path.strip():
+        raise UsageError(f"{flag} {path!r}: give a file name, e.g. {flag} {example}")
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; give a file name, e.g. "
+                         f"{os.path.join(path, example)}")
+    if path.endswith((os.sep, "/")):  # 'plans/' means a directory, not a file named 'plans'
+        raise UsageError(f"{flag} {path}: directory {path!r} does not exist; create it first "
+                         f"and give a file name, e.g. {os.path.join(path, example)}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise UsageError(f"--out {path}: directory {parent!r} does not exist; create it first")
-    if os.path.isdir(path):
-        raise UsageError(f"--out {path} is a directory; give a file name, e.g. {path}/plan.json")
+        raise UsageError(f"{flag} {path}: directory {parent!r} does not exist; create it first")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {path}: cannot write in {parent!r}")
+        raise UsageError(f"{flag} {path}: cannot write in {parent!r}")
 
 
 class _ProgressBar:
@@ -299,10 +345,16 @@ def _partition(args) -> int:
     mesh = _mesh(args)
     pins = _parse_pins(args.pin)
     _check_out(args.out)
-    if not args.budget > 0:
-        raise UsageError(f"--budget {args.budget}: give a positive number of seconds")
-    if args.memory_cap is not None and not args.memory_cap > 0:
-        raise UsageError(f"--memory-cap {args.memory_cap}: give a positive number of bytes")
+    # argparse's float() takes 'inf', 'nan' and 1e400 (inf): the search needs finite numbers
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        raise UsageError(f"--budget {args.budget}: give a finite, positive number of seconds, "
+                         f"e.g. --budget 30")
+    if args.memory_cap is not None and not (math.isfinite(args.memory_cap)
+                                            and args.memory_cap > 0):
+        raise UsageError(f"--memory-cap {args.memory_cap}: give a finite, positive number of "
+                         f"bytes per device, e.g. --memory-cap {16 * 2**30} (16 GiB)")
+    if args.seed < 0:  # numpy's default_rng refuses negative seeds
+        raise UsageError(f"--seed {args.seed}: give a non-negative integer")
     fn, fn_args = load_target(args.target, _parse_config(args.config))
     an, trace_s, analyze_s = _trace_and_analyze(args, fn, fn_args)
     print(f"{an.program.fn_name}: {len(an.program.ops)} ops, {len(an.classes)} classes, "
@@ -323,7 +375,11 @@ def _partition(args) -> int:
     print(_estimate_row("search", result.estimate))
     print(f"\nsearch: {result.message}\nplan: {result.plan!r}")
     if args.out:
-        path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict())
+        try:
+            path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict())
+        except OSError as err:  # checked before the search; the disk can still refuse it
+            raise UsageError(f"--out {args.out}: cannot write the plan: "
+                             f"{err.strerror or err}") from None
         print(f"wrote {path}")
     return 0
 
@@ -382,14 +438,20 @@ def _lab(args) -> int:
             raise UsageError(f"unknown model {args.target!r}; built-in models: "
                              f"{', '.join(zoo.names())}, or give package.module:function")
         _check_zoo_config(args.target, config)
+    else:  # import it and find its example arguments, as partition does; no tracing (slow)
+        load_target(args.target, config)
     mesh = _mesh(args).shape  # a bad mesh or device is a usage error here, not in the notebook
     name = args.target.replace(":", "-").replace(".", "-")
     path = args.notebook or f"toast-lab-{name}.ipynb"
-    if os.path.exists(path):
+    if os.path.isfile(path):
         print(f"toast-lab: opening the existing notebook {path} (delete it for a fresh one)")
     else:
-        with open(path, "w") as f:
-            json.dump(lab_notebook(args.target, config, mesh, args.device), f, indent=1)
+        _check_file("--notebook", path, f"toast-lab-{name}.ipynb")
+        try:
+            with open(path, "w") as f:
+                json.dump(lab_notebook(args.target, config, mesh, args.device), f, indent=1)
+        except OSError as err:
+            raise UsageError(f"--notebook {path}: cannot write it: {err.strerror or err}") from None
         print(f"toast-lab: wrote {path}")
     cmd = [sys.executable, "-m", "jupyterlab", path]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
