@@ -631,3 +631,15 @@ def test_the_all_reduce_of_a_scalar_loss_moves_its_bytes():
     (cost,) = est.collectives.values()
     assert list(est.collectives) == [("all-reduce", ("data",))]
     assert cost.bytes == 4 and cost.time_s > 0
+
+
+@pytest.mark.parametrize("make_key", [jax.random.PRNGKey, jax.random.key])
+def test_a_step_carrying_a_prng_key_is_estimated(make_key):
+    # a split's lone results are scalar keys (an extended dtype, no numpy kind)
+    def step(w, key):
+        k1, _ = jax.random.split(key)
+        return w * 2, k1
+
+    an = tl.analyze(tl.trace(step, jnp.ones((8, 8)), make_key(0)))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 8}, device="h100"))
+    assert est.peak_memory_bytes > 8 * 8 * 4

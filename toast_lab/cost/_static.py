@@ -36,6 +36,8 @@ ROW_RESULT, ROW_GROUP, ROW_REPLICATE, ROW_FROM_WHOLE = 0, 1, 2, 3
 # (M, from the lhs) or the columns (N, from the rhs) of one.
 DIM_BATCH, DIM_M, DIM_N = 0, 1, 2
 
+_NUMERIC_KINDS = ("f", "i", "u", "c", "b")
+
 @dataclass(frozen=True, eq=False)
 class Static:
     num_values: int
@@ -291,7 +293,8 @@ def build_static(an) -> Static:
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
-        elif len(op.results) == 1 and values[op.results[0]].dtype.kind in "fiucb":
+        elif len(op.results) == 1 and getattr(values[op.results[0]].dtype, "kind", None) \
+                in _NUMERIC_KINDS:  # (not a PRNG key: its extended dtype has no kind)
             # a scalar (a loss summed over a sharded batch): its all-reduce moves its bytes
             op_result[op.id] = op.results[0]
         if op.body:
