@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost import cost_model
-from ..plan import PLAN_MIME
+from ..plan import PLAN_MIME, Plan
+from ..plan._mesh import check_mesh
+from ..plan._planfile import echo
 
 DIFF_MIME = "application/vnd.toast-lab.plan-diff+json"
 
@@ -197,8 +199,16 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     """Compares plans `a` (before) and `b` (after) of one program: see the module docstring.
 
     mesh: what both are priced on; default each plan's own (else the other's). Raises
-    ValueError for plans of different programs, PlanError when a plan does not fit its mesh.
+    ValueError for plans of different programs, PlanError when a plan does not fit its mesh,
+    TypeError for what is not a Plan (or a Mesh).
     """
+    for which, plan in (("a", a), ("b", b)):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"tl.diff compares two Plans of one program, e.g. "
+                            f"tl.diff(plans['dp'], plans['fsdp']); {which} is a "
+                            f"{type(plan).__name__}: {echo(plan)}")
+    if mesh is not None:
+        check_mesh(mesh, "tl.diff")
     an_a, an_b = a.analysis, b.analysis
     fa, fb = an_a.program.fingerprint(), an_b.program.fingerprint()
     if fa != fb:

@@ -29,7 +29,8 @@ on a local device, beside the model's time for each measured function, and print
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -75,6 +76,30 @@ _DTYPE_ALIASES = {
 }
 
 
+def _check_number(what: str, value: Any, unit: str, allow_zero: bool = False) -> None:
+    """A real, finite, positive (or, with allow_zero, non-negative) number, else an error naming
+    `what`: a device's figures feed every estimate, where an infinity or a string would surface
+    as a NaN or a TypeError far from here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number ({unit}), got {type(value).__name__} "
+                        f"{value!r}.")
+    low = ">= 0" if allow_zero else "positive"
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{what} must be {low} and finite ({unit}), got {value!r}.")
+
+
+def _integral(value: Any) -> bool:
+    """A Python or NumPy integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_count(what: str, name: str, value: Any, least: int) -> int:
+    """`value` as an int (Python or NumPy integers) of at least `least`, else an error."""
+    if not _integral(value) or value < least:
+        raise ValueError(f"{what}: {name} must be an integer >= {least}, got {value!r}.")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Link:
     """A mesh axis's interconnect, per device and per direction.
@@ -87,10 +112,8 @@ class Link:
     latency: float
 
     def __post_init__(self) -> None:
-        if not self.bandwidth > 0:
-            raise ValueError(f"Link bandwidth must be positive bytes/s, got {self.bandwidth!r}.")
-        if not self.latency >= 0:
-            raise ValueError(f"Link latency must be >= 0 seconds, got {self.latency!r}.")
+        _check_number("Link bandwidth", self.bandwidth, "bytes/s")
+        _check_number("Link latency", self.latency, "seconds", allow_zero=True)
 
     def __repr__(self) -> str:
         return f"Link(bandwidth={self.bandwidth:.3g} B/s, latency={self.latency:.3g} s)"
@@ -119,11 +142,17 @@ class Efficiency:
     def __post_init__(self) -> None:
         for name in ("matmul", "attention", "collectives"):
             value = getattr(self, name)
-            if not 0 < value <= 1:
+            if isinstance(value, bool) or not isinstance(
+                    value, (int, float, np.integer, np.floating)) or not 0 < value <= 1:
                 raise ValueError(f"Efficiency.{name} is a fraction in (0, 1], got {value!r}.")
-        if len(self.tile) != 3 or min(self.tile) < 1 or self.units < 1:
+        tile, units = self.tile, self.units
+        if (not isinstance(tile, (tuple, list)) or len(tile) != 3
+                or not all(map(_integral, tile)) or min(tile) < 1 or not _integral(units)
+                or units < 1):
             raise ValueError(f"Efficiency needs tile=(m, n, k) >= 1 and units >= 1, got "
                              f"tile={self.tile!r}, units={self.units!r}.")
+        object.__setattr__(self, "tile", tuple(int(t) for t in tile))  # hashable
+        object.__setattr__(self, "units", int(units))
 
 
 # No losses: a roofline at the datasheet peaks (user-described devices, unless they say more).
@@ -168,28 +197,48 @@ class DeviceSpec:
     platform: str = "gpu"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"DeviceSpec name must be a non-empty str, got {self.name!r}.")
+        what = f"DeviceSpec {self.name!r}"
         if self.platform not in PLATFORMS:
-            raise ValueError(f"DeviceSpec {self.name!r}: platform must be one of {PLATFORMS}, "
+            raise ValueError(f"{what}: platform must be one of {PLATFORMS}, "
                              f"got {self.platform!r}.")
-        flops = {_canonical_dtype_name(k): float(v) for k, v in dict(self.peak_flops).items()}
+        if not isinstance(self.peak_flops, Mapping):
+            raise TypeError(f"{what}: peak_flops must map dtype names to FLOP/s, e.g. "
+                            f"{{'bfloat16': 989e12, 'float16': 989e12, 'float32': 67e12}}, got "
+                            f"{type(self.peak_flops).__name__} {self.peak_flops!r}.")
+        flops = {}
+        for k, v in self.peak_flops.items():
+            _check_number(f"{what}: peak_flops[{k!r}]", v, "FLOP/s")
+            flops[_canonical_dtype_name(k)] = float(v)
         missing = [d for d in REQUIRED_DTYPES if d not in flops]
         if missing:
             raise ValueError(
-                f"DeviceSpec {self.name!r} needs peak_flops for {', '.join(missing)}; "
+                f"{what} needs peak_flops for {', '.join(missing)}; "
                 f"got {sorted(flops)}. Give each a rate in FLOP/s."
             )
-        bad = {k: v for k, v in flops.items() if not v > 0}
-        if bad:
-            raise ValueError(f"DeviceSpec {self.name!r}: peak_flops must be positive, got {bad}.")
-        if not self.memory_bytes > 0:
-            raise ValueError(f"DeviceSpec {self.name!r}: memory_bytes must be positive.")
-        if not self.memory_bandwidth > 0:
-            raise ValueError(f"DeviceSpec {self.name!r}: memory_bandwidth must be positive.")
-        if not (isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
-            raise ValueError(
-                f"DeviceSpec {self.name!r}: devices_per_node must be an int >= 1, "
-                f"got {self.devices_per_node!r}."
-            )
+        _check_number(f"{what}: memory_bytes", self.memory_bytes, "bytes per device")
+        _check_number(f"{what}: memory_bandwidth", self.memory_bandwidth, "bytes/s")
+        for field_name in ("intra_node", "inter_node"):
+            link = getattr(self, field_name)
+            if not isinstance(link, Link):
+                raise TypeError(
+                    f"{what}: {field_name} must be a toast_lab Link, e.g. "
+                    f"Link(bandwidth=450e9, latency=2e-6) (bytes/s per direction, seconds), "
+                    f"got {type(link).__name__} {link!r}"
+                    + (f"; write Link(bandwidth={link[0]!r}, latency={link[1]!r})"
+                       if isinstance(link, (tuple, list)) and len(link) == 2 else "")
+                    + "."
+                )
+        object.__setattr__(self, "devices_per_node",
+                           _check_count(what, "devices_per_node", self.devices_per_node, 1))
+        if not isinstance(self.efficiency, Efficiency):
+            raise TypeError(f"{what}: efficiency must be a toast_lab Efficiency (or IDEAL), got "
+                            f"{type(self.efficiency).__name__} {self.efficiency!r}.")
+        object.__setattr__(self, "torus_dims",
+                           _check_count(what, "torus_dims", self.torus_dims, 0))
+        object.__setattr__(self, "torus_wrap",
+                           _check_count(what, "torus_wrap", self.torus_wrap, 0))
         # Read-only, so that a preset shared by every Mesh cannot be changed through one of them.
         object.__setattr__(self, "peak_flops", MappingProxyType(flops))
 
@@ -676,3 +725,97 @@ def get_device(device: str | DeviceSpec) -> DeviceSpec:
         f"Unknown device {device!r}. Use one of {', '.join(sorted(_DEVICES))}, or describe your "
         f"own with toast_lab.DeviceSpec(...) (or dataclasses.replace(preset, ...))."
     )
+
+
+# --- Plan files ------------------------------------------------------------------------------
+
+# What a plan file records of a device besides its name (plan/_planfile.py): every figure the
+# cost model reads (and, beside them, its `source`, which no comparison reads).
+_LINK_FIELDS = ("bandwidth", "latency")
+_EFFICIENCY_FIELDS = ("matmul", "tile", "units", "attention", "collectives")
+_DEVICE_FIELDS = tuple(f.name for f in fields(DeviceSpec) if f.name not in ("name", "source"))
+
+
+def _plain(x) -> int | float:
+    return int(x) if isinstance(x, (int, np.integer)) else float(x)
+
+
+def link_numbers(link: Link) -> dict[str, float]:
+    """A Link as JSON values (`link_from_numbers` reads them back)."""
+    return {"bandwidth": _plain(link.bandwidth), "latency": _plain(link.latency)}
+
+
+def link_from_numbers(what: str, numbers: Any) -> Link:
+    """The Link `link_numbers` recorded; TypeError / ValueError naming `what` otherwise."""
+    _fields_of(what, numbers, _LINK_FIELDS)
+    return Link(**numbers)
+
+
+def device_numbers(spec: DeviceSpec) -> dict[str, Any]:
+    """Every figure of `spec` but its name and source, as JSON values (`device_from_numbers`
+    reads them back)."""
+    eff = spec.efficiency
+    return {
+        "peak_flops": {k: _plain(v) for k, v in spec.peak_flops.items()},
+        "memory_bytes": _plain(spec.memory_bytes),
+        "memory_bandwidth": _plain(spec.memory_bandwidth),
+        "intra_node": link_numbers(spec.intra_node),
+        "inter_node": link_numbers(spec.inter_node),
+        "devices_per_node": spec.devices_per_node,
+        "efficiency": {"matmul": _plain(eff.matmul), "tile": list(eff.tile), "units": eff.units,
+                       "attention": _plain(eff.attention),
+                       "collectives": _plain(eff.collectives)},
+        "torus_dims": spec.torus_dims,
+        "torus_wrap": spec.torus_wrap,
+        "platform": spec.platform,
+    }
+
+
+def device_from_numbers(name: str, numbers: Any) -> DeviceSpec:
+    """The device `device_numbers` recorded under `name` (with its "source", when recorded):
+    the preset of that name when its figures are these (a plan for an H100 loads with the H100
+    preset), else a DeviceSpec of that name with these figures (a preset changed with
+    `dataclasses.replace` keeps the preset's name). Raises TypeError / ValueError naming a
+    missing, unknown or bad field."""
+    _fields_of("", numbers, _DEVICE_FIELDS, optional=("source",))
+    links = {key: link_from_numbers(key, numbers[key]) for key in ("intra_node", "inter_node")}
+    _fields_of("efficiency", numbers["efficiency"], _EFFICIENCY_FIELDS)
+    eff = dict(numbers["efficiency"])
+    source = numbers.get("source", "")
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a str (where the figures come from), got {source!r}.")
+    spec = DeviceSpec(
+        name=name,
+        source=source,
+        **links,
+        efficiency=Efficiency(**eff),
+        **{k: numbers[k] for k in _DEVICE_FIELDS
+           if k not in ("intra_node", "inter_node", "efficiency")},
+    )
+    preset = _DEVICES.get(name.strip().lower())
+    if preset is not None and device_numbers(preset) == device_numbers(spec):
+        return preset
+    return spec
+
+
+def is_preset(spec: DeviceSpec) -> bool:
+    """`spec` has the figures of the preset its name names (its name alone tells what it is)."""
+    preset = _DEVICES.get(spec.name.strip().lower())
+    return preset is not None and (preset is spec
+                                   or device_numbers(preset) == device_numbers(spec))
+
+
+def _fields_of(what: str, section: Any, expected: tuple[str, ...],
+               optional: tuple[str, ...] = ()) -> None:
+    """`section` is a mapping with the `expected` keys (and maybe the `optional` ones), else an
+    error naming the missing and unknown keys (of `what`, when given)."""
+    if not isinstance(section, Mapping):
+        raise TypeError(f"{what or 'it'} must be an object with {', '.join(expected)}; got "
+                        f"{type(section).__name__}.")
+    missing = [k for k in expected if k not in section]
+    unknown = [k for k in section if k not in expected + optional]
+    if missing or unknown:
+        raise ValueError((f"{what}: " if what else "") + "; ".join(
+            ([f"missing {', '.join(map(repr, missing))}"] if missing else [])
+            + ([f"unknown {', '.join(map(repr, unknown))}"] if unknown else []))
+            + f" (expected {', '.join(expected)}).")

@@ -148,6 +148,31 @@ class Mesh:
         return f"Mesh({shape}, device={self.device.name!r}{links})"
 
 
+def check_mesh(mesh: Any, caller: str | None = None) -> Mesh:
+    """`mesh` when it is a toast_lab Mesh; otherwise a TypeError that says what to pass, and how
+    to make one from what was given (a `jax.sharding.Mesh`, a dict of axis sizes). `caller`
+    (e.g. "tl.search") starts the message when given. The one check every entry point that
+    takes a mesh makes (Plan.validate, and through it tl.estimate and tl.verify)."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    if isinstance(mesh, jax.sharding.Mesh) or hasattr(mesh, "devices"):
+        fix = " (a jax mesh: tl.Mesh.from_jax(jax_mesh, device=...))"
+    elif isinstance(mesh, Mapping):
+        fix = f" (axis sizes: tl.Mesh({_short_repr(dict(mesh))}, device=...))"
+    else:
+        fix = ""
+    where = f"{caller}: " if caller else ""
+    given = ("jax.sharding.Mesh" if isinstance(mesh, jax.sharding.Mesh)
+             else type(mesh).__name__)
+    raise TypeError(f"{where}expected a toast_lab Mesh, e.g. tl.Mesh({{'data': 4, 'model': 2}}, "
+                    f"device='h100'), got {given}{fix}")
+
+
+def _short_repr(x: Any, limit: int = 60) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _axis_pairs(axes: Any) -> tuple[tuple[str, int], ...]:
     """Validate mesh axes given as a mapping or as (name, size) pairs."""
     if isinstance(axes, Mapping):

@@ -25,12 +25,15 @@ are replicated (it stays in `assignments`, with ()).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Mapping
 
-from ..analysis import DOMAINS, REPLICATE, Conflict, DimClass, domains
+from ..analysis import DOMAINS, REPLICATE, Analysis, Conflict, DimClass, domains
+from ..program import Program
 from . import _display, _export, _planfile
+from ._mesh import check_mesh
 
 Axes = tuple[str, ...]
 
@@ -39,15 +42,37 @@ class PlanError(ValueError):
     """A plan that cannot be applied: the message names the class, a value and a source line."""
 
 
+def check_analysis(analysis, caller: str) -> Analysis:
+    """`analysis` when it is an Analysis; otherwise a TypeError naming `caller` and what to pass
+    (a traced Program is one `tl.analyze` away). The one check every entry point that takes an
+    analysis makes."""
+    if isinstance(analysis, Analysis):
+        return analysis
+    if isinstance(analysis, Program):
+        raise TypeError(f"{caller}: expected an Analysis, got the Program of "
+                        f"{analysis.fn_name!r} (what tl.trace returns); call "
+                        f"tl.analyze(program) and pass the Analysis it returns")
+    raise TypeError(f"{caller}: expected an Analysis, e.g. an = tl.analyze(tl.trace(fn, *args)), "
+                    f"got {type(analysis).__name__}")
+
+
 def _as_axes(axes) -> Axes:
     if axes is None:
         return ()
     if isinstance(axes, str):
-        return (axes,)
-    axes = tuple(axes)
+        axes = (axes,)
+    elif isinstance(axes, (tuple, list)):
+        axes = tuple(axes)
+    else:
+        raise TypeError(f"mesh axes are a mesh axis name, a tuple of names (major to minor), or "
+                        f"() / None to replicate, e.g. \"data\" or (\"data\", \"model\"); got "
+                        f"{type(axes).__name__} {_planfile.echo(axes)}")
     for a in axes:
         if not isinstance(a, str):
             raise PlanError(f"mesh axes are names (str), got {a!r} in {axes!r}")
+        if not a:
+            raise PlanError(f"mesh axes are non-empty names, got an empty name in {axes!r}; "
+                            f"pass () or None to replicate")
     if len(set(axes)) != len(axes):
         raise PlanError(f"mesh axes {axes} use an axis twice: a dim can be sharded over each "
                         f"mesh axis at most once")
@@ -83,7 +108,8 @@ class Plan:
     def replicated(cls, analysis, mesh=None) -> "Plan":
         """Every class replicated: the unsharded program on every device (for `mesh`, when
         given)."""
-        return cls(analysis, mesh=mesh)
+        check_analysis(analysis, "Plan.replicated")
+        return cls(analysis, mesh=None if mesh is None else check_mesh(mesh, "Plan.replicated"))
 
     @classmethod
     def from_decisions(cls, analysis, classes: Mapping | Iterable = (),
@@ -91,7 +117,7 @@ class Plan:
                        overrides: Iterable = ()) -> "Plan":
         """From {class name or id: axes} and {conflict name or id: resolution}, in order, and
         (class name or id, domain, axes) overrides (each made right after its class)."""
-        plan = cls(analysis)
+        plan = cls(check_analysis(analysis, "Plan.from_decisions"))
         items = classes.items() if isinstance(classes, Mapping) else classes
         pending = list(overrides)
         for name, axes in items:
@@ -349,7 +375,9 @@ class Plan:
 
         mesh: the Mesh the plan will run on; the file's mesh section and every axis it names
         are checked against it (without it, against the file's own mesh section). The plan
-        remembers `mesh`, else the file's mesh when its device is a preset (`tl.devices()`).
+        remembers `mesh`, else the file's mesh when the file says its device: a preset
+        (`tl.devices()`) or the figures the file records for any other (see _planfile.py).
+        Raises TypeError when `analysis` is not an Analysis or `mesh` not a Mesh.
         """
         return cls.from_dict(_planfile.read(path), analysis, source=str(path),
                              check_fingerprint=check_fingerprint, mesh=mesh)
@@ -358,16 +386,28 @@ class Plan:
     def from_dict(cls, doc, analysis, source: str = "<dict>",
                   check_fingerprint: bool = True, mesh=None) -> "Plan":
         """The Plan of a plan-file document; raises PlanFileError naming `source`."""
+        check_analysis(analysis, "Plan.load")
+        if mesh is not None:
+            check_mesh(mesh, "Plan.load")
         classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
                                                          check_fingerprint, mesh)
-        overrides = _planfile.overrides(doc, source)
+        overrides = _planfile.overrides(doc, source, mesh)
+        file_mesh = _planfile.file_mesh(doc, source)
+        empty = cls(analysis)
         try:
+            for what, names in (("the file's \"classes\" section", [n for n, _ in classes]),
+                                ("the file's \"overrides\" section",
+                                 [n for n, _, _ in overrides])):
+                for name in names:
+                    _in_section(what, empty._class, name)
+            for name in pinned:
+                _in_section("the file's \"pinned\" list", empty._decision, name)
             plan = cls.from_decisions(analysis, classes, conflicts, pinned, overrides)
             if mesh is not None:
                 return plan.with_mesh(mesh)
         except PlanError as err:
             raise _planfile.PlanFileError(f"{source}: {_planfile.shorten(str(err))}") from None
-        return _remember_file_mesh(plan, doc)
+        return _remember_file_mesh(plan, file_mesh)
 
     # --- display (see _display.py) ----------------------------------------------------------
 
@@ -387,13 +427,7 @@ class Plan:
 
     def validate(self, mesh) -> "Plan":
         """Raises PlanError when the plan does not fit `mesh`; returns self otherwise."""
-        from ._mesh import Mesh
-
-        if not isinstance(mesh, Mesh):
-            raise TypeError(f"expected a toast_lab Mesh, e.g. tl.Mesh({{'data': 4, 'model': 2}}, "
-                            f"device='h100'), got {type(mesh).__name__}"
-                            + (" (a jax mesh: tl.Mesh.from_jax(jax_mesh, device=...))"
-                               if hasattr(mesh, "devices") else ""))
+        check_mesh(mesh)
         an = self.analysis
         names = set(mesh.axis_names)
         for k, axes in self.assignments:
@@ -453,17 +487,20 @@ class Plan:
                         f"{[c.name for c in an.conflicts]}")
 
     def _decision(self, name: str):
+        if not isinstance(name, (str, int, DimClass, Conflict)) or isinstance(name, bool):
+            raise PlanError(f"decisions are named by str (a class, a conflict, or an override "
+                            f"\"<class>@<domain>\"), got {type(name).__name__} {name!r}")
         try:
             return self._class(name)
         except PlanError:
             pass
         try:
             return self._conflict(name)
-        except PlanError as err:
-            cls, _, domain = name.rpartition("@")
+        except PlanError:
+            cls, _, domain = name.rpartition("@") if isinstance(name, str) else ("", "", "")
             if domain in DOMAINS and cls:
                 return self._class(cls)  # an override's name: "<class>@<domain>"
-            raise err from None
+            raise PlanError(_no_decision(self.analysis, name)) from None
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Plan):
@@ -512,15 +549,42 @@ def _not_divisible(an, c: DimClass, axes: Axes, ways: int) -> str:
             f"divisor of {c.size}, or replicate it")
 
 
-def _remember_file_mesh(plan: Plan, doc: dict) -> Plan:
-    """`plan` remembering the mesh of the file's mesh section when it names a preset device and
-    the plan fits it; unchanged otherwise (a custom device's numbers are not in the file)."""
-    from ._hardware import get_device
-    from ._mesh import Mesh
-
-    section = doc.get("mesh")
+def _in_section(what: str, find, name) -> None:
+    """find(name), its PlanError saying where in the file the name is."""
     try:
-        mesh = Mesh(dict(section["axes"]), device=get_device(section["device"]))
+        find(name)
+    except PlanError as err:
+        raise PlanError(f"in {what}: {err}") from None
+
+
+_SHOWN = 20  # names an error message lists before it says how many more there are
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_SHOWN])
+    more = f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else ""
+    return f"[{shown}{more}]"
+
+
+def _no_decision(an, name) -> str:
+    """What to say for a decision name that is not a class, a conflict or an override."""
+    classes = [c.name for c in an.classes]
+    conflicts = [c.name for c in an.conflicts]
+    text = str(name)
+    close = difflib.get_close_matches(text, classes + conflicts, n=5, cutoff=0.6)
+    close += [n for n in classes + conflicts if text.lower() in n.lower() and n not in close]
+    hint = f" Did you mean {_listed(close[:5])}?" if close else ""
+    return (f"no class, conflict or override named {_planfile.echo(name)}.{hint} Classes: "
+            f"{_listed(classes)}; conflicts: {_listed(conflicts)}; an override is named "
+            f"\"<class>@<domain>\" (domains: {', '.join(DOMAINS)})")
+
+
+def _remember_file_mesh(plan: Plan, mesh) -> Plan:
+    """`plan` remembering the file's mesh (`_planfile.file_mesh`: a preset device, or the
+    figures the file records) when there is one and the plan fits it; unchanged otherwise."""
+    if mesh is None:
+        return plan
+    try:
         return plan.with_mesh(mesh)
-    except (TypeError, KeyError, ValueError):  # no section, a custom device, a bad section
+    except PlanError:
         return plan

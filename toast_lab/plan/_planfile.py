@@ -8,7 +8,7 @@ program, and carries the program's fingerprint so a plan for another program fai
 
     {"format": "toast-lab-plan", "version": 2,
      "program": {"name": "gpt_train_step", "fingerprint": "3f2a...", "classes": 8},
-     "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},
+     "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},  # "device_spec": see below
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
      "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
@@ -22,6 +22,14 @@ present when a plan has some) and "experts" and "view": what the JupyterLab exte
 without a kernel (notes/VIEWMODEL.md). Those two are informative: loading a plan never reads
 them, and skips the view's text without parsing it (_skip.py), so no size or nesting depth there
 can break a load. Version 1 files load unchanged.
+
+The mesh section names the device; where the device is not the preset of that name (one made
+with `dataclasses.replace(preset, ...)` keeps the preset's name; one of the user's own has a
+name no preset has) it also carries "device_spec": every figure of the device
+(hardware.device_numbers) and its "source"; a mesh with its own links for some axes
+carries them in "links". Loading uses those, so the plan comes back for the
+device it was made for; a file without it (a preset, or written before it existed) names a
+preset, and a device that is not one is not remembered.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from typing import Any
 
 from ..analysis import DOMAINS
 from . import _skip
+from ._hardware import (device_from_numbers, device_numbers, get_device, is_preset,
+                        link_from_numbers, link_numbers)
 
 FORMAT = "toast-lab-plan"
 VERSION = 2        # what this toast-lab writes; it reads 1 and 2
@@ -52,7 +62,7 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None, experts: list | 
         "version": VERSION,
         "program": {"name": prog.fn_name, "fingerprint": prog.fingerprint(),
                     "classes": len(an.classes), "conflicts": len(an.conflicts)},
-        "mesh": None if mesh is None else {"axes": dict(mesh.shape), "device": mesh.device.name},
+        "mesh": None if mesh is None else _mesh_section(mesh),
         "classes": {an.classes[k].name: list(axes) for k, axes in plan.assignments},
         "conflicts": plan.conflict_resolutions,
         "pinned": sorted(plan.pinned),
@@ -69,6 +79,17 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None, experts: list | 
     if view is not None:
         doc["view"] = view
     return doc
+
+
+def _mesh_section(mesh) -> dict[str, Any]:
+    """The mesh section: axes and device name, and the device's figures unless the name alone
+    says them (a preset)."""
+    section: dict[str, Any] = {"axes": dict(mesh.shape), "device": mesh.device.name}
+    if not is_preset(mesh.device):
+        section["device_spec"] = {**device_numbers(mesh.device), "source": mesh.device.source}
+    if mesh.links:
+        section["links"] = {axis: link_numbers(link) for axis, link in mesh.links.items()}
+    return section
 
 
 def to_text(doc: dict) -> str:
@@ -150,9 +171,11 @@ def read(path) -> dict:
                             f"({str(err).split(';')[0]}); the file is corrupted") from None
 
 
-def overrides(doc, source: str = "<dict>") -> list[tuple[str, str, tuple[str, ...]]]:
+def overrides(doc, source: str = "<dict>", mesh=None) -> list[tuple[str, str, tuple[str, ...]]]:
     """[(class name, domain, axes)] of a plan document's "overrides" section (none in format
-    1 files). Call after `decisions`, which checks the rest of the document."""
+    1 files), each axis checked against `mesh` (when given, else the file's own mesh section)
+    like the "classes" section's. Call after `decisions`, which checks the rest of the
+    document."""
     section = doc.get("overrides", {}) if isinstance(doc, dict) else {}
     ok = isinstance(section, dict) and all(
         isinstance(k, str) and isinstance(v, dict) and all(
@@ -169,6 +192,12 @@ def overrides(doc, source: str = "<dict>") -> list[tuple[str, str, tuple[str, ..
                 raise PlanFileError(f"{source}: override of class {name!r} names domain "
                                     f"{domain!r}; domains are {list(DOMAINS)}")
             out.append((name, domain, tuple(axes)))
+
+    def fail(msg: str):
+        raise PlanFileError(f"{source}: {msg}")
+
+    _check_axes({f"{n}@{d}": a for n, d, a in out}, _file_mesh(doc.get("mesh"), fail), mesh,
+                fail, "override", "overrides")
     return out
 
 
@@ -231,9 +260,11 @@ def _file_mesh(section, fail) -> dict | None:
     return dict(axes)
 
 
-def _check_axes(classes, file_axes, mesh, fail) -> None:
-    """Every axis a class uses is in the mesh (the one given, else the file's own), and the
-    file's mesh section agrees with the mesh given."""
+def _check_axes(classes, file_axes, mesh, fail, kind: str = "class",
+                section: str = "classes") -> None:
+    """Every axis a class (or override: `kind`, in the file's `section`) uses is in the mesh
+    (the one given, else the file's own), and the file's mesh section agrees with the mesh
+    given."""
     given = None if mesh is None else dict(mesh.shape)
     if given is not None and file_axes is not None and file_axes != given:
         fail(f"the plan was saved for mesh {_axes_text(file_axes)} but is loaded for mesh "
@@ -245,10 +276,56 @@ def _check_axes(classes, file_axes, mesh, fail) -> None:
     for name, used in classes.items():
         missing = [a for a in used if a not in axes]
         if missing:
-            fail(f"class {echo(name)} is sharded over {echo(missing[0])}, which mesh "
+            fail(f"{kind} {echo(name)} is sharded over {echo(missing[0])}, which mesh "
                  f"{_axes_text(axes)} does not have (axes: {', '.join(axes)}); fix the axis name "
-                 f"in the file's \"classes\" section")
+                 f"in the file's \"{section}\" section")
 
 
 def _axes_text(axes: dict) -> str:
     return "(" + ", ".join(f"{k}={v}" for k, v in axes.items()) + ")"
+
+
+def file_mesh(doc, source: str = "<dict>"):
+    """The Mesh of a plan document's mesh section, or None where it has none or names a device
+    that is neither a preset nor described by a "device_spec". Raises PlanFileError for a
+    "device_spec" that is not a device's figures. Call after `decisions`."""
+    from ._mesh import Mesh
+
+    def fail(msg: str):
+        raise PlanFileError(f"{source}: {msg}")
+
+    section = doc.get("mesh") if isinstance(doc, dict) else None
+    axes = _file_mesh(section, fail)
+    if axes is None:
+        return None
+    links = section.get("links") or {}
+    if not isinstance(links, dict):
+        fail(f"the mesh section's \"links\" must map mesh axes to {{\"bandwidth\": bytes/s, "
+             f"\"latency\": seconds}}, got {echo(links)}")
+    try:
+        links = {axis: link_from_numbers(f"links[{axis!r}]", v) for axis, v in links.items()}
+        Mesh(axes, links=links)
+    except (TypeError, ValueError) as err:
+        fail(shorten(f"the mesh section's \"links\": {err}"))
+    name = section.get("device")
+    numbers = section.get("device_spec")
+    if numbers is None:
+        try:
+            device = get_device(name)
+        except ValueError:  # a device of the user's own, from before device_spec
+            return None
+        return Mesh(axes, device=device, links=links)
+    if not isinstance(name, str) or not name.strip():
+        fail(f"the mesh section's \"device\" must be the device's name (a str), got "
+             f"{echo(name)}")
+    try:
+        device = device_from_numbers(name, numbers)
+    except (TypeError, ValueError) as err:
+        try:
+            fix = (f"fix it, or remove \"device_spec\" to use the preset "
+                   f"{get_device(name).name!r}")
+        except ValueError:
+            fix = "fix it: it holds the device's figures as tl.DeviceSpec takes them"
+        fail(shorten(f"the mesh section's \"device_spec\" does not describe a device: "
+                     f"{str(err).rstrip('.')} ({fix})", 600))
+    return Mesh(axes, device=device, links=links)

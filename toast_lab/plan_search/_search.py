@@ -9,6 +9,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..cost import CostModel
+from ..plan._mesh import check_mesh
+from ..plan._plan import check_analysis
 from ..strategies import expert
 from . import _mcts
 from ._space import OVERRIDE_CLASSES, plan_order
@@ -49,6 +51,8 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     The best of them also sets the space's rank order (see _space.py), so it is in the space
     exactly, with the overrides of every one of them.
     """
+    check_analysis(analysis, "tl.search")
+    check_mesh(mesh, "tl.search")
     check_budget(budget_s, simulations, stop, callback, callback_every_s)
     if budget_s is None and simulations is None and stop is None:
         raise ValueError("search needs a budget: budget_s, simulations or a stop event")

@@ -12,6 +12,8 @@ import numpy as np
 
 from ..cost import CostModel, Estimate, cost_model
 from ..plan import Plan, PlanError, format_bytes
+from ..plan._mesh import check_mesh
+from ..plan._plan import check_analysis
 from ._space import Space
 
 
@@ -119,6 +121,9 @@ class Tracker:
 
 def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, overrides=(),
           override_classes: int = 0):
+    # tl.search checks these first (before the expert strategies); the baselines come here
+    check_analysis(analysis, "tl.exhaustive / tl.random_search")
+    check_mesh(mesh, "tl.exhaustive / tl.random_search")
     if memory_cap is not None:
         _check_number("memory_cap", memory_cap, "bytes per device, e.g. 16 * 2**30")
     model = model or cost_model(analysis, mesh)

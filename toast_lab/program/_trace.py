@@ -246,9 +246,41 @@ def _is_names_leaf(x) -> bool:
     return x is None or (type(x) is tuple and all(isinstance(e, (str, type(None))) for e in x))
 
 
+def _names_of_leaf(names, i: int, leaf):
+    """One array's dim names as a tuple (or None), refusing what is not a tuple of names: a
+    str would otherwise be read as one name per character."""
+    shape = tuple(jax.numpy.shape(leaf))
+    if isinstance(names, str):
+        words = tuple(names.replace(",", " ").split())
+        if len(words) == len(shape):
+            example = repr(words)
+        elif len(names) == len(shape):
+            example = repr(tuple(names))
+        else:
+            example = f"({names!r}, ...) with {len(shape)} names"
+        raise TypeError(f"dim_names[{i}] gives the array of shape {shape} the str {names!r}, "
+                        f"not a tuple of names: give one name per dim, e.g. {example}")
+    if names is None:
+        return None
+    if not isinstance(names, (tuple, list)) or not all(
+            isinstance(n, (str, type(None))) for n in names):
+        raise TypeError(f"dim_names[{i}] gives the array of shape {shape} {names!r}: give a "
+                        f"tuple of names (str, or None for an unnamed dim), one per dim")
+    return tuple(names)
+
+
 def _flatten_dim_names(dim_names, args, kwargs):
     """Per input leaf: a tuple of logical dim names, or None. Validates against the args."""
     hints = []
+    if dim_names is not None and not isinstance(dim_names, (tuple, list)):
+        raise TypeError(
+            f"dim_names is a tuple with one entry per positional argument (None, or a pytree "
+            f"shaped like that argument with a tuple of names per array), e.g. "
+            f"dim_names=(param_names, None, (\"batch\", \"seq\")); got a "
+            f"{type(dim_names).__name__}"
+            + (f": for a {{...}} that names the first argument's arrays, write "
+               f"dim_names=({{...}},{' None,' * (len(args) - 1)})"
+               if isinstance(dim_names, dict) and args else ""))
     if dim_names is not None and len(dim_names) != len(args):
         raise ValueError(f"dim_names has {len(dim_names)} entries but the function takes "
                          f"{len(args)} positional arguments: give one entry (or None) per argument")
@@ -269,6 +301,7 @@ def _flatten_dim_names(dim_names, args, kwargs):
                              f"{len(arg_leaves)}: it must have the argument's structure, with a "
                              f"tuple of names (one per dim) at each leaf")
         for leaf, nm in zip(arg_leaves, name_leaves):
+            nm = _names_of_leaf(nm, i, leaf)
             if nm is not None and len(nm) != len(jax.numpy.shape(leaf)):
                 raise ValueError(f"dim_names {nm} for an argument of shape "
                                  f"{tuple(jax.numpy.shape(leaf))}: give one name per dim")

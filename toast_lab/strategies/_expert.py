@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ..analysis import OPTIMIZER, PARAMETERS, domains
 from ..plan import Plan
+from ..plan._mesh import check_mesh
+from ..plan._plan import check_analysis
 from ._roles import Roles, find_roles
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
@@ -70,6 +72,8 @@ class _Builder:
 
 def expert(an, mesh) -> Strategies:
     """The expert strategies that apply to this program and mesh, as plans."""
+    check_analysis(an, "tl.strategies.expert")
+    check_mesh(mesh, "tl.strategies.expert")
     roles = find_roles(an)
     data_axes, model_axis = split_axes(mesh)
     every = tuple(mesh.axis_names)
