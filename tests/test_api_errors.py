@@ -335,3 +335,14 @@ def test_numpy_integers_are_counts_like_mesh_sizes():
     assert type(spec.torus_dims) is int
     mesh = tl.Mesh({"data": np.int64(8)}, device=spec)
     assert mesh.link("data") == spec.inter_node  # 8 devices over 4 per node cross nodes
+
+
+def test_estimate_and_the_lab_session_name_misplaced_arguments():
+    an = tl.analyze(tl.trace(lambda x: x * 2, jnp.ones((8, 4))))
+    mesh, plan = tl.Mesh({"data": 8}), tl.Plan.replicated(an)
+    with pytest.raises(TypeError, match=r"takes \(analysis, plan, mesh\), in that order"):
+        tl.estimate(an, mesh, plan)
+    with pytest.raises(TypeError, match=r"call tl.analyze\(program\)"):
+        tl.estimate(an.program, plan, mesh)
+    with pytest.raises(TypeError, match=r"tl.lab.Session: expected a toast_lab Mesh"):
+        tl.lab.Session(an, {"data": 8})

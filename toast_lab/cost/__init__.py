@@ -14,6 +14,7 @@ from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._op_collectives import OpCollective
 from ..plan import PlanError
+from ..plan._plan import check_analysis
 from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
 
 
@@ -25,6 +26,10 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
     Raises PlanError when the plan is for another analysis or does not fit the mesh (an axis
     the mesh lacks, a class its axes do not divide), before the cost model sees it.
     """
+    check_analysis(analysis, "tl.estimate")
+    if not hasattr(plan, "assignments") and hasattr(mesh, "assignments"):
+        raise TypeError("tl.estimate takes (analysis, plan, mesh), in that order: the plan "
+                        "came third")
     if getattr(plan, "analysis", None) is not analysis:
         raise PlanError(f"tl.estimate: the plan was made for another analysis "
                         f"({getattr(plan, 'analysis', None)!r}) than {analysis!r}; build it "

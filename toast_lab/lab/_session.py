@@ -28,6 +28,8 @@ from typing import Callable
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError
+from ..plan._mesh import check_mesh
+from ..plan._plan import check_analysis
 from ..plan._planfile import write as write_plan_file
 from ..plan_search import search as run_search
 from ..strategies import expert as expert_strategies
@@ -98,8 +100,8 @@ class Session:
     def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = True,
                  overlap="scheduled", memory_cap: float | None = None, seed: int = 0,
                  progress_every_s: float = 0.2):
-        self.analysis = analysis
-        self.mesh = mesh
+        self.analysis = check_analysis(analysis, "tl.lab.Session")
+        self.mesh = check_mesh(mesh, "tl.lab.Session")
         self.lock = threading.RLock()
         self.model = cost_model(analysis, mesh, donate, overlap)
         self.memory_cap = memory_cap
