@@ -545,6 +545,13 @@ def test_factor_sizes_multiply_to_dims(c):
      "([i, jk])->([i, j, k]) {i=8, j=4, k=16}"),
     ("reshape", [(6, 4)], [(4, 6)], {"new_sizes": (4, 6), "dimensions": None},
      "([i, j])->([k, l]) {i=6, j=4, k=4, l=6} need_replication={i, j, k, l}"),
+    # a reshape of a transposed view (a grouped convolution's kernel gradient): the factors
+    # follow the transposed order back to the operand's own dims
+    ("reshape", [(4, 6)], [(24,)], {"new_sizes": (24,), "dimensions": (1, 0)},
+     "([j, i])->([ij]) {i=6, j=4}"),
+    ("reshape", [(3, 3, 1, 32, 1)], [(3, 3, 32, 1)],
+     {"new_sizes": (3, 3, 32, 1), "dimensions": (0, 1, 3, 2, 4)},
+     "([i, j, 1, k, 1])->([i, j, k, 1]) {i=3, j=3, k=32}"),
     ("broadcast_in_dim", [(1, 16)], [(8, 16)], {"broadcast_dimensions": (0, 1), "shape": (8, 16)},
      "([1, j])->([i, j]) {i=8, j=16}"),
     ("add", [(8, 1), (1, 16)], [(8, 16)], {}, "([i, 1], [1, j])->([i, j]) {i=8, j=16}"),

@@ -55,12 +55,19 @@ def reshape_rule(ins, outs, params):
     [2, 6] -> [4, 3] is ([i, jk])->([ij, k]). A group with no common refinement ([6, 4] -> [4, 6]:
     6 is not a multiple of 4) gets one need-replication factor per dim, untied: its data moves
     between devices whatever the sharding.
+
+    `dimensions` (a transpose before the reshape: jax's reshape of a transposed view, as in a
+    grouped convolution's kernel gradient) is read by grouping the transposed operand's dims
+    and tying each factor to the operand dim it came from.
     """
-    expect(params.get("dimensions") is None)
     x, y = ins[0], outs[0]
+    order = params.get("dimensions")
+    order = list(range(len(x))) if order is None else [int(d) for d in order]
+    expect(sorted(order) == list(range(len(x))))
     expect(all(n > 0 for n in x) and all(n > 0 for n in y))
     b = RuleBuilder(ins, outs)
-    for gx, gy in _reshape_groups(x, y):
+    for gx, gy in _reshape_groups([x[d] for d in order], y):
+        gx = [(order[k], n) for k, n in gx]  # transposed position -> the operand's own dim
         cx, cy = _cumulative(gx), _cumulative(gy)
         bounds = sorted(set(cx) | set(cy))
         prev, sizes = 1, []
