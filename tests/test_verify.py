@@ -8,6 +8,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -476,3 +477,17 @@ def test_a_corrupted_leaf_fails_next_to_an_ill_conditioned_one(monkeypatch, leaf
     rep = verify(fn, args, plans["megatron"], MESH)
     assert [c.path for c in rep.checks if not c.ok] == [f"[1][0].mu['{leaf}']"], rep
     assert "[1][0].mu['bk']" in {c.path for c in rep.loosened}
+
+
+def test_a_float32_leaf_computed_in_bfloat16_is_checked_at_bfloat16s_tolerance():
+    # mixed precision: the float32 master weights are updated from gradients computed in
+    # bfloat16, so two summation orders differ in them as bfloat16 does
+    from toast_lab.verification._verify import computed_in_tolerances
+
+    def step(w, x):
+        g = jax.grad(lambda w: jnp.sum((x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16))
+                                       .astype(jnp.float32) ** 2))(w)
+        return w - 0.1 * g, jnp.sum(x * 2.0)
+
+    prog = tl.trace(step, jnp.ones((8, 4)), jnp.ones((2, 8)))
+    assert computed_in_tolerances(prog) == [5e-2, 1e-2]
