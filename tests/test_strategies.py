@@ -35,6 +35,34 @@ def test_roles_of_gpt_come_from_structure_not_names():
     assert anon.value_classes[tokens] == (r.batch, r.sequence)
 
 
+def test_megatron_splits_an_mlps_hidden_dim():
+    # The README's two-layer MLP: its hidden dim is on two weights (out of w1, into w2), the
+    # pair Megatron splits (w1 by columns, w2 by rows), not a residual stream to leave alone.
+    import jax.numpy as jnp
+    import optax
+
+    opt = optax.adamw(1e-3)
+
+    def step(params, opt_state, x, y):
+        def loss_fn(p):
+            h = jax.nn.relu(x @ p["w1"])
+            return optax.softmax_cross_entropy_with_integer_labels(h @ p["w2"], y).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = {"w1": jnp.zeros((64, 256)), "w2": jnp.zeros((256, 10))}
+    an = tl.analyze(tl.trace(step, params, opt.init(params), jnp.ones((32, 64)),
+                             jnp.zeros((32,), jnp.int32)))
+    roles = find_roles(an).describe(an)
+    assert roles["width"] is None and roles["tensor_parallel"][0] == "w1[1]"
+    plan = tl.strategies.expert(an, MESH)["dp+tp"]
+    assert plan.axes_of("x[0]") == ("data",) and plan.axes_of("w1[1]") == ("model",)
+    prog = an.program
+    w1, w2 = (prog.inputs[prog.input_names.index(n)] for n in ("params/w1", "params/w2"))
+    assert plan.value_axes(w1) == ((), ("model",)) and plan.value_axes(w2) == (("model",), ())
+
+
 def test_fsdp_with_tensor_parallelism_keeps_the_tensor_parallel_classes_on_the_model_axis():
     # FSDP lists a class that is the only one of some parameter (a bias's hidden dim) even
     # where tensor parallelism took it; it shards only the classes left

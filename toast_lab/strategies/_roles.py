@@ -22,7 +22,9 @@ and equinox's modules with `None` leaves all look the same here).
   layer's output features or channels, attention heads, the vocabulary. A convolution's window
   dims and a dead input's own dims are never among them.
 - width: the feature class on the most state values (the residual stream's `embed`, a
-  convnet's widest channel stage): tensor parallelism leaves it alone, FSDP shards it first.
+  convnet's widest channel stage), among those on more than two weight matrices (an MLP's
+  hidden dim, out of one layer and into the next, is what Megatron splits; a plain MLP or
+  convnet has no width): tensor parallelism leaves it alone, FSDP shards it first.
 - tensor-parallel classes: feature classes of state other than batch, sequence and width,
   chosen greedily by bytes so that no parameter has two of them (Megatron: heads, MLP hidden,
   vocabulary — one per weight; a conv's output channels, which are the next conv's input
@@ -36,6 +38,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from ..analysis import domains
 from ..program import state_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH
 
@@ -90,7 +93,13 @@ def find_roles(an) -> Roles:
         for c in vc[v]:
             if c >= 0:
                 params_of[c].add(v)
-    width = max((c for c in params_of if c in features and c != batch),
+    # The width is a stream many weights read and write (a transformer's embed: every
+    # projection in and out of it). A class on two weight matrices only (an MLP's hidden,
+    # out of one layer and into the next) is the pair Megatron splits, not a stream.
+    weights = domains(an).parameters
+    matrices = {c: sum(1 for v in params_of[c] if v in weights and prog.values[v].ndim >= 2)
+                for c in params_of}
+    width = max((c for c in params_of if c in features and c != batch and matrices[c] > 2),
                 key=lambda c: (len(params_of[c]), -c), default=None)
 
     skip = {batch, sequence, width} | loops
