@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import BODY_INPUT, INPUT, NO_OP
+from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
@@ -288,14 +288,17 @@ def build_static(an) -> Static:
     written: dict[int, list] = {}
     for w in prog.handed_on_stacks():
         written.setdefault(w[0], []).append(w)
+    folded = _constant_values(prog)
     for op, rule in zip(ops, an.op_rules):
         op_flops[op.id] = _flops(op, values)
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
         elif len(op.results) == 1 and getattr(values[op.results[0]].dtype, "kind", None) \
-                in _NUMERIC_KINDS:  # (not a PRNG key: its extended dtype has no kind)
+                in _NUMERIC_KINDS and not folded[op.results[0]]:
             # a scalar (a loss summed over a sharded batch): its all-reduce moves its bytes
+            # (not a PRNG key's, whose extended dtype has no kind; not one of constants alone,
+            # such as a product of shape entries, which XLA folds before partitioning)
             op_result[op.id] = op.results[0]
         if op.body:
             # Region boundaries tie the same classes: no reshard is modelled there, but for a
@@ -527,6 +530,15 @@ def _scan_stacks(op) -> range:
     if op.primitive != "scan":
         return range(0)
     return range(op.params["num_consts"] + op.params["num_carry"], len(op.operands))
+
+
+def _constant_values(prog) -> np.ndarray:
+    """[V] bool: values computed from constants and literals alone (XLA folds them)."""
+    const = np.array([v.origin in (CONST, LITERAL) for v in prog.values], bool)
+    for op in prog.ops:
+        if op.operands and not op.body and all(const[u] for u in op.operands):
+            const[list(op.results)] = True
+    return const
 
 
 def _early_values(prog) -> np.ndarray:
