@@ -223,8 +223,14 @@ def test_expert_in_the_loop(execute):
     assert len(experts) >= 5, compare
     fitting = [(name, ms) for name, ms, fits in experts if fits == "fits"]
     assert fitting, compare
-    for name, ms in fitting:  # the search rejects plans that do not fit
-        assert completed <= float(ms) + 1e-6, f"the completed plan is slower than {name}"
+    # the experts that keep the Megatron pins (a pin holds on every tensor of its class): the
+    # completed plan, the search's best under those pins, is at least as fast as each of them
+    keeping = re.search(r"^experts that keep the Megatron pins and fit: (.*)$", compare, re.M)
+    keeping = set(keeping.group(1).split(", ")) - {"none"}
+    assert keeping, compare
+    for name, ms in fitting:
+        if name in keeping:
+            assert completed <= float(ms) + 1e-6, f"the completed plan is slower than {name}"
     assert "keeps the Megatron pins: True" in compare
     assert "fits: True" in compare
     assert "unpinned MCTS" in compare
