@@ -99,6 +99,22 @@ def test_unpin_keeps_the_value_and_releases_the_decision(session):
         session.unpin("batch")
 
 
+def test_a_per_domain_override_is_pinned_and_unpinned_by_its_name(session):
+    # "<class>@<domain>", as tl.search's pins and plan files name it (ZeRO-1: the optimizer
+    # state's embed over data); a plan with one pinned could not be released before
+    session.pin("batch", ("data",))
+    plan = session.pin("embed@optimizer", ("data",))
+    assert plan.axes_of("embed", "optimizer") == ("data",) and plan.axes_of("embed") == ()
+    assert session.pins["embed@optimizer"] == ("data",)
+    assert session.estimate == tl.estimate(session.analysis, plan, session.mesh)
+    plan = session.unpin("embed@optimizer")
+    assert "embed@optimizer" not in plan.pinned and plan.axes_of("embed", "optimizer") == ("data",)
+    with pytest.raises(PinError, match="not pinned"):
+        session.unpin("embed@optimizer")
+    with pytest.raises(PinError, match="no class or conflict named 'bogus'"):
+        session.pin("bogus@optimizer", "data")
+
+
 def test_history_records_each_change(session):
     session.pin("batch", ("data",))
     session.unpin("batch")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..analysis import Conflict, DimClass
+from ..analysis import OPTIMIZER, PARAMETERS, Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError
 from ..plan._mesh import check_mesh
@@ -170,8 +170,11 @@ class Session:
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                decision = self._decision(name)
-                if isinstance(decision, DimClass):
+                override = self._override(name)
+                decision = override[0] if override else self._decision(name)
+                if override:
+                    plan, note = self._pin_override(*override, value)
+                elif isinstance(decision, DimClass):
                     plan, note = self._pin_class(decision, value)
                 else:
                     plan, note = self._pin_conflict(decision, value)
@@ -184,7 +187,9 @@ class Session:
                 self._set_plan(plan)
                 self.error = None
                 self.notice = "; ".join(n for n in (stopped, note) if n) or None
-                self._record("pin", decision.name, _value_of(plan, decision))
+                self._record("pin", str(name) if override else decision.name,
+                             plan.axes_of(decision.id, override[1]) if override
+                             else _value_of(plan, decision))
         self._notify("plan" if not refused else "error")
         if refused:
             raise PinError(self.error)
@@ -195,19 +200,20 @@ class Session:
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                decision = self._decision(name)
-                if decision.name not in self._plan.pinned:
-                    raise PinError(f"{decision.name!r} is not pinned; pinned: "
+                # an override ("<class>@<domain>") by its name, once its class is known
+                key = str(name) if self._override(name) else self._decision(name).name
+                if key not in self._plan.pinned:
+                    raise PinError(f"{key!r} is not pinned; pinned: "
                                    f"{sorted(self._plan.pinned) or 'nothing'}")
             except PinError as err:
                 self.error, self.notice = str(err), None
                 refused = True
             else:
                 refused = False
-                plan = dataclasses.replace(self._plan, pinned=self._plan.pinned - {decision.name})
+                plan = dataclasses.replace(self._plan, pinned=self._plan.pinned - {key})
                 self._set_plan(plan)
                 self.error, self.notice = None, stopped
-                self._record("unpin", decision.name, None)
+                self._record("unpin", key, None)
         self._notify("plan" if not refused else "error")
         if refused:
             raise PinError(self.error)
@@ -447,6 +453,25 @@ class Session:
         raise PinError(f"no class or conflict named {name!r}.{hint} Classes: "
                        f"{[c.name for c in an.classes]}; conflicts: "
                        f"{[c.name for c in an.conflicts]}")
+
+    def _override(self, name):
+        """(class, domain) of an override's name, "<class>@parameters" or "<class>@optimizer"
+        (as tl.search's pins name them), or None for any other name."""
+        if not isinstance(name, str) or "@" not in name:
+            return None
+        cls_name, _, domain = name.rpartition("@")
+        if domain not in (PARAMETERS, OPTIMIZER):
+            return None  # a conflict's name ("seq@block0/attn/...") has an @ too
+        return self._decision(cls_name), domain
+
+    def _pin_override(self, cls: DimClass, domain: str, value):
+        if not isinstance(cls, DimClass):
+            raise PinError(f"{cls.name!r} is a conflict: only a class takes axes per domain")
+        axes = _axes_value(cls, value)
+        why = refusal(self.analysis, self.mesh, cls, axes)
+        if why:
+            raise PinError(f"cannot pin {cls.name}@{domain} to {axes_label(axes)}: {why}")
+        return self._plan.with_axes(cls.id, axes, pin=True, domain=domain), None
 
     def _pin_class(self, cls: DimClass, value):
         axes = _axes_value(cls, value)
