@@ -15,7 +15,7 @@ from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._op_collectives import OpCollective
 from ..plan import PlanError
 from ..plan._plan import check_analysis
-from ._plan_arrays import PlanArrays, axis_bits, plan_arrays
+from ._plan_arrays import PlanArrays, axis_bits, live_axis_bits, plan_arrays
 
 
 def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> Estimate:
@@ -39,5 +39,5 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays", "axis_bits",
-           "plan_arrays"]
+           "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays",
+           "axis_bits", "live_axis_bits", "plan_arrays"]

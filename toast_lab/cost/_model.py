@@ -35,7 +35,7 @@ from ..program import state_inputs
 from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
-from ._plan_arrays import PlanArrays, as_plan_arrays, axis_bits, plan_arrays, split_classes
+from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_arrays, split_classes
 from ._order import memory_order, ready_positions, workspace_temps
 from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces, static_tables
 from ._fusion import fused_live_ends, library_inputs, memory_traffic, own_fusions
@@ -88,11 +88,7 @@ class CostModel:
 
     def _mesh_tables(self, mesh):
         names = tuple(mesh.axis_names)
-        # A mesh axis of one device splits nothing: a class over it is replicated there, and
-        # no collective runs over it (XLA emits none). Plans are read with its bit cleared.
-        self.axis_bit = {a: b if mesh.axis_size(a) > 1 else 0
-                         for a, b in axis_bits(mesh).items()}
-        self._live_bits = sum(self.axis_bit.values())
+        self.axis_bit = live_axis_bits(mesh)  # plans are read with size-1 axes cleared
         self.mesh_table, self.axis_shares = collective_costs(mesh)
         self.ways = self.mesh_table["ways"]
         self.mask_axes = [tuple(a for i, a in enumerate(names) if m >> i & 1)
@@ -327,10 +323,7 @@ class CostModel:
         fresh = delta is None
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
-        mask, rank, res = plan
-        if (mask & ~self._live_bits).any():  # a search's choice of a size-1 axis
-            mask = mask & self._live_bits
-        return _kernel.run((mask, rank, res), self._tables, self.mesh_table, self.device_table,
+        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
                            self._memory, self._schedule, delta, old_vmask, fresh)
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
@@ -375,8 +368,7 @@ class CostModel:
 
     def value_type_masks(self, mask, rank, res):
         """(eff[T, D], vmask[T]): per value type, the mesh-axis bits of each dim."""
-        mask, rank, res = as_plan_arrays(mask, rank, res)
-        return _kernel.value_type_masks((mask & self._live_bits, rank, res), self._tables)
+        return _kernel.value_type_masks(tuple(as_plan_arrays(mask, rank, res)), self._tables)
 
 
 class IncrementalEstimator:

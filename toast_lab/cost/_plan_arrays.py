@@ -44,6 +44,12 @@ def axis_bits(mesh) -> dict[str, int]:
     return {a: 1 << i for i, a in enumerate(mesh.axis_names)}
 
 
+def live_axis_bits(mesh) -> dict[str, int]:
+    """axis_bits with the bit of each axis of one device cleared: such an axis splits nothing
+    (XLA emits no collective over it), so a class over it costs what it costs replicated."""
+    return {a: b if mesh.axis_size(a) > 1 else 0 for a, b in axis_bits(mesh).items()}
+
+
 @dataclass(frozen=True, eq=False)
 class SplitClasses:
     """The split classes of one analysis (see the module docstring).

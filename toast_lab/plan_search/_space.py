@@ -33,7 +33,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, domains
-from ..cost import PlanArrays, axis_bits, plan_arrays
+from ..cost import PlanArrays, live_axis_bits, plan_arrays
 from ..plan import Plan, PlanError
 
 CLASS, CONFLICT, OVERRIDE = "class", "conflict", "override"
@@ -79,13 +79,17 @@ class Space:
         self.analysis = analysis
         self.mesh = mesh
         names = tuple(mesh.axis_names)
-        bit = axis_bits(mesh)
+        # an axis of one device splits nothing: no choice offers it, and a pin or a plan
+        # naming it reads as without it (its bit is 0)
+        bit = live_axis_bits(mesh)
+        live = [a for a in names if bit[a]]
         pins = dict(pins or {})
         self._check_pins(pins)
         axes_choices = []
-        for m in range(1, 1 << len(names)):
-            axes = tuple(a for i, a in enumerate(names) if m >> i & 1)
-            axes_choices.append((axes, int(np.prod([mesh.axis_size(a) for a in axes])), m))
+        for k in range(1, 1 << len(live)):
+            axes = tuple(a for i, a in enumerate(live) if k >> i & 1)
+            axes_choices.append((axes, int(np.prod([mesh.axis_size(a) for a in axes])),
+                                 sum(bit[a] for a in axes)))
 
         def divisible(cls):
             return [(axes, m) for axes, ways, m in axes_choices if cls.size % ways == 0]
@@ -250,7 +254,7 @@ class Space:
         """The choice vector of a plan (plans outside the space snap to the nearest choice;
         the rank order is the space's, see `order`)."""
         out = np.zeros(len(self.decisions), np.int64)
-        bit = axis_bits(self.mesh)
+        bit = live_axis_bits(self.mesh)
         own = plan.override_axes
         for pos, d in enumerate(self.decisions):
             if d.kind == CLASS:
