@@ -175,8 +175,8 @@ def test_plan_jit_refuses_other_shapes_than_it_was_planned_for():
     step = tl.Plan.replicated(an).with_axes("x[0]", "data").jit(loss, tl.Mesh({"data": 8})
                                                                 .jax_mesh())
     assert float(step(p, jnp.ones((8, 4)))) == pytest.approx(4.0)
-    with pytest.raises(ValueError, match=r"argument x is float32\[16, 4\] but 'loss' was "
-                                         r"traced and planned with float32\[8, 4\]"):
+    with pytest.raises(ValueError, match=r"plan.jit: argument x is float32\[16, 4\] but 'loss' "
+                                         r"was traced with float32\[8, 4\]"):
         step(p, jnp.ones((16, 4)))
 
 

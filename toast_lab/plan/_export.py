@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ..analysis import domain_boundaries, domains
-from ..program import as_function, trace, updated_inputs
+from ..program import as_function, check_args, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
 # Where plan.jit pins values with `with_sharding_constraint`:
@@ -320,36 +319,16 @@ def constrained(plan, jax_mesh, policy: str = "compute", program=None) -> Callab
 
 
 def _checking_shapes(program, fn: Callable) -> Callable:
-    """fn, refusing arguments of other shapes or dtypes than the program was traced with: its
-    ops replay the traced shapes (a mean divides by the traced batch), so another batch size
-    would run wrong or fail deep inside jax."""
+    """fn, refusing arguments of other shapes or dtypes than the program was traced with."""
 
     def checked(*args, **kwargs):
-        leaves, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
-        if tree == program.in_tree:  # as_function names a structure mismatch itself
-            for (path, leaf), v in zip(leaves, program.inputs):
-                val = program.values[v]
-                shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", val.dtype)
-                if shape != val.shape or not _same_dtype(dtype, val.dtype):
-                    raise ValueError(
-                        f"plan.jit: argument {val.name or jax.tree_util.keystr(path)} is "
-                        f"{getattr(dtype, 'name', dtype)}{list(shape)} but {program.fn_name!r} "
-                        f"was traced and planned with {val.dtype.name}{list(val.shape)}; a "
-                        f"plan is for the shapes it was made for: trace, analyse and plan "
-                        f"these shapes")
+        check_args(program, args, kwargs, "plan.jit",
+                   "A plan is for the shapes it was made for: trace, analyse and plan these "
+                   "shapes.")
         return fn(*args, **kwargs)
 
     checked.__name__ = fn.__name__
     return checked
-
-
-def _same_dtype(a, b) -> bool:
-    """Equal after JAX's canonicalization (float64 NumPy arrays trace as float32 without x64;
-    Python scalars are weakly typed)."""
-    try:
-        return jax.dtypes.canonicalize_dtype(a) == jax.dtypes.canonicalize_dtype(b)
-    except (TypeError, ValueError):  # extended dtypes (PRNG keys)
-        return str(a) == str(b)
 
 
 def donated_arguments(program) -> tuple[int, ...]:

@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ..program import check_args
 from ._compiled import CompiledStats, read_compiled
 from ._sensitivity import (PERTURBATION_ULPS, SPREAD_FACTOR, perturb_inputs,
                            spread_allowance)
@@ -526,7 +527,10 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
                         f"(params, opt_state, batch); got {type(args).__name__}")
     prog = plan.analysis.program
     kwargs = dict(kwargs or {})
-    check_args(prog, tuple(args), kwargs)
+    check_args(prog, tuple(args), kwargs, "tl.verify",
+               "Pass the arguments (or ShapeDtypeStructs) the analysis traced (for a zoo model, "
+               "tl.zoo.sample(name, ...) with the same config), or analyse these arguments and "
+               "plan for them.")
     args = tuple(concrete_args(tuple(args), seed))
     kwargs = concrete_args(kwargs, seed + 1)
     plan.validate(mesh)
@@ -579,46 +583,6 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
         mesh=mesh,
         estimate=estimate,
     )
-
-
-def check_args(prog, args: tuple, kwargs: Mapping | None = None) -> None:
-    """Raises ValueError naming the first argument leaf whose structure, shape or dtype is not
-    the traced program's (a plan for one model applied to another model's sample)."""
-    leaves, tree = jax.tree_util.tree_flatten_with_path((args, dict(kwargs or {})))
-    if tree != prog.in_tree:
-        raise ValueError(
-            f"tl.verify: the arguments are not shaped like those {prog.fn_name!r} was traced "
-            f"with ({len(leaves)} leaves vs {len(prog.inputs)}): expected a pytree like "
-            f"{_short(str(prog.in_tree))}, got {_short(str(tree))}. Pass the arguments (or "
-            f"ShapeDtypeStructs) the analysis traced.")
-    for (path, leaf), v, name in zip(leaves, prog.inputs, prog.input_names):
-        val = prog.values[v]
-        shape = tuple(np.shape(leaf))
-        # Python scalars take the traced dtype (weak typing): only their shape counts
-        dtype = getattr(leaf, "dtype", None) or val.dtype
-        if shape != val.shape or not _same_dtype(dtype, val.dtype):
-            raise ValueError(
-                f"tl.verify: argument {name or jax.tree_util.keystr(path)} is "
-                f"{_dtype_name(dtype)}{list(shape)} but the plan's program "
-                f"({prog.fn_name!r}) was traced with {_dtype_name(val.dtype)}{list(val.shape)}. "
-                f"Pass the arguments the analysis traced (for a zoo model, tl.zoo.sample(name, "
-                f"...) with the same config), or analyse these arguments and plan for them.")
-
-
-def _same_dtype(a, b) -> bool:
-    """Equal after JAX's canonicalization (float64 NumPy arrays trace as float32 without x64)."""
-    try:
-        return jax.dtypes.canonicalize_dtype(a) == jax.dtypes.canonicalize_dtype(b)
-    except (TypeError, ValueError):  # extended dtypes (PRNG keys)
-        return str(a) == str(b)
-
-
-def _dtype_name(dtype) -> str:
-    return getattr(dtype, "name", str(dtype))
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _fresh_copy(x):
