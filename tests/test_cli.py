@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 import toast_lab as tl
+from tests.cli_support import usage_error
 from toast_lab.cli import main
 
 
@@ -34,17 +35,6 @@ def test_analyze_a_users_module_function(tmp_path, monkeypatch, capsys):
     sys.modules.pop("mytrain", None)
 
 
-def usage_error(argv, capsys) -> str:
-    """The one line a usage error prints; asserts exit status 2 and nothing else printed."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("toast-lab: "), err
-    return lines[0]
-
-
 def test_unknown_targets_are_clear_errors(capsys):
     assert "unknown model 'gtp'" in usage_error(["analyze", "gtp"], capsys)
     assert "cannot import" in usage_error(["analyze", "no_such_module_xyz:step"], capsys)
@@ -70,46 +60,6 @@ def test_partition_bad_mesh_and_pins(capsys):
     assert "--mesh looks like" in usage_error(["partition", "mlp", "--mesh", "data4"], capsys)
     assert "name no class" in usage_error(
         ["partition", "mlp", "--mesh", "data=8", "--pin", "bogus=data", "--budget", "1"], capsys)
-
-
-@pytest.fixture
-def user_module(tmp_path, monkeypatch):
-    (tmp_path / "usersteps.py").write_text(textwrap.dedent("""
-        import jax, jax.numpy as jnp
-
-        def bare(w, x):
-            return (x @ w).sum()
-
-        def step(w, x):
-            return jnp.tanh(x @ w).sum()
-
-        step.example_args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),
-                             jax.ShapeDtypeStruct((8, 16), jnp.float32))
-
-        def factory(width=16):
-            return step, (jax.ShapeDtypeStruct((16, width), jnp.float32),
-                          jax.ShapeDtypeStruct((8, 16), jnp.float32))
-
-        def broken(w, x):
-            return w @ w
-
-        broken.example_args = step.example_args
-
-        def lazy_fails(w, x):
-            return (x @ w).sum()
-
-        lazy_fails.example_args = lambda: 1 / 0
-
-        def factory_fails(width=16):
-            raise ValueError(f"width {width} is not a multiple of 8")
-    """))
-    (tmp_path / "importfails.py").write_text("WIDTH = 1 / 0\n")
-    (tmp_path / "syntaxfails.py").write_text("def step(:\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
-    for name in ("usersteps", "importfails", "syntaxfails"):
-        sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize("argv, says", [

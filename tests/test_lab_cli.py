@@ -3,12 +3,12 @@
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 
 import toast_lab as tl
 from toast_lab import cli
+from tests.cli_support import usage_error
 from toast_lab.cli import main
 
 
@@ -54,60 +54,29 @@ def test_lab_defaults_to_gpt2_small_and_keeps_an_existing_notebook(tmp_path, mon
     assert calls[1][-2:] == ["--port", "8899"]
 
 
-def _usage_error(argv, capsys) -> str:
-    """The one line a usage error prints; asserts exit status 2 and nothing else printed."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("toast-lab: "), err
-    return lines[0]
-
-
 def test_lab_refuses_a_notebook_path_it_cannot_write(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     missing = tmp_path / "no" / "such" / "lab.ipynb"
-    line = _usage_error(["lab", "--no-launch", "--notebook", str(missing)], capsys)
+    line = usage_error(["lab", "--no-launch", "--notebook", str(missing)], capsys)
     assert f"directory {str(missing.parent)!r} does not exist; create it first" in line, line
-    line = _usage_error(["lab", "--no-launch", "--notebook", str(tmp_path)], capsys)
+    line = usage_error(["lab", "--no-launch", "--notebook", str(tmp_path)], capsys)
     assert "is a directory; give a file name, e.g." in line, line
     assert not list(tmp_path.iterdir())
 
 
-@pytest.fixture
-def lab_module(tmp_path, monkeypatch):
-    (tmp_path / "labsteps.py").write_text(textwrap.dedent("""
-        import jax, jax.numpy as jnp
-
-        def bare(w, x):
-            return (x @ w).sum()
-
-        def step(w, x):
-            return jnp.tanh(x @ w).sum()
-
-        step.example_args = (jax.ShapeDtypeStruct((16, 32), jnp.float32),
-                             jax.ShapeDtypeStruct((8, 16), jnp.float32))
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
-    sys.modules.pop("labsteps", None)
+@pytest.mark.parametrize("target", ["no_such_module_xyz:step", "usersteps:missing",
+                                    "usersteps:bare"])
+def test_lab_checks_a_module_target_before_writing_the_notebook(target, user_module, capsys):
+    expected = usage_error(["partition", target], capsys)  # what partition says
+    assert usage_error(["lab", target, "--no-launch"], capsys) == expected
+    assert not list(user_module.glob("*.ipynb"))
 
 
-@pytest.mark.parametrize("target", ["no_such_module_xyz:step", "labsteps:missing",
-                                    "labsteps:bare"])
-def test_lab_checks_a_module_target_before_writing_the_notebook(target, lab_module, capsys):
-    expected = _usage_error(["partition", target], capsys)  # what partition says
-    assert _usage_error(["lab", target, "--no-launch"], capsys) == expected
-    assert not list(lab_module.glob("*.ipynb"))
-
-
-def test_lab_on_a_module_target_imports_it_without_tracing(lab_module, monkeypatch, capsys):
+def test_lab_on_a_module_target_imports_it_without_tracing(user_module, monkeypatch, capsys):
     def trace(*args, **kwargs):
         raise AssertionError("lab traced the step before writing the notebook")
 
     monkeypatch.setattr(tl, "trace", trace)
-    assert main(["lab", "labsteps:step", "--no-launch"]) == 0
-    assert "wrote toast-lab-labsteps-step.ipynb" in capsys.readouterr().out
-    assert "load_target('labsteps:step', {})" in _code(lab_module / "toast-lab-labsteps-step.ipynb")
+    assert main(["lab", "usersteps:step", "--no-launch"]) == 0
+    assert "wrote toast-lab-usersteps-step.ipynb" in capsys.readouterr().out
+    assert "load_target('usersteps:step', {})" in _code(user_module / "toast-lab-usersteps-step.ipynb")
