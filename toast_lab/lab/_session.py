@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..analysis import OPTIMIZER, PARAMETERS, Conflict, DimClass
+from ..analysis import Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError
 from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis
+from ..plan._plan import check_analysis, override_name
 from ..plan._planfile import write as write_plan_file
 from ..plan_search import search as run_search
 from ..strategies import expert as expert_strategies
@@ -455,14 +455,10 @@ class Session:
                        f"{[c.name for c in an.conflicts]}")
 
     def _override(self, name):
-        """(class, domain) of an override's name, "<class>@parameters" or "<class>@optimizer"
-        (as tl.search's pins name them), or None for any other name."""
-        if not isinstance(name, str) or "@" not in name:
-            return None
-        cls_name, _, domain = name.rpartition("@")
-        if domain not in (PARAMETERS, OPTIMIZER):
-            return None  # a conflict's name ("seq@block0/attn/...") has an @ too
-        return self._decision(cls_name), domain
+        """(class, domain) of an override's name, "<class>@<domain>" (as tl.search's pins name
+        them), or None for any other name."""
+        override = override_name(name)
+        return None if override is None else (self._decision(override[0]), override[1])
 
     def _pin_override(self, cls: DimClass, domain: str, value):
         if not isinstance(cls, DimClass):

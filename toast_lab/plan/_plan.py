@@ -56,6 +56,16 @@ def check_analysis(analysis, caller: str) -> Analysis:
                     f"got {type(analysis).__name__}")
 
 
+def override_name(name) -> tuple[str, str] | None:
+    """(class name, domain) of an override's name, "<class>@<domain>" (e.g. "embed@optimizer",
+    as pins and plan files name it), or None for any other name (a conflict's name has an @
+    too: "seq@block0/attn/...", whose tail is no domain)."""
+    if not isinstance(name, str):
+        return None
+    cls, _, domain = name.rpartition("@")
+    return (cls, domain) if cls and domain in DOMAINS else None
+
+
 def _as_axes(axes) -> Axes:
     if axes is None:
         return ()
@@ -205,10 +215,10 @@ class Plan:
         try:
             k = self._class(cls).id
         except PlanError:
-            name, _, where = cls.rpartition("@") if isinstance(cls, str) else ("", "", "")
-            if domain is not None or where not in DOMAINS or not name:
+            override = override_name(cls)
+            if domain is not None or override is None:
                 raise
-            k, domain = self._class(name).id, where
+            k, domain = self._class(override[0]).id, override[1]
         if domain is not None:
             axes = self._override_axes.get((k, _domain(domain)))
             if axes is not None:
@@ -497,9 +507,9 @@ class Plan:
         try:
             return self._conflict(name)
         except PlanError:
-            cls, _, domain = name.rpartition("@") if isinstance(name, str) else ("", "", "")
-            if domain in DOMAINS and cls:
-                return self._class(cls)  # an override's name: "<class>@<domain>"
+            override = override_name(name)
+            if override:
+                return self._class(override[0])  # an override's name: "<class>@<domain>"
             raise PlanError(_no_decision(self.analysis, name)) from None
 
     def __eq__(self, other) -> bool:

@@ -35,6 +35,7 @@ import numpy as np
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
 from ..plan import Plan, PlanError
+from ..plan._plan import override_name
 
 CLASS, CONFLICT, OVERRIDE = "class", "conflict", "override"
 # Override decisions the search offers per domain without being asked for: the classes with
@@ -165,9 +166,9 @@ class Space:
             k = cls if isinstance(cls, int) else an.class_named(cls).id
             out.add((k, d))
         for name in pins:
-            cls, _, d = name.rpartition("@")
-            if d in DOMAINS and cls and any(c.name == cls for c in an.classes):
-                out.add((an.class_named(cls).id, d))
+            override = override_name(name)
+            if override and any(c.name == override[0] for c in an.classes):
+                out.add((an.class_named(override[0]).id, override[1]))
         return out
 
     def _set_order(self, order) -> None:
