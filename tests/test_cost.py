@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import toast_lab as tl
@@ -532,6 +533,23 @@ def test_xla_cpu_counts_a_cheap_producer_once_per_fusion_that_clones_it():
     xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
     assert cpu.flops == pytest.approx(xla, rel=0.02)
     assert cpu.flops - once.flops == 2 * 16 * 32  # the second clones of y's multiply and add
+
+
+def test_ops_xla_simplifies_away_count_no_flops():
+    """XLA folds what constants alone compute and drops x + 0, x * 1 and x / 1: optax's global
+    norm adds the square of a zero imaginary part to each leaf's square and its clipping
+    multiplies by a max norm of 1.0, which doubled the norm's flops in the estimate."""
+
+    def f(g):
+        clipped, _ = optax.clip_by_global_norm(1.0).update(g, optax.EmptyState())
+        return clipped, jnp.full_like(g["w"], 2.0) * 3.0 + g["w"] / 1.0 - 0.0
+
+    args = ({"w": jax.ShapeDtypeStruct((64, 32), "float32"),
+             "b": jax.ShapeDtypeStruct((32,), "float32")},)
+    an = tl.analyze(tl.trace(f, *args))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(f).lower(*args).compile().cost_analysis()["flops"]
+    assert est.flops == pytest.approx(xla, rel=0.02)
 
 
 def _moe_dp():

@@ -289,8 +289,9 @@ def build_static(an) -> Static:
     for w in prog.handed_on_stacks():
         written.setdefault(w[0], []).append(w)
     folded = _constant_values(prog)
+    uniform = _uniform_constants(prog, folded)
     for op, rule in zip(ops, an.op_rules):
-        op_flops[op.id] = _flops(op, values)
+        op_flops[op.id] = 0.0 if _simplified_away(op, folded, uniform) else _flops(op, values)
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
@@ -539,6 +540,50 @@ def _constant_values(prog) -> np.ndarray:
         if op.operands and not op.body and all(const[u] for u in op.operands):
             const[list(op.results)] = True
     return const
+
+
+# Elementwise arithmetic on a constant that keeps it one value throughout (a broadcast zero,
+# its square): what _uniform_constants evaluates.
+_UNIFORM_MAPS = {
+    "broadcast_in_dim": lambda a: a, "reshape": lambda a: a, "convert_element_type": lambda a: a,
+    "neg": np.negative, "square": np.square, "add": np.add, "add_any": np.add,
+    "sub": np.subtract, "mul": np.multiply,
+}
+# The operand of these ops that XLA's AlgebraicSimplifier drops when it is this constant
+# (x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1), leaving the other: the op computes nothing.
+_IDENTITIES = {"add": ((0, 0.0), (1, 0.0)), "add_any": ((0, 0.0), (1, 0.0)),
+               "sub": ((1, 0.0),), "mul": ((0, 1.0), (1, 1.0)), "div": ((1, 1.0),)}
+
+
+def _uniform_constants(prog, folded) -> dict[int, float]:
+    """Value id -> the one number all its elements hold, for the literals and scalar or
+    uniform constants and what _UNIFORM_MAPS make of them alone."""
+    known = {}
+    for v, c in prog.constants.items():
+        a = np.asarray(c)
+        if a.dtype.kind in "fiub" and a.size and np.all(a == a.flat[0]):
+            known[v] = a.flat[0].item()
+    for op in prog.ops:
+        f = _UNIFORM_MAPS.get(op.primitive)
+        if f is not None and len(op.results) == 1 and folded[op.results[0]] \
+                and all(u in known for u in op.operands):
+            with np.errstate(all="ignore"):
+                known[op.results[0]] = np.asarray(f(*(known[u] for u in op.operands))).item()
+    return known
+
+
+def _simplified_away(op, folded, uniform) -> bool:
+    """Whether XLA leaves nothing of the op to compute: its results come from constants
+    alone (constant folding; an elementwise op of a broadcast constant is moved before the
+    broadcast, onto one element), or it is an identity of _IDENTITIES (optax's global norm
+    adds the square of a zero imaginary part to every leaf's square, and its clipping
+    multiplies by a max norm of 1.0: as many flops again as the norm, none in XLA)."""
+    if op.body or not op.operands or op.primitive == "random_bits":
+        return False
+    if all(folded[r] for r in op.results):
+        return True
+    return any(uniform.get(op.operands[i]) == x for i, x in _IDENTITIES.get(op.primitive, ())
+               if i < len(op.operands))
 
 
 def _early_values(prog) -> np.ndarray:
