@@ -796,14 +796,13 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
     live. XLA:CPU combines the all-reduces of each computation (the step's, a loop body's)
     into one after the last of them (AllReduceCombiner), but it can only combine all-reduces
-    that do not depend on each other: one whose result is read before the last reducing op
-    of its computation (an activation gradient: a message-passing scatter's sum, Megatron's
+    that do not depend on each other: one whose result another reducing op reads, directly
+    or through other ops (an activation gradient: a message-passing scatter's sum, Megatron's
     input gradient; a gradient whose global norm is reduced after it) runs at its op. Those
     combined keep their partial sums live until the combined one, which writes all their
     results at once (whatever reads them waits for it; a result sharded where the partial
     sums are not is sliced from it there); the others, and all of them elsewhere (GPU, TPU),
-    hold both buffers at the op. Which all-reduces combine is decided in program order (a
-    dependency follows it); the buffers live in the order the compiler runs the ops
+    hold both buffers at the op. The buffers live in the order the compiler runs the ops
     (memory.position)."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
@@ -811,24 +810,15 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
         return
     comp = memory.computation
     C = memory.num_computations
-    latest = np.full(C, -1, np.int64)
-    for p in range(reduced.shape[0]):
-        if reduces[p]:  # a scalar's reduction (a global norm's) orders the others too
-            span = memory.instances_by_type[p]
-            for i in range(span.start, span.end):
-                n = memory.instances[i]
-                latest[comp[n]] = max(latest[comp[n]], n)
-    last = np.full(C, -1, np.int64)  # the last reducing op whose result waits past the rest
+    feeds = _feeds_a_reduction(reduces, memory)
     combined = np.full(C, -1, np.int64)  # where the combined all-reduce runs: after the last
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
             for i in range(span.start, span.end):
                 n = memory.instances[i]
-                c = comp[n]
-                if memory.deadline[n] > latest[c]:
-                    last[c] = max(last[c], n)
-                    combined[c] = max(combined[c], memory.position[n])
+                if not feeds[n]:
+                    combined[comp[n]] = max(combined[comp[n]], memory.position[n])
     for p in range(reduced.shape[0]):
         if reduced[p] > 0.0:
             span = memory.instances_by_type[p]
@@ -836,7 +826,7 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 n = memory.instances[i]
                 c = comp[n]
                 at = memory.position[n]
-                if memory.deadline[n] > latest[c] and last[c] >= n:
+                if not feeds[n]:
                     # the partial sums, whole, until the combined all-reduce (the op's
                     # result, a temporary, is only their shard where it is sharded: an FSDP
                     # step accumulating gradients combines 34 whole gradients per
@@ -857,6 +847,29 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 else:
                     gdelta[at] += reduced[p]
                     gdelta[at + 1] -= reduced[p]
+
+
+@njit(cache=True, inline="always")
+def _feeds_a_reduction(reduces, memory):
+    """[N] (program order) whether an op's result reaches an op that reduces partial sums
+    (a scalar's too), directly or through other ops: an all-reduce that does cannot be
+    combined with that one. A metric reduced after the update (an accuracy) reads no
+    gradient, and leaves the gradients' all-reduces combined."""
+    N = memory.computation.shape[0]
+    reducing = np.zeros(N, np.bool_)
+    for p in range(reduces.shape[0]):
+        if reduces[p]:
+            span = memory.instances_by_type[p]
+            for i in range(span.start, span.end):
+                reducing[memory.instances[i]] = True
+    feeds = np.zeros(N, np.bool_)
+    for n in range(N - 1, -1, -1):  # readers come later in program order
+        for j in range(memory.reader_start[n], memory.reader_start[n + 1]):
+            r = memory.readers[j]
+            if reducing[r] or feeds[r]:
+                feeds[n] = True
+                break
+    return feeds
 
 
 @njit(cache=True)

@@ -236,7 +236,8 @@ class CostModel:
             deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
             operand_reads=operand_reads, computation=computation,
-            num_computations=int(computation.max(initial=0)) + 1)
+            num_computations=int(computation.max(initial=0)) + 1,
+            **_readers(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -475,6 +476,15 @@ def _computations(prog) -> np.ndarray:
     regions = sorted({op.region for op in prog.ops if op.region >= 0})
     index = {r: k + 1 for k, r in enumerate(regions)}
     return np.array([index.get(op.region, 0) for op in prog.ops], np.int64)
+
+
+def _readers(prog) -> dict:
+    """MemoryTables.reader_start and .readers: the ops reading each op's results (CSR)."""
+    lists = [sorted({r for v in op.results for r in prog.users(v)}) for op in prog.ops]
+    start = np.zeros(len(lists) + 1, np.int64)
+    start[1:] = np.cumsum([len(x) for x in lists])
+    flat = np.array([r for x in lists for r in x], np.int64)
+    return {"reader_start": start, "readers": flat}
 
 
 def _events(st, shared_reads) -> np.ndarray:

@@ -165,3 +165,7 @@ class MemoryTables(NamedTuple):
     # the k-th region (a compiler combines collectives within one computation); how many
     computation: np.ndarray
     num_computations: int
+    # (program order) the ops reading each op's results: readers[reader_start[n]:
+    # reader_start[n + 1]], so that the kernel can tell which all-reduces feed others
+    reader_start: np.ndarray
+    readers: np.ndarray
