@@ -470,3 +470,69 @@ def test_a_step_drawing_random_bits_draws_its_key_values():
     opened = b.build(Session(an, b.mesh), set(b.tree.groups))
     labels = [n.label for n in opened.graph.nodes] + [e.label for e in opened.graph.edges]
     assert any("key<fry>[" in str(x) for x in labels)
+
+
+# --- a plain-JAX step: no name scopes, layers in a Python loop, optax ------------------------
+
+@pytest.fixture(scope="module")
+def plain():
+    from tests import plain_jax_step as m
+
+    an = tl.analyze(tl.trace(m.step, *m.example_args()))
+    return an, ViewBuilder(an, tl.Mesh({"data": 4, "model": 2}, device="h100"))
+
+
+def test_an_unscoped_step_is_grouped_by_the_functions_that_made_its_ops(plain):
+    an, b = plain
+    groups = b.tree.groups
+    # the user's functions, and optax's by the transformation that made each closure
+    assert {"loss_fn", "chain", "apply_updates"} <= set(groups[""].children)
+    assert {"chain/scale_by_adam", "chain/add_decayed_weights"} <= set(groups)
+    # a class spanning the layers is not named after layer 0 (`0/w1[1]`)
+    assert "layers/w1[1]" in {c.name for c in an.classes}
+    assert not any(c.name[0].isdigit() for c in an.classes)
+    # the layers of the Python loop, told apart by the parameters they read, and folded
+    layers = groups["loss_fn/layers*"]
+    assert layers.repeat == 2 and layers.ops > 200
+    # one function called from two lines of a block is two groups, named by the line
+    norms = sorted(g for g in layers.children if g.startswith("loss_fn/layers*/rms"))
+    assert len(norms) == 2 and all(re.search(r"rms \(line \d+\)$", g) for g in norms)
+    # the final norm and the loss are not in the last layer
+    assert "loss_fn/rms" in groups
+    assert groups["loss_fn/softmax_cross_entropy_with_integer_labels"].parent == "loss_fn"
+    # every op of each layer reads only its own layer's parameters
+    names = {i: an.program.values[i].name for i in an.program.inputs}
+    tree = b.tree
+    for o, op in enumerate(an.program.ops):
+        read = {names[v].split("/")[2] for v in op.operands
+                if names.get(v, "").startswith("params/layers/")}
+        if read and tree.group_of(o).id.startswith("loss_fn/layers*"):
+            assert len(read) == 1
+
+
+def test_an_unscoped_step_opens_on_a_readable_graph(plain):
+    an, b = plain
+    assert b.default_expanded == {"", "loss_fn"}
+    view = b.build(Session(an, b.mesh))
+    labels = [n.label.split("\n")[0] for n in view.graph.nodes]
+    assert len(view.graph.nodes) <= 40
+    assert {"layers* ×2", "chain", "apply_updates", "rms"} <= set(labels)
+    assert labels[-1] == "loss_fn"  # the scalar result: named after what made it, not `tokens′`
+    opened = b.build(Session(an, b.mesh), b.default_expanded | {"loss_fn/layers*"})
+    assert len(opened.graph.nodes) < 100
+
+
+def test_library_helpers_are_not_the_users_scopes_and_point_at_the_users_call():
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w):
+        with jax.named_scope("attn"):
+            s = jnp.einsum("bd,dk->bk", x, w)
+            return jnp.tril(jax.nn.softmax(s)).sum()
+
+    prog = tl.trace(jax.grad(f), jnp.ones((4, 4)), jnp.ones((4, 4)))
+    assert {op.user_scope for op in prog.ops} == {"attn"}
+    assert any("->" in op.name_scope or "tril" in op.name_scope for op in prog.ops)
+    tril = [op for op in prog.ops if op.name_scope.endswith("tril")]
+    assert tril and all("test_lab_viewmodel.py" in op.source for op in tril)

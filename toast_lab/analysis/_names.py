@@ -109,10 +109,25 @@ def _draft(program, members, input_index, first_part, state):
         return "hint", hints[0], None, tuple(hints[1:]), origin
     if first_input is not None:
         v, d = first_input
-        return "path", input_parts(program, v, v in state), d, (), origin
+        parts = input_parts(program, v, v in state)
+        return "path", _without_layer_index(program, parts, members, v), d, (), origin
     # named after the op: its user scope and primitive, shortened like a path
     k = None if first_input is not None or members else first_part[2]
     return "path", op_parts(program, v), d if k is None else f"{d}.{k}", (), origin
+
+
+def _without_layer_index(program, parts: list[str], members, first: int) -> list[str]:
+    """`layers/w1` for a class holding w1 of every layer (`layers/0/w1`, `layers/1/w1`): an
+    index the class spans says nothing, and `0/w1` would read as layer 0's alone."""
+    path = program.values[first].name.split("/")
+    spanned = set()
+    for v, _ in members:
+        other = program.values[v].name.split("/") if program.values[v].name else []
+        if len(other) == len(path) and other != path:
+            diff = [i for i, (a, b) in enumerate(zip(path, other)) if a != b]
+            if len(diff) == 1 and path[diff[0]].isdigit() and other[diff[0]].isdigit():
+                spanned.add(path[diff[0]])
+    return [p for p in parts if p not in spanned] or parts
 
 
 def input_parts(program, v: int, is_state: bool = True) -> list[str]:

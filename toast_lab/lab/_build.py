@@ -24,6 +24,7 @@ from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, GraphView
                          NodeView, SearchView, ViewModel, _plain)
 
 GRAPH_CACHE = 8  # quotient graphs kept (sets of open groups a person toggles between)
+DEFAULT_NODES = 40  # what the graph opens with: about what one screen shows legibly
 
 
 class ViewBuilder:
@@ -49,9 +50,29 @@ class ViewBuilder:
 
     @property
     def default_expanded(self) -> frozenset[str]:
-        """The root, and the repeated layers under it (a model's block, drawn once)."""
-        root = self.tree.groups[ROOT]
-        return frozenset({ROOT} | {c for c in root.children if self.tree.groups[c].repeat > 1})
+        """The root, and the way down to the model's repeated layers (its block, drawn once):
+        the groups holding the first repeated group in program order (the model's, not its
+        optimizer's), then that group, each opened while the graph stays within DEFAULT_NODES
+        nodes. Repeated groups at the top always open (the zoo's `block*`)."""
+        groups = self.tree.groups
+        opened, nodes = {ROOT}, len(groups[ROOT].shown) + len(groups[ROOT].children)
+        repeated = sorted((g for g in groups.values()
+                           if g.repeat > 1 and groups[g.parent or ROOT].repeat == 1),
+                          key=lambda g: g.first_op)
+        targets = repeated[:1] + [g for g in repeated[1:] if g.depth == 1]
+        for target in targets:
+            way = []
+            gid = target.id
+            while gid not in opened:
+                way.append(groups[gid])
+                gid = groups[gid].parent
+            for g in reversed(way):
+                grown = nodes - 1 + len(g.shown) + len(g.children)
+                if grown > DEFAULT_NODES and g.depth > 1:
+                    break
+                opened.add(g.id)
+                nodes = grown
+        return frozenset(opened)
 
     def graph(self, expanded) -> VisibleGraph:
         key = frozenset(expanded) | {ROOT}

@@ -50,7 +50,7 @@ class ProgramIndex:
         for v, a in self.arg_of_input.items():
             self.arg_bytes[a] += values[v].nbytes
             self.arg_leaves[a] += 1
-        self.out_names, self.out_of_leaf = _result_names(prog, self.arg_names)
+        self.out_names, self.out_of_leaf = _result_names(prog, self.arg_names, tree)
         # flow pairs: (source op or -1-argument, target op or -1-result, value, operand index)
         src, dst, val, slot = [], [], [], []
         for op in prog.ops:
@@ -106,7 +106,7 @@ class ProgramIndex:
         return None  # constants, literals, body inputs: no edge
 
 
-def _result_names(prog, arg_names):
+def _result_names(prog, arg_names, tree):
     """A name per top-level element of the result (`params′` where it has the structure of an
     argument: the updated state), and the element of each result leaf."""
     out_tree = prog.out_tree
@@ -118,23 +118,31 @@ def _result_names(prog, arg_names):
     if not kids:
         return ["result"], [0] * n
     args = prog.in_tree.children()[0].children() if prog.in_tree.children() else []
+    shapes = lambda vals: [prog.values[v].shape for v in vals]  # noqa: E731
+    arg_shapes, start = [], 0
+    for a in args:
+        arg_shapes.append(shapes(prog.inputs[start:start + a.num_leaves]))
+        start += a.num_leaves
     names, of_leaf = [], []
     for k, kid in enumerate(kids):
-        same = [i for i, a in enumerate(args) if a == kid and kid.num_leaves > 0]
+        # the same structure and shapes: a scalar loss is not the updated token batch
+        mine = shapes(prog.outputs[len(of_leaf):len(of_leaf) + kid.num_leaves])
+        same = [i for i, a in enumerate(args)
+                if a == kid and kid.num_leaves > 0 and arg_shapes[i] == mine]
         if same and same[0] < len(arg_names):
             names.append(f"{arg_names[same[0]]}′")
         else:  # a single array is named after the scope that made it (the loss)
-            names.append(_made_in(prog, len(of_leaf)) if kid.num_leaves == 1 else "")
+            names.append(_made_in(prog, tree, len(of_leaf)) if kid.num_leaves == 1 else "")
             names[-1] = names[-1] or f"result[{k}]"
         of_leaf += [k] * kid.num_leaves
     return names, of_leaf + [len(names) - 1] * (n - len(of_leaf))
 
 
-def _made_in(prog, leaf: int) -> str:
+def _made_in(prog, tree, leaf: int) -> str:
     v = prog.values[prog.outputs[leaf]]
     if v.producer < 0:
         return ""
-    scope = prog.ops[v.producer].name_scope.split("/")[0]
+    scope = tree.group_of(v.producer).id.split("/")[0].rstrip("*")
     return scope if scope not in {n.split("/")[0] for n in prog.input_names} else ""
 
 

@@ -3,6 +3,8 @@
 Every op belongs to exactly one group, the one named by its scope path. Three steps:
 
 1. the path of an op is its name scope (`block3/attn`; backward ops carry their forward scope);
+   an op the user did not scope gets the chain of their calls that made it instead, with the
+   layers of a Python loop told apart by the parameters they read (see _calls);
 2. a scope with many ops of its own (an optimizer update: thousands of elementwise ops) is
    split by what each op updates: the ops are joined along the tensors they
    pass each other (scalars such as a step count do not join), and each connected chain is
@@ -27,12 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import INPUT, Program
+from ._calls import PATH_INDEX as _PATH_INDEX
+from ._calls import call_paths
 
 ROOT = ""
 SPLIT_AT = 48          # a scope with more ops of its own than this is split by what they update
 _INDEXED = re.compile(r"^(.*?)(\d+)$")
 _DIGITS = re.compile(r"\d+")
-_PATH_INDEX = "\x00"   # marks a component whose index came from an argument path
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class ScopeTree:
 def build_scope_tree(program: Program, fold_layers: bool = True,
                      split_at: int = SPLIT_AT) -> ScopeTree:
     paths = [tuple(c for c in op.name_scope.split("/") if c) for op in program.ops]
+    unscoped = [op.id for op in program.ops if not op.user_scope]
+    for o, calls in call_paths(program, unscoped).items():
+        paths[o] = calls + paths[o]  # the library helpers' scopes stay inside the call
     paths = _split_flat_scopes(program, paths, split_at)
     norm = _fold_layers(program, paths) if fold_layers else [
         tuple(c.replace(_PATH_INDEX, "") for c in p) for p in paths]
@@ -135,8 +141,10 @@ def _split_flat_scopes(program, paths, split_at):
             inputs = {values[v].name for o in chain for v in program.ops[o].operands
                       if values[v].origin == INPUT and values[v].name}
             suffix = _common_suffix([n.split("/") for n in inputs])
-            if suffix:
-                named[root] = _path_components(suffix)
+            # a layer the path already names (`loss_fn/layers3/rms`) is not named again
+            named_here = tuple(c for c in _path_components(suffix) if c not in path)
+            if named_here:
+                named[root] = named_here
         if len(set(named.values())) < 2:
             continue  # nothing to tell apart
         for root, chain in chains.items():
@@ -207,6 +215,10 @@ def _layers(program, paths, k, instances: dict[str, list[int]]) -> list[str]:
                       for o in ops)
         by_signature[frozenset(sig.items())].append(comp)
     alike = max(by_signature.values(), key=len)
+    if all(_PATH_INDEX in c for c in instances) and len(instances) > len(alike):
+        # Layers by construction (a list in the arguments), whose first and last differ at the
+        # ends (the embedding's add, a last residual): fold those that nearly match.
+        alike = _nearly_alike(program, paths, k, instances)
     if len(alike) < 2:
         return []
     alike.sort(key=lambda c: int(_INDEXED.match(c).group(2)))
@@ -225,6 +237,19 @@ def _layers(program, paths, k, instances: dict[str, list[int]]) -> list[str]:
                        for o in nxt for v in program.ops[o].operands):
                 return []
     return alike
+
+
+def _nearly_alike(program, paths, k, instances, tolerance: float = 0.1) -> list[str]:
+    """The components whose ops differ from the most common op count's by at most
+    `tolerance` of them (primitive and result shapes, as a multiset)."""
+    sigs = {comp: Counter((program.ops[o].primitive,
+                           tuple(program.values[r].shape for r in program.ops[o].results))
+                          for o in ops) for comp, ops in instances.items()}
+    sizes = Counter(len(instances[c]) for c in instances)
+    typical = next(c for c in instances if len(instances[c]) == sizes.most_common(1)[0][0])
+    return [c for c, sig in sigs.items()
+            if sum(((sig - sigs[typical]) + (sigs[typical] - sig)).values())
+            <= tolerance * len(instances[typical])]
 
 
 # --- the tree ---------------------------------------------------------------------------------
@@ -264,8 +289,12 @@ def _assemble(program, norm, concrete) -> ScopeTree:
         label = gid.rpartition("/")[2] if gid else program.fn_name
         repeat = len(instances[gid])
         if repeat == 1 and gid:  # layers under a scan: one body that runs `length` times
-            trip, count = trips[gid].most_common(1)[0]
-            repeat = trip if trip > 1 and 2 * count >= subtree_ops[gid] else 1
+            # judged by the group's own ops where it has some: a function holding the loop
+            # (`loss_fn`, its embedding and head outside) does not repeat
+            own = Counter(program.ops[o].trip_count for o in direct.get(gid, ()))
+            trip, count = (own or trips[gid]).most_common(1)[0]
+            repeat = trip if trip > 1 and 2 * count >= (sum(own.values()) or
+                                                        subtree_ops[gid]) else 1
         groups[gid] = Group(gid, label, parent, kids, depth, repeat,
                             subtree_ops[gid], tuple(direct.get(gid, ())), shown.get(gid, ()),
                             first[gid])

@@ -74,10 +74,14 @@ class Op:
     body_ranges: tuple[tuple[int, int], ...] = ()  # region ops: [start, stop) of each body
     jax_primitive: Any = field(default=None, repr=False)  # the jax Primitive, to re-bind the op
     cse_group: int = 0  # ops of one remat region (prevent_cse) share a group; 0: none
+    # The part of name_scope the user wrote: their named scopes and jitted functions, without
+    # the names of library helpers inlined into it (jnp.einsum's 'bsd,dhk->bshk', '_where').
+    user_scope: str = ""
 
     @property
     def source(self) -> str:
-        """The user's source line, e.g. 'model.py:42 (attention)'."""
+        """The user's source line, e.g. 'model.py:42 (attention)'; for an op inside a library
+        helper, the line that called the helper."""
         return source_line(self.source_info)
 
     def __repr__(self) -> str:

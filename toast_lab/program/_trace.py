@@ -44,7 +44,7 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     for var, const in zip(closed.jaxpr.constvars, closed.consts):
         env[var] = builder.new_value(var.aval, CONST)
         builder.constants[env[var]] = const
-    builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1)
+    builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1, user_scope="")
     outputs = [builder.read(env, v) for v in closed.jaxpr.outvars]
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
@@ -76,38 +76,54 @@ class _ProgramBuilder:
             return vid
         return env[var]
 
-    def walk(self, jaxpr, env, scope: str, region: int, trip: int) -> None:
+    def walk(self, jaxpr, env, scope: str, region: int, trip: int, user_scope: str,
+             call_site=None) -> None:
+        """call_site: inside the body of a library helper (jnp.einsum, jax.nn.gelu), the source
+        info of the user's call to it; None in the user's own code."""
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            eqn_scope = _nest(scope, clean_scope(str(eqn.source_info.name_stack)))
+            stack = clean_scope(str(eqn.source_info.name_stack))
+            eqn_scope = _nest(scope, stack)
+            # A library's own named scopes are not the user's; jnp.einsum names its scope by
+            # its spec ('bsd,dhk->bshk') without a call of its own, and jax.checkpoint the
+            # forward ops it recomputes 'rematted_computation'.
+            eqn_user = user_scope if call_site is not None else _nest(
+                user_scope, "/".join(c for c in stack.split("/")
+                                     if "->" not in c and c != "rematted_computation"))
+            source = call_site if call_site is not None else eqn.source_info
             operands = [self.read(env, v) for v in eqn.invars]
+            where = (eqn_scope, eqn_user, call_site)
             if name in INLINED_PRIMITIVES:
-                self._inline(eqn, operands, env, eqn_scope, region, trip)
+                self._inline(eqn, operands, env, where, region, trip)
             elif name == "scan":
-                self._region(eqn, operands, env, eqn_scope, region, trip,
+                self._region(eqn, operands, env, where, region, trip,
                              [eqn.params["jaxpr"]], trip * int(eqn.params["length"]))
             elif name == "while":
                 # The trip count of a while loop is unknown statically: its body counts once.
-                self._region(eqn, operands, env, eqn_scope, region, trip,
+                self._region(eqn, operands, env, where, region, trip,
                              [eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]], trip,
                              outputs_of=(1,))
             elif name == "cond":
-                self._region(eqn, operands, env, eqn_scope, region, trip,
+                self._region(eqn, operands, env, where, region, trip,
                              list(eqn.params["branches"]), trip)
             else:
                 op_id = len(self.ops)
                 results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
                 self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
-                                   eqn_scope, eqn.source_info, region, trip,
+                                   eqn_scope, source, region, trip,
                                    jax_primitive=eqn.primitive,
-                                   cse_group=self.cse_group))
+                                   cse_group=self.cse_group, user_scope=eqn_user))
                 env.update(zip(eqn.outvars, results))
 
-    def _inline(self, eqn, operands, env, scope, region, trip):
+    def _inline(self, eqn, operands, env, where, region, trip):
+        scope, user_scope, call_site = where
         sub = next(eqn.params[k] for k in _SUBJAXPR_KEYS if k in eqn.params)
         jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
-        inner_scope = _join(scope, eqn.params.get("name", "")) if eqn.primitive.name in (
-            "jit", "pjit") else scope
+        call = eqn.params.get("name", "") if eqn.primitive.name in ("jit", "pjit") else ""
+        inner_scope = _join(scope, call)
+        if call_site is None and _library_body(jaxpr):
+            call_site = eqn.source_info  # the user called a library helper here
+        inner_user = user_scope if call_site is not None else _join(user_scope, call)
         inner = dict(zip(jaxpr.invars, operands))
         for var, const in zip(jaxpr.constvars, consts):
             inner[var] = self.new_value(var.aval, CONST)
@@ -117,17 +133,19 @@ class _ProgramBuilder:
                 "prevent_cse", True):
             self._groups += 1
             self.cse_group = self._groups
-        self.walk(jaxpr, inner, inner_scope, region, trip)
+        self.walk(jaxpr, inner, inner_scope, region, trip, inner_user, call_site)
         self.cse_group = outer_group
         env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
 
-    def _region(self, eqn, operands, env, scope, region, trip, bodies, body_trip,
+    def _region(self, eqn, operands, env, where, region, trip, bodies, body_trip,
                 outputs_of=None):
         """Lays out a region op, then its bodies; `body` lists each body's inputs and outputs.
 
         outputs_of: which bodies' outputs enter the boundary (a while loop's cond output is
         its predicate, not a carried value); default all.
         """
+        scope, user_scope, call_site = where
+        source = call_site if call_site is not None else eqn.source_info
         op_id = len(self.ops)
         self.ops.append(None)  # reserved: the region op precedes its body ops
         boundary_in, boundary_out, ranges = [], [], []
@@ -138,7 +156,7 @@ class _ProgramBuilder:
             for var, const in zip(jaxpr.constvars, closed.consts):
                 inner[var] = self.new_value(var.aval, CONST)
                 self.constants[inner[var]] = const
-            self.walk(jaxpr, inner, scope, op_id, body_trip)
+            self.walk(jaxpr, inner, scope, op_id, body_trip, user_scope, call_site)
             ranges.append((first, len(self.ops)))
             ins = [inner[v] for v in jaxpr.invars]
             outs = [self.read(inner, v) for v in jaxpr.outvars]
@@ -150,10 +168,10 @@ class _ProgramBuilder:
                     boundary_out += outs
         results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
         self.ops[op_id] = Op(op_id, eqn.primitive.name, eqn.params, tuple(operands),
-                             tuple(results), scope, eqn.source_info, region, trip,
+                             tuple(results), scope, source, region, trip,
                              body=tuple(boundary_in + boundary_out),
                              body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
-                             jax_primitive=eqn.primitive)
+                             jax_primitive=eqn.primitive, user_scope=user_scope)
         env.update(zip(eqn.outvars, results))
 
 
@@ -193,6 +211,19 @@ def _dead_code_eliminated(closed):
         return closed.replace(jaxpr=jaxpr)
     except Exception:
         return closed
+
+
+def _library_body(jaxpr) -> bool:
+    """Whether an inlined call is a library helper's (jnp.einsum, jax.nn.gelu, a jax.random
+    sampler): no equation in it was written by the user. JAX's traceback filter decides what
+    is the user's (jax's own files are not); without tracebacks, assume the user's."""
+    from jax._src import source_info_util  # private, but the only way to JAX's user frame
+
+    tracebacks = [e.source_info.traceback for e in jaxpr.eqns]
+    if not tracebacks or any(tb is None for tb in tracebacks):
+        return False
+    return not any(next(source_info_util.user_frames(tb), None) is not None
+                   for tb in tracebacks)
 
 
 def _nest(outer: str, inner: str) -> str:

@@ -1,0 +1,52 @@
+"""The Lab on a step written in plain JAX (no name scopes, layers in a Python loop, optax), as
+most users' steps are: the graph it opens on must be as readable as the zoo's."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from .conftest import REPO, shoot
+from .notebooks import kernel_json, open_notebook
+
+pytestmark = pytest.mark.e2e
+
+LAB_CELL = '''\
+import toast_lab as tl
+import plain_jax_step as m
+
+lab = tl.Lab(m.step, *m.example_args(), mesh=tl.Mesh({"data": 4, "model": 2}, device="h100"))
+lab'''
+
+
+def test_a_plain_jax_step_opens_on_its_functions_and_folded_layers(lab_server, page):
+    from playwright.sync_api import expect
+
+    shutil.copy(REPO / "tests" / "plain_jax_step.py", lab_server.root)
+    page.set_viewport_size({"width": 1500, "height": 1300})
+    open_notebook(lab_server, page, "plain_jax_lab.ipynb", [LAB_CELL])
+    lab = page.locator(".tl-widget .tl-lab")
+    nodes = lab.locator(".tl-svg g.node")
+    expect(nodes.first).to_be_visible(timeout=180_000)
+    view = kernel_json(page, "lab.view.to_dict()")
+    expect(nodes).to_have_count(len(view["graph"]["nodes"]))
+    assert len(view["graph"]["nodes"]) <= 40  # it drew 700 before ops were grouped by call
+    # the loss function open on its layers (drawn once, ×2) and head; the optimizer closed
+    layers = lab.locator('g.node[id="group.loss_fn/layers*"]')
+    expect(layers).to_contain_text("layers* ×2")
+    expect(lab.locator('g.node[id="group.chain"]')).to_be_visible()
+    expect(lab.locator('g.cluster[id="cluster:loss_fn"]')).to_be_visible()
+    lab.locator('.tl-icon-button[title="Fit the graph"]').click()
+    page.mouse.move(5, 5)
+    shoot(page, "plain_jax_lab", lab)
+    # a click opens the layer: its two norms apart, named by the line that calls each
+    layers.click()
+    expect(lab.locator('g.cluster[id="cluster:loss_fn/layers*"]')).to_be_visible()
+    expect(lab.locator('g.node[id^="group.loss_fn/layers*/rms"]')).to_have_count(2)
+    expect(lab.locator(".tl-svg")).to_contain_text("rms (line")
+    assert lab.locator(".tl-svg g.node").count() < 100
+    lab.locator('.tl-icon-button[title="Fit the graph"]').click()
+    page.mouse.move(5, 5)
+    shoot(page, "plain_jax_lab_layer", lab)
+    assert not page.toast_errors, page.toast_errors

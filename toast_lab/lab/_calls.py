@@ -1,0 +1,265 @@
+"""Scope paths for the ops a user did not scope: the chain of their function calls.
+
+A step written in plain JAX (no `jax.named_scope`, no module library that adds one) gives every
+op the same empty scope, and the graph would draw them all at the top. Its source still says
+where each op came from: the Python functions that were running when JAX recorded it (backward
+ops carry their forward op's frames; ops inside a library helper carry the user's call to it).
+So the path of an unscoped op is its call chain below the step function, `loss_fn/rms` or
+`chain/scale_by_adam` (a closure `scale_by_adam.<locals>.update_fn` is named by the function that
+made it).
+
+A Python loop over layers calls the same functions for every layer, so the frames cannot tell
+the layers apart; the parameters can. An op that reads `params/layers/3/wq` is in layer 3 (an
+"anchor"), and so is every op between two anchors of layer 3 in program order. The forward
+pass visits the layers in one order and the backward pass in the other, so each layer is one or
+two such runs. Ops between runs join the layer of the call they are part of (the norm before a
+layer's first weight read), or else that of their operands (a residual add), or else that of
+their users. An op reading a parameter of no layer (an embedding, a final norm) belongs to
+none, which keeps a model's head out of its last layer. The layer is inserted where the loop
+is: below the calls that all its ops share (`loss_fn/layers3/rms`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+from ..program import INPUT, Program
+
+PATH_INDEX = "\x00"   # marks a component whose index came from an argument path
+_ANONYMOUS = ("<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+_NO_LAYER = ""        # the label of ops that read a parameter of no layer
+_DIGITS = re.compile(r"^\d+$")
+
+
+def call_paths(program: Program, ops: list[int]) -> dict[int, tuple[str, ...]]:
+    """The path of each op in `ops` (those with no scope of the user's), below the step."""
+    frames = _frames(program)
+    paths = {o: frames[o] for o in ops}
+    by_domain: dict[str, list[int]] = defaultdict(list)
+    for o in ops:
+        by_domain[paths[o][0] if paths[o] else ""].append(o)
+    for members in by_domain.values():
+        _insert_layers(program, paths, sorted(members))
+    return _named(_collapse_chains(paths))
+
+
+# --- frames ----------------------------------------------------------------------------------
+# A component is a call: the function's name and the line that called it ("rms" + _LINE + "27"),
+# so that two calls of one function from different lines (a block's two norms) stay apart.
+
+_LINE = "\x01"
+
+
+def _frames(program: Program) -> list[tuple[str, ...]]:
+    """Per op, its calls below the step function, outermost first."""
+    from jax._src import source_info_util  # private, but the only way to JAX's user frames
+
+    step = _code(program.fn)
+    cache: dict[int, tuple[tuple[str, ...], bool]] = {}
+    chains = []
+    for op in program.ops:
+        tb = getattr(op.source_info, "traceback", None)
+        if tb is None:
+            chains.append(((), False))
+            continue
+        if id(tb) not in cache:
+            try:
+                frames = list(source_info_util.user_frames(tb))[::-1]  # outermost first
+            except Exception:  # a layout is a courtesy: never let it break the Lab
+                frames = []
+            below = next((i + 1 for i, f in enumerate(frames) if step is not None and
+                          (f.file_name, f.function_name) == step), None)
+            cache[id(tb)] = (_calls(frames[below or 0:], frames[below - 1].start_line
+                                    if below else 0), below is not None)
+        chains.append(cache[id(tb)])
+    if not any(found for _, found in chains):  # the step's frame is unknown: cut what all share
+        prefix = len(_common_prefix([c for c, _ in chains if c]))
+        return [c[prefix:] for c, _ in chains]
+    return _rooted(chains)
+
+
+def _calls(frames, called_at: int) -> tuple[str, ...]:
+    chain: list[str] = []
+    for f in frames:
+        name = _label(f.function_name)
+        # recursion and a closure's own helpers stay one call
+        if name and (not chain or chain[-1].split(_LINE)[0] != name):
+            chain.append(f"{name}{_LINE}{called_at}")
+        called_at = f.start_line
+    return tuple(chain)
+
+
+def _rooted(chains) -> list[tuple[str, ...]]:
+    """JAX keeps a bounded number of frames, so an op deep in a scan body may have lost the
+    outer ones, the step's among them: its chain is placed under the shallowest call of its
+    first function that a complete chain shows."""
+    where: dict[str, tuple[str, ...]] = {}
+    for chain, found in chains:
+        if found:
+            for d, c in enumerate(chain):
+                name = c.split(_LINE)[0]
+                if name not in where or len(where[name]) > d + 1:
+                    where[name] = chain[:d + 1]
+    out = []
+    for chain, found in chains:
+        if not found and chain:
+            head = where.get(chain[0].split(_LINE)[0])
+            chain = head + chain[1:] if head else chain
+        out.append(chain)
+    return out
+
+
+def _code(fn) -> tuple[str, str] | None:
+    """(file, qualified name) of the traced function's code, through jit and partial."""
+    for _ in range(8):
+        inner = getattr(fn, "__wrapped__", None) or getattr(fn, "func", None)
+        if inner is None:
+            break
+        fn = inner
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__",
+                                                     None)
+    return (code.co_filename, code.co_qualname) if code is not None else None
+
+
+def _label(qualname: str) -> str:
+    """'scale_by_adam.<locals>.update_fn' -> 'scale_by_adam'; 'Block.__call__' -> 'Block'."""
+    if qualname in _ANONYMOUS:
+        return ""
+    name = qualname.split(".<locals>.")[0]
+    head, _, tail = name.rpartition(".")
+    return head if head and tail.startswith("__") else name
+
+
+def _named(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
+    """Calls named by their function, and by their line where one parent calls a function
+    from several lines: `rms (line 27)`, `rms (line 35)`."""
+    lines: dict[tuple, set[str]] = defaultdict(set)
+    for p in paths.values():
+        for d, c in enumerate(p):
+            if _LINE in c:
+                name, line = c.split(_LINE)
+                lines[(p[:d], name)].add(line)
+    out = {}
+    for o, p in paths.items():
+        named = []
+        for d, c in enumerate(p):
+            if _LINE in c:
+                name, line = c.split(_LINE)
+                c = name if len(lines[(p[:d], name)]) == 1 else f"{name} (line {line})"
+            named.append(c)
+        out[o] = tuple(named)
+    return out
+
+
+def _common_prefix(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """What every op shares: the caller of the step and the step itself."""
+    if not paths:
+        return ()
+    first = paths[0]
+    k = min(len(p) for p in paths)
+    for p in paths[1:]:
+        k = next((i for i in range(k) if p[i] != first[i]), k)
+    return first[:k]
+
+
+# --- layers of a Python loop ------------------------------------------------------------------
+
+def _layer_key(name: str) -> tuple[str, str] | None:
+    """('layers', '3') for 'params/layers/3/wq'; None for a parameter of no layer. The index
+    is the last one in the path that follows a name: `opt_state/1/0/mu/emb` (indices into
+    tuples of states) has none."""
+    parts = name.split("/")
+    for i in range(len(parts) - 1, 0, -1):
+        if _DIGITS.match(parts[i]):
+            return (parts[i - 1], parts[i]) if not _DIGITS.match(parts[i - 1]) else None
+    return None
+
+
+def _insert_layers(program: Program, paths: dict, seq: list[int]) -> None:
+    values = program.values
+    anchors: list[tuple[int, tuple | None]] = []
+    for o in seq:
+        names = [values[v].name for v in program.ops[o].operands
+                 if values[v].origin == INPUT and values[v].ndim > 0]
+        if names:
+            keys = {_layer_key(n) for n in names}
+            anchors.append((o, keys.pop() if len(keys) == 1 else None))
+    # The layers are the indices of the stem read most: a list of blocks, not a tuple of states.
+    stems = Counter(k[0] for _, k in anchors if k is not None)
+    if not stems:
+        return
+    stem = stems.most_common(1)[0][0]
+    if len({k for _, k in anchors if k is not None and k[0] == stem}) < 2:
+        return
+    key = {o: (PATH_INDEX.join(k) if k is not None and k[0] == stem else _NO_LAYER)
+           for o, k in anchors}
+    label: dict[int, str] = dict(key)
+    position = {o: i for i, o in enumerate(seq)}
+    for (a, ka), (b, kb) in zip(list(key.items()), list(key.items())[1:]):
+        if ka == kb and ka != _NO_LAYER:
+            for o in seq[position[a] + 1:position[b]]:
+                label[o] = ka
+    _propagate(program, paths, seq, label)
+    layered = [o for o in seq if label.get(o, _NO_LAYER) != _NO_LAYER]
+    if not layered:
+        return
+    # The loop is below the calls every layer op shares; a layer is one call of its body.
+    depth = len(_common_prefix([paths[o] for o in layered]))
+    for o in layered:
+        p = paths[o]
+        paths[o] = p[:depth] + (label[o],) + p[depth:]
+
+
+def _propagate(program: Program, paths: dict, seq: list[int], label: dict[int, str]) -> None:
+    """Labels the ops between runs: first a whole call (one run of ops with one path, as the
+    norm before a layer's first weight read), then from the operands (a residual add joins the
+    layer whose output it adds; a backward pass follows the forward values it reads), then from
+    the results' users. Only where those that have a label agree."""
+    members = set(seq)
+    values = program.values
+    start = 0
+    for i in range(1, len(seq) + 1):
+        if i == len(seq) or paths[seq[i]] != paths[seq[start]]:
+            run = seq[start:i]
+            found = {label[o] for o in run if o in label}
+            if len(found) == 1:
+                layer = found.pop()
+                for o in run:
+                    label[o] = layer
+            start = i
+    for o in seq:
+        if o not in label:
+            found = {label[values[v].producer] for v in program.ops[o].operands
+                     if values[v].producer in members and values[v].producer in label}
+            if len(found) == 1:
+                label[o] = found.pop()
+    for o in reversed(seq):
+        if o not in label:
+            found = {label.get(u) for r in program.ops[o].results for u in program.users(r)
+                     if u in members}
+            if len(found) == 1 and None not in found:
+                label[o] = found.pop()
+
+
+# --- display ----------------------------------------------------------------------------------
+
+def _collapse_chains(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
+    """A call with one callee and no ops of its own is drawn as its caller: optax's
+    `chain/with_extra_args_support/scale_by_adam` as `chain/scale_by_adam`."""
+    while True:
+        ends: set[tuple] = set()
+        nexts: dict[tuple, set[str]] = defaultdict(set)
+        for p in paths.values():
+            ends.add(p)
+            for d in range(len(p)):
+                nexts[p[:d]].add(p[d])
+        single = {pre for pre, nx in nexts.items()
+                  if len(nx) == 1 and pre and pre not in ends
+                  and PATH_INDEX not in next(iter(nx))}
+        # drop the only component under each such prefix, deepest first one at a time
+        target = next((pre for pre in sorted(single, key=len, reverse=True)), None)
+        if target is None:
+            return paths
+        d = len(target)
+        paths = {o: (p[:d] + p[d + 1:] if p[:d] == target else p) for o, p in paths.items()}
