@@ -82,7 +82,7 @@ def _frames(program: Program) -> list[tuple[str, ...]]:
 def _calls(frames, called_at: int) -> tuple[str, ...]:
     chain: list[str] = []
     for f in frames:
-        name = _label(f.function_name)
+        name = _label(f.function_name, _installed(f.file_name))
         # recursion and a closure's own helpers stay one call
         if name and (not chain or chain[-1].split(_LINE)[0] != name):
             chain.append(f"{name}{_LINE}{called_at}")
@@ -122,13 +122,23 @@ def _code(fn) -> tuple[str, str] | None:
     return (code.co_filename, code.co_qualname) if code is not None else None
 
 
-def _label(qualname: str) -> str:
-    """'scale_by_adam.<locals>.update_fn' -> 'scale_by_adam'; 'Block.__call__' -> 'Block'."""
+def _label(qualname: str, library: bool) -> str:
+    """The name of a call: 'loss_fn' for the user's `train_step.<locals>.loss_fn`, but
+    'scale_by_adam' for a library's `scale_by_adam.<locals>.update_fn` (a closure a library
+    hands out is named by the function that made it); 'Block' for 'Block.__call__'."""
     if qualname in _ANONYMOUS:
         return ""
-    name = qualname.split(".<locals>.")[0]
+    parts = qualname.split(".<locals>.")
+    name = parts[0] if library else parts[-1]
+    if name in _ANONYMOUS:
+        return ""
     head, _, tail = name.rpartition(".")
     return head if head and tail.startswith("__") else name
+
+
+def _installed(file_name: str) -> bool:
+    """Whether a frame is in an installed package (optax, haiku), not the user's code."""
+    return "site-packages" in file_name or "dist-packages" in file_name
 
 
 def _named(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
