@@ -148,7 +148,8 @@ def find_domains(an) -> Domains:
         of_value[i] = DOMAINS.index(kind)
     for out, inp in updated.items():
         if values[out].origin != INPUT and inp in params:
-            of_value[out] = DOMAINS.index(PARAMETERS)
+            for v in _made_in_bodies(prog, out):
+                of_value[v] = DOMAINS.index(PARAMETERS)
     _share_across_regions(prog, of_value)
     return Domains(of_value, params, opt_state, activation, updated)
 
@@ -223,6 +224,24 @@ def region_links(op) -> list[tuple[int, int]]:
     return links
 
 
+def _made_in_bodies(prog, v: int) -> list[int]:
+    """v, and where v is a region's result, the body outputs bound to it (nested regions'
+    too): an update applied inside a cond (optax.apply_if_finite, MultiSteps) makes the new
+    parameters in its branch, where the parameter domain starts as it does outside."""
+    out, stack = [v], [v]
+    while stack:
+        w = stack.pop()
+        op = prog.ops[prog.values[w].producer] if prog.values[w].producer >= 0 else None
+        if op is None or not op.body:
+            continue
+        operands = set(op.operands)
+        for a, b in region_links(op):
+            if b == w and a not in operands and a not in out:
+                out.append(a)
+                stack.append(a)
+    return out
+
+
 def _share_across_regions(prog, of_value) -> None:
     """Body inputs take their operand's domain and results their body output's, so that no
     domain boundary falls on a region op (the cost model charges no reshard there). Repeated
@@ -238,9 +257,10 @@ def _share_across_regions(prog, of_value) -> None:
                 if a in outer and values[b].origin == BODY_INPUT:
                     of_value[b] = of_value[a]
         for op in reversed(regions):  # inner regions first, for the results
-            results = set(op.results)
+            results, outer = set(op.results), set(op.operands)
             for a, b in links[op.id]:
-                if b in results:
+                # (not a cond's branch index, which decides every result but is none of them)
+                if b in results and a not in outer:
                     of_value[b] = of_value[a]
         if np.array_equal(before, of_value):
             return
