@@ -512,14 +512,20 @@ def test_an_unscoped_step_is_grouped_by_the_functions_that_made_its_ops(plain):
 
 def test_an_unscoped_step_opens_on_a_readable_graph(plain):
     an, b = plain
-    assert b.default_expanded == {"", "loss_fn"}
+    # open on the way down to the layer: its calls and busy lines, each a node
+    assert b.default_expanded == {"", "loss_fn", "loss_fn/layers*"}
     view = b.build(Session(an, b.mesh))
-    labels = [n.label.split("\n")[0] for n in view.graph.nodes]
+    labels = [n.label.split("\n")[0].removesuffix(" ×2") for n in view.graph.nodes]
     assert len(view.graph.nodes) <= 40
-    assert {"layers* ×2", "chain", "apply_updates", "rms"} <= set(labels)
+    assert {"chain", "apply_updates", "rms"} <= set(labels)
+    assert {"rms (line 30)", "rms (line 35)"} <= set(labels)
+    attention = next(x for x in labels if x.startswith("o = jnp.einsum('bhqt,bthk->b"))
+    assert attention.endswith("… (line 33)")
     assert labels[-1] == "loss_fn"  # the scalar result: named after what made it, not `tokens′`
-    opened = b.build(Session(an, b.mesh), b.default_expanded | {"loss_fn/layers*"})
-    assert len(opened.graph.nodes) < 100
+    # a line of the attention opens on its ops (its einsum a group of its own)
+    line = next(g for g in b.tree.groups if g.endswith("(line 33)"))
+    opened = b.build(Session(an, b.mesh), b.default_expanded | {line})
+    assert len(view.graph.nodes) < len(opened.graph.nodes) < 70
 
 
 def test_library_helpers_are_not_the_users_scopes_and_point_at_the_users_call():

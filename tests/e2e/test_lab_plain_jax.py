@@ -32,21 +32,23 @@ def test_a_plain_jax_step_opens_on_its_functions_and_folded_layers(lab_server, p
     view = kernel_json(page, "lab.view.to_dict()")
     expect(nodes).to_have_count(len(view["graph"]["nodes"]))
     assert len(view["graph"]["nodes"]) <= 40  # it drew 700 before ops were grouped by call
-    # the loss function open on its layers (drawn once, ×2) and head; the optimizer closed
-    layers = lab.locator('g.node[id="group.loss_fn/layers*"]')
-    expect(layers).to_contain_text("layers* ×2")
+    # the loss function open on its layer (drawn once, ×2), the layer on its calls and its
+    # busy lines, named by their source; the optimizer closed
+    expect(lab.locator('g.cluster[id="cluster:loss_fn/layers*"]')).to_contain_text("layers* ×2")
+    expect(lab.locator('g.node[id^="group.loss_fn/layers*/rms"]')).to_have_count(2)
+    attention = lab.locator('g.node[id^="group.loss_fn/layers*/o = jnp.einsum"]')
+    expect(attention).to_contain_text("(line 33)")
     expect(lab.locator('g.node[id="group.chain"]')).to_be_visible()
-    expect(lab.locator('g.cluster[id="cluster:loss_fn"]')).to_be_visible()
     lab.locator('.tl-icon-button[title="Fit the graph"]').click()
     page.mouse.move(5, 5)
     shoot(page, "plain_jax_lab", lab)
-    # a click opens the layer: its two norms apart, named by the line that calls each
-    layers.click()
-    expect(lab.locator('g.cluster[id="cluster:loss_fn/layers*"]')).to_be_visible()
-    expect(lab.locator('g.node[id^="group.loss_fn/layers*/rms"]')).to_have_count(2)
-    expect(lab.locator(".tl-svg")).to_contain_text("rms (line")
-    assert lab.locator(".tl-svg g.node").count() < 100
+    # a click opens the attention's line: its ops, and its einsum
+    before = lab.locator(".tl-svg g.node").count()
+    attention.click()
+    expect(lab.locator('g.cluster[id$="(line 33)"]')).to_be_visible()
+    expect(lab.locator('.tl-svg g.node[id^="op."]').first).to_be_visible()
+    assert before < lab.locator(".tl-svg g.node").count() < 80
     lab.locator('.tl-icon-button[title="Fit the graph"]').click()
     page.mouse.move(5, 5)
-    shoot(page, "plain_jax_lab_layer", lab)
+    shoot(page, "plain_jax_lab_line", lab)
     assert not page.toast_errors, page.toast_errors

@@ -67,8 +67,9 @@ class ViewBuilder:
                 way.append(groups[gid])
                 gid = groups[gid].parent
             for g in reversed(way):
-                grown = nodes - 1 + len(g.shown) + len(g.children)
-                if grown > DEFAULT_NODES and g.depth > 1:
+                own = len(g.shown) + len(g.children)
+                grown = nodes - 1 + own
+                if grown > DEFAULT_NODES and (g.depth > 1 or own > DEFAULT_NODES):
                     break
                 opened.add(g.id)
                 nodes = grown

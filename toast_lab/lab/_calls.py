@@ -21,10 +21,11 @@ is: below the calls that all its ops share (`loss_fn/layers3/rms`).
 
 from __future__ import annotations
 
+import linecache
 import re
 from collections import Counter, defaultdict
 
-from ..program import INPUT, Program
+from ..program import INPUT, NO_OP, Program
 
 PATH_INDEX = "\x00"   # marks a component whose index came from an argument path
 _ANONYMOUS = ("<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
@@ -34,14 +35,14 @@ _DIGITS = re.compile(r"^\d+$")
 
 def call_paths(program: Program, ops: list[int]) -> dict[int, tuple[str, ...]]:
     """The path of each op in `ops` (those with no scope of the user's), below the step."""
-    frames = _frames(program)
+    frames, sites = _frames(program)
     paths = {o: frames[o] for o in ops}
     by_domain: dict[str, list[int]] = defaultdict(list)
     for o in ops:
         by_domain[paths[o][0] if paths[o] else ""].append(o)
     for members in by_domain.values():
         _insert_layers(program, paths, sorted(members))
-    return _named(_collapse_chains(paths))
+    return _by_line(_named(collapse_chains(paths)), sites)
 
 
 # --- frames ----------------------------------------------------------------------------------
@@ -51,17 +52,19 @@ def call_paths(program: Program, ops: list[int]) -> dict[int, tuple[str, ...]]:
 _LINE = "\x01"
 
 
-def _frames(program: Program) -> list[tuple[str, ...]]:
-    """Per op, its calls below the step function, outermost first."""
+def _frames(program: Program):
+    """Per op, its calls below the step function, outermost first; and the (file, line) of
+    the user's code that made it (None in an installed package's code)."""
     from jax._src import source_info_util  # private, but the only way to JAX's user frames
 
     step = _code(program.fn)
-    cache: dict[int, tuple[tuple[str, ...], bool]] = {}
-    chains = []
+    cache: dict[int, tuple] = {}
+    chains, sites = [], []
     for op in program.ops:
         tb = getattr(op.source_info, "traceback", None)
         if tb is None:
             chains.append(((), False))
+            sites.append(None)
             continue
         if id(tb) not in cache:
             try:
@@ -70,13 +73,17 @@ def _frames(program: Program) -> list[tuple[str, ...]]:
                 frames = []
             below = next((i + 1 for i, f in enumerate(frames) if step is not None and
                           (f.file_name, f.function_name) == step), None)
+            site = frames[-1] if frames and not _installed(frames[-1].file_name) else None
             cache[id(tb)] = (_calls(frames[below or 0:], frames[below - 1].start_line
-                                    if below else 0), below is not None)
-        chains.append(cache[id(tb)])
+                                    if below else 0), below is not None,
+                             site and (site.file_name, site.start_line))
+        chain, found, site = cache[id(tb)]
+        chains.append((chain, found))
+        sites.append(site)
     if not any(found for _, found in chains):  # the step's frame is unknown: cut what all share
         prefix = len(_common_prefix([c for c, _ in chains if c]))
-        return [c[prefix:] for c, _ in chains]
-    return _rooted(chains)
+        return [c[prefix:] for c, _ in chains], sites
+    return _rooted(program, chains), sites
 
 
 def _calls(frames, called_at: int) -> tuple[str, ...]:
@@ -90,24 +97,44 @@ def _calls(frames, called_at: int) -> tuple[str, ...]:
     return tuple(chain)
 
 
-def _rooted(chains) -> list[tuple[str, ...]]:
-    """JAX keeps a bounded number of frames, so an op deep in a scan body may have lost the
-    outer ones, the step's among them: its chain is placed under the shallowest call of its
-    first function that a complete chain shows."""
+def _rooted(program: Program, chains) -> list[tuple[str, ...]]:
+    """JAX keeps a bounded number of frames, so an op in a scan body may have lost the outer
+    ones, the step's among them. Its chain continues that of its region op (the scan, which
+    the step's function called), joined where the two overlap (`loss` + `loss/_layer/rope`);
+    outside a region (a constant JAX hoisted out of a scan body), it is placed under the
+    shallowest call of its first function that another chain shows."""
+    out: list[tuple[str, ...]] = []
+    known = []
+    for op, (chain, found) in zip(program.ops, chains):
+        if not found and chain and op.region != NO_OP:  # a region op precedes its body
+            chain, found = _joined(out[op.region], chain), known[op.region]
+        out.append(chain)
+        known.append(found)
     where: dict[str, tuple[str, ...]] = {}
-    for chain, found in chains:
+    for chain, found in zip(out, known):
         if found:
             for d, c in enumerate(chain):
-                name = c.split(_LINE)[0]
+                name = _name(c)
                 if name not in where or len(where[name]) > d + 1:
                     where[name] = chain[:d + 1]
-    out = []
-    for chain, found in chains:
-        if not found and chain:
-            head = where.get(chain[0].split(_LINE)[0])
-            chain = head + chain[1:] if head else chain
-        out.append(chain)
+    for o, (chain, found) in enumerate(zip(out, known)):
+        # outside any region (a constant JAX hoisted out of a scan body)
+        if not found and chain and (head := where.get(_name(chain[0]))):
+            out[o] = head + chain[1:]
     return out
+
+
+def _joined(outer: tuple[str, ...], inner: tuple[str, ...]) -> tuple[str, ...]:
+    """`outer` then `inner`, the longest end of `outer` that starts `inner` said once (by
+    name: the truncated chain does not know the line its first call came from)."""
+    for k in range(min(len(outer), len(inner)), 0, -1):
+        if [_name(c) for c in outer[-k:]] == [_name(c) for c in inner[:k]]:
+            return outer + inner[k:]
+    return outer + inner
+
+
+def _name(component: str) -> str:
+    return component.split(_LINE)[0]
 
 
 def _code(fn) -> tuple[str, str] | None:
@@ -254,7 +281,47 @@ def _propagate(program: Program, paths: dict, seq: list[int], label: dict[int, s
 
 # --- display ----------------------------------------------------------------------------------
 
-def _collapse_chains(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
+LINE_SPLIT = 24   # a call with more ops than this shows its busy lines as groups
+LINE_MIN = 3      # ... those lines that made at least this many ops
+LINE_TEXT = 32    # characters of a line's source kept in its group's name
+
+
+def _by_line(paths: dict[int, tuple[str, ...]], sites) -> dict[int, tuple[str, ...]]:
+    """A function with many ops of its own (an attention written inline: forward and
+    backward, a hundred ops) shows each of its busy lines as a group, named by its source:
+    `o = jnp.einsum('bhqt,bthk->b… (line 31)`. The line is what the user wrote and can find."""
+    by_path: dict[tuple, list[int]] = defaultdict(list)
+    for o, p in paths.items():
+        by_path[p].append(o)
+    out = dict(paths)
+    for path, members in by_path.items():
+        if len(members) <= LINE_SPLIT:
+            continue
+        lines: dict[tuple, list[int]] = defaultdict(list)
+        for o in members:
+            if sites[o] is not None:
+                lines[sites[o]].append(o)
+        if len(lines) < 2:
+            continue
+        for (file, line), ops in lines.items():
+            if len(ops) >= LINE_MIN:
+                name = _line_name(file, line)
+                for o in ops:
+                    out[o] = path + (name,)
+    return out
+
+
+def _line_name(file: str, line: int) -> str:
+    """Source text safe as a path component and in DOT: no '/', quotes single, and ending in
+    ')' so that no digit at its end reads as a layer index."""
+    text = " ".join(linecache.getline(file, line).split())
+    text = text.replace("/", "\u2215").replace("\\", "\u2216").replace('"', "'")
+    if len(text) > LINE_TEXT:
+        text = text[:LINE_TEXT - 1] + "\u2026"
+    return f"{text} (line {line})" if text else f"line {line} (source unavailable)"
+
+
+def collapse_chains(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
     """A call with one callee and no ops of its own is drawn as its caller: optax's
     `chain/with_extra_args_support/scale_by_adam` as `chain/scale_by_adam`."""
     while True:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..program import INPUT, Program
 from ._calls import PATH_INDEX as _PATH_INDEX
-from ._calls import call_paths
+from ._calls import call_paths, collapse_chains
 
 ROOT = ""
 SPLIT_AT = 48          # a scope with more ops of its own than this is split by what they update
@@ -99,8 +99,12 @@ def build_scope_tree(program: Program, fold_layers: bool = True,
                      split_at: int = SPLIT_AT) -> ScopeTree:
     paths = [tuple(c for c in op.name_scope.split("/") if c) for op in program.ops]
     unscoped = [op.id for op in program.ops if not op.user_scope]
-    for o, calls in call_paths(program, unscoped).items():
-        paths[o] = calls + paths[o]  # the library helpers' scopes stay inside the call
+    # the library helpers' scopes stay inside the call (a line whose only work is one einsum
+    # is that line); jax.checkpoint's recomputation joins the ops it recomputes
+    inside = collapse_chains({o: calls + tuple(c for c in paths[o] if c != "rematted_computation")
+                              for o, calls in call_paths(program, unscoped).items()})
+    for o, path in inside.items():
+        paths[o] = path
     paths = _split_flat_scopes(program, paths, split_at)
     norm = _fold_layers(program, paths) if fold_layers else [
         tuple(c.replace(_PATH_INDEX, "") for c in p) for p in paths]
