@@ -542,3 +542,26 @@ def test_library_helpers_are_not_the_users_scopes_and_point_at_the_users_call():
     assert any("->" in op.name_scope or "tril" in op.name_scope for op in prog.ops)
     tril = [op for op in prog.ops if op.name_scope.endswith("tril")]
     assert tril and all("test_lab_viewmodel.py" in op.source for op in tril)
+
+
+def test_a_scanned_rematerialised_plain_step_keeps_its_layer_under_its_caller():
+    # JAX keeps a bounded number of frames: ops in a scan body lose the outer ones, and
+    # jax.checkpoint names its recomputation `rematted_computation`
+    import jax
+    import jax.numpy as jnp
+
+    def block(x, w):
+        h = jnp.tanh(x @ w[0])
+        return x + h @ w[1]
+
+    def loss_fn(ws, x):
+        body = jax.checkpoint(lambda c, w: (block(c, w), None))
+        y, _ = jax.lax.scan(body, x, ws)
+        return (y ** 2).mean()
+
+    def step(ws, x):
+        return ws - 0.1 * jax.grad(loss_fn)(ws, x)
+
+    tree = build_scope_tree(tl.trace(step, jnp.ones((3, 2, 16, 16)), jnp.ones((8, 16))))
+    assert tree.groups["loss_fn/block"].repeat == 3
+    assert not any("rematted" in g or g.startswith("block") for g in tree.groups), tree.groups
