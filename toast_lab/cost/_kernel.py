@@ -495,10 +495,9 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                     if scatter:
                         t = _gather_time(size, m, mesh)
                         _charge(coll, RS, m, w, size, t, ledger, group_rows + 2 * i)
-                        if dev.reduce_scatter:
-                            size /= mesh[m].ways
-                        else:  # XLA:CPU: an all-reduce of it all, then a slice
-                            reduced[p] = max(reduced[p], size)
+                        if not dev.reduce_scatter:  # XLA:CPU: an all-reduce of it all,
+                            reduced[p] = max(reduced[p], size)  # then a slice
+                        size /= mesh[m].ways  # what the next reduction carries, either way
                     else:
                         t = 2.0 * _gather_time(size, m, mesh)
                         _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
