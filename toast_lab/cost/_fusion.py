@@ -181,11 +181,13 @@ def fused_live_ends(prog, live_end: np.ndarray, fused: np.ndarray) -> np.ndarray
 
 
 # Elementwise ops XLA:CPU's fusion will not duplicate into several consumers
-# (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers.
+# (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers,
+# and the ops whose expansion ends in one (acos, logistic). The expansions that end in cheap
+# arithmetic after their expensive ops (erf_inv, erfc, lgamma, asinh ...: _static.py's
+# _CLONED_FLOPS) have that tail cloned into each consumer fusion, like a cheap op.
 EXPENSIVE = frozenset({
     "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
-    "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-    "atanh", "lgamma", "digamma", "div", "rem",
+    "pow", "atan2", "acos", "atan", "div", "rem",
     # jax's threefry2x32 on XLA:CPU: a loop over its rounds, computed once
     "random_bits",
 })

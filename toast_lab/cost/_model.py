@@ -132,7 +132,9 @@ class CostModel:
             pieces = select_and_scatter_pieces(prog)
             workspace = workspace.copy()
             workspace[[op for op, *_ in pieces]] = 0.0
-        flops = st.op_flops * st.op_fusion_copies if dev.clones_fused_producers else st.op_flops
+        flops = st.op_flops
+        if dev.clones_fused_producers:  # each copy after the first: the op's cloned flops
+            flops = flops + st.op_clone_flops * (st.op_fusion_copies - 1.0)
         # ops the compiler computes whole want their operands whole: all-gathered, as XLA
         # does, and the result sliced locally
         row_kind = st.row_kind
