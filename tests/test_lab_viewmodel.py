@@ -565,3 +565,25 @@ def test_a_scanned_rematerialised_plain_step_keeps_its_layer_under_its_caller():
     tree = build_scope_tree(tl.trace(step, jnp.ones((3, 2, 16, 16)), jnp.ones((8, 16))))
     assert tree.groups["loss_fn/block"].repeat == 3
     assert not any("rematted" in g or g.startswith("block") for g in tree.groups), tree.groups
+
+
+def test_a_colon_in_a_scope_or_a_source_line_keeps_the_dot_well_formed():
+    # graphviz's edge() reads "a:b" as node a, port b: `xt[:, :H]` in a line's name broke
+    # the layout of a GRU cell
+    import jax
+    import jax.numpy as jnp
+
+    def step(w, x):
+        def loss(w):
+            with jax.named_scope("attn:q"):
+                h = jnp.tanh(x @ w)
+            return (h[:, :4] ** 2).sum()
+        return w - 0.1 * jax.grad(loss)(w)
+
+    an = tl.analyze(tl.trace(step, jnp.ones((16, 16)), jnp.ones((8, 16))))
+    b = ViewBuilder(an, tl.Mesh({"data": 4, "model": 2}, device="h100"))
+    view = b.build(Session(an, b.mesh), set(b.tree.groups) - {"attn:q"})
+    assert any(n.id == "group.attn:q" for n in view.graph.nodes)
+    edges = [ln for ln in view.graph.dot.splitlines() if " -> " in ln]
+    assert edges and all(re.match(r'^\s*"[^"]*" -> "[^"]*" \[', ln) for ln in edges), edges
+    assert 'id="group.attn:q"' in view.graph.dot

@@ -44,11 +44,11 @@ def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree) -> str:
         bodies[gid] = sub
         subgraphs.append((sub, parent))
     for spec, view in zip(graph.nodes, nodes):
-        bodies[spec.cluster].node(view.id, **_node_attrs(view, colors, conflicts))
+        bodies[spec.cluster].node(_name(view.id), **_node_attrs(view, colors, conflicts))
     for sub, parent in reversed(subgraphs):  # innermost first, into their parents
         bodies[parent].subgraph(sub)
     for spec, view in zip(graph.edges, edges):
-        dot.edge(graph.nodes[spec.source].id, graph.nodes[spec.target].id,
+        dot.edge(_name(graph.nodes[spec.source].id), _name(graph.nodes[spec.target].id),
                  **_edge_attrs(view, spec.backward, colors))
     return dot.source
 
@@ -89,6 +89,12 @@ def _edge_attrs(view, backward: bool, colors) -> dict:
     if backward:
         attrs["constraint"] = "false"
     return attrs
+
+
+def _name(node_id: str) -> str:
+    """A node's DOT name: its id, but for ':', which `graphviz` reads as node:port in an edge
+    (a scope or a source line may hold one). The `id` attribute keeps the id itself."""
+    return node_id.replace(":", "\u2236")
 
 
 def _safe(name: str) -> str:
