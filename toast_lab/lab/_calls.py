@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import linecache
 import re
+from pathlib import Path
 from collections import Counter, defaultdict
 
 from ..program import INPUT, NO_OP, Program
@@ -164,8 +165,15 @@ def _label(qualname: str, library: bool) -> str:
 
 
 def _installed(file_name: str) -> bool:
-    """Whether a frame is in an installed package (optax, haiku), not the user's code."""
+    """Whether a frame is in an installed package (optax, haiku), not the user's code. The
+    zoo's models count as the user's wherever toast-lab is installed, so that they draw the
+    same from a checkout and from site-packages."""
+    if file_name.startswith(_ZOO):
+        return False
     return "site-packages" in file_name or "dist-packages" in file_name
+
+
+_ZOO = str(Path(__file__).resolve().parents[1] / "zoo")
 
 
 def _named(paths: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
