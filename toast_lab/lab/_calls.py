@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import linecache
 import re
-from pathlib import Path
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from ..program import INPUT, NO_OP, Program
 
@@ -222,6 +222,8 @@ def _layer_key(name: str) -> tuple[str, str] | None:
 
 
 def _insert_layers(program: Program, paths: dict, seq: list[int]) -> None:
+    """Inserts the layer of each op of one top-level call (`seq`, in program order) into its
+    path, where the call reads a list of layers' parameters (module docstring)."""
     values = program.values
     anchors: list[tuple[int, tuple | None]] = []
     for o in seq:
