@@ -182,16 +182,21 @@ def fused_live_ends(prog, live_end: np.ndarray, fused: np.ndarray) -> np.ndarray
 
 # Elementwise ops XLA:CPU's fusion will not duplicate into several consumers
 # (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers,
-# and the ops whose expansion ends in one (acos, logistic). The expansions that end in cheap
-# arithmetic after their expensive ops (erf_inv, erfc, lgamma, asinh ...: _static.py's
-# _CLONED_FLOPS) have that tail cloned into each consumer fusion, like a cheap op.
+# and the ops expanded around one.
 EXPENSIVE = frozenset({
     "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
-    "pow", "atan2", "acos", "atan", "div", "rem",
+    "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "lgamma", "digamma", "div", "rem",
     # jax's threefry2x32 on XLA:CPU: a loop over its rounds, computed once
     "random_bits",
 })
 _SPREAD = frozenset({"broadcast_in_dim", "iota"})
+# Of those, the expansions that end in cheap arithmetic after their expensive ops (erf_inv: a
+# log, a sqrt, then polynomials): the expensive head runs once, a fusion of its own, and the
+# cheap tail is cloned into every fusion that reads the op (its flops: _static.py's
+# _CLONED_FLOPS).
+CLONED_TAIL = frozenset({"erf_inv", "erfc", "lgamma", "digamma", "asin", "sinh", "cosh",
+                         "asinh", "acosh", "atanh"})
 
 
 def fusion_copies(prog) -> np.ndarray:
@@ -214,7 +219,9 @@ def fusion_copies(prog) -> np.ndarray:
     then not cloned either), and, the count being plan-independent, a collective the
     partitioner puts between producer and consumer, which also stops the clone.
     """
-    return np.array([len(f) for f in _consumer_fusions(prog)], np.float64)
+    tails: dict = {}
+    fusions = _consumer_fusions(prog, tails)
+    return np.array([tails.get(i, len(f)) for i, f in enumerate(fusions)], np.float64)
 
 
 def own_fusions(prog) -> np.ndarray:
@@ -228,8 +235,10 @@ def own_fusions(prog) -> np.ndarray:
                      for op in prog.ops])
 
 
-def _consumer_fusions(prog) -> list:
-    """Per op, the fusions its copies land in (the ids of their roots): fusion_copies."""
+def _consumer_fusions(prog, tails: dict | None = None) -> list:
+    """Per op, the fusions its copies land in (the ids of their roots): fusion_copies. tails,
+    where given, gets {op id: fusions its cloned tail lands in} of the CLONED_TAIL ops that
+    are fusions of their own."""
     values, ops = prog.values, prog.ops
     outputs = set(prog.outputs)
     numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
@@ -259,6 +268,8 @@ def _consumer_fusions(prog) -> list:
         expensive = op.primitive in EXPENSIVE and not (
             op.primitive == "div" and _constant(prog, op.operands[-1]))
         if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
+            if tails is not None and expensive and op.primitive in CLONED_TAIL:
+                tails[op.id] = len(into) + own
             into = set()
         if own or not into:
             into.add(op.id)

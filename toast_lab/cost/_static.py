@@ -139,7 +139,8 @@ _EXPANDED_FLOPS = {
 # exp, a division), which is cloned like any cheap elementwise op while the expensive part runs
 # once (an erf_inv read by Adam's two moment updates: 73 flops per element, not 37). Measured
 # as cost_analysis() on XLA:CPU of the op read by two fusions less that of one (jax 0.10.2;
-# tests/test_cost.py). Ops whose expansion ends in an expensive op are not cloned (_fusion.py).
+# tests/test_cost.py). The ops whose expansion ends in an expensive op (acos, logistic) are
+# not cloned: _fusion.py's CLONED_TAIL lists these.
 _CLONED_FLOPS = {
     "erf_inv": 36.0, "erfc": 62.0, "lgamma": 33.0, "digamma": 20.0, "asin": 1.0, "sinh": 6.0,
     "cosh": 1.0, "asinh": 8.0, "acosh": 3.0, "atanh": 5.0,
