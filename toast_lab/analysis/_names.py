@@ -110,18 +110,21 @@ def _draft(program, members, input_index, first_part, state):
     if first_input is not None:
         v, d = first_input
         parts = input_parts(program, v, v in state)
-        return "path", _without_layer_index(program, parts, members, v), d, (), origin
+        return "path", _without_layer_index(program, parts, members, v, d), d, (), origin
     # named after the op: its user scope and primitive, shortened like a path
     k = None if first_input is not None or members else first_part[2]
     return "path", op_parts(program, v), d if k is None else f"{d}.{k}", (), origin
 
 
-def _without_layer_index(program, parts: list[str], members, first: int) -> list[str]:
-    """`layers/w1` for a class holding w1 of every layer (`layers/0/w1`, `layers/1/w1`): an
-    index the class spans says nothing, and `0/w1` would read as layer 0's alone."""
+def _without_layer_index(program, parts: list[str], members, first: int, dim: int) -> list[str]:
+    """`layers/w1` for a class holding the same dim of w1 in every layer (`layers/0/w1`,
+    `layers/1/w1`): an index the class spans says nothing, and `0/w1` would read as layer 0's
+    alone. A chain's link (dim 1 of `ws/17`, dim 0 of `ws/18`) keeps its index."""
     path = program.values[first].name.split("/")
     spanned = set()
-    for v, _ in members:
+    for v, d in members:
+        if d != dim:
+            continue
         other = program.values[v].name.split("/") if program.values[v].name else []
         if len(other) == len(path) and other != path:
             diff = [i for i, (a, b) in enumerate(zip(path, other)) if a != b]
