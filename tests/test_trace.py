@@ -126,6 +126,8 @@ def test_clean_scope_strips_transformations():
     assert clean_scope("transpose(jvp(block0))/attn") == "block0/attn"
     assert clean_scope("jvp()") == ""
     assert clean_scope("vmap(jvp(a/b))/c") == "a/b/c"
+    # jax.checkpoint's recomputation belongs to the forward scope it recomputes
+    assert clean_scope("transpose(jvp(block))/rematted_computation/attn") == "block/attn"
 
 
 def test_fingerprint_depends_on_structure_only():

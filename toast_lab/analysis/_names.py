@@ -159,7 +159,7 @@ def reader_label(program, v: int, depth: int = 4) -> str:
         for u in frontier:
             for o in program.users(u):
                 op = program.ops[o]
-                scope = user_scope(op.name_scope)
+                scope = op.user_scope
                 if scope:
                     t = op.operands.index(u) if u in op.operands else -1
                     role = (_ROLE_BY_OPERAND.get((op.primitive, t))
@@ -173,19 +173,12 @@ def reader_label(program, v: int, depth: int = 4) -> str:
     return ""
 
 
-def user_scope(name_scope: str) -> str:
-    """The user's part of a name scope: without the names of the jitted jax.numpy helpers
-    inlined into it (`embedding/_take` -> `embedding`; einsum's `abc,cde->abde`)."""
-    return "/".join(p for p in name_scope.split("/")
-                    if p and not p.startswith("_") and "->" not in p and "," not in p)
-
-
 def op_parts(program, v) -> list[str]:
     val = program.values[v]
     if val.producer == NO_OP:  # a constant the function captured
         return [f"const%{v}"]
     op = program.ops[val.producer]
-    scope = user_scope(op.name_scope)
+    scope = op.user_scope
     return [*scope.split("/"), op.primitive] if scope else [op.primitive]
 
 

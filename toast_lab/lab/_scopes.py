@@ -100,8 +100,8 @@ def build_scope_tree(program: Program, fold_layers: bool = True,
     paths = [tuple(c for c in op.name_scope.split("/") if c) for op in program.ops]
     unscoped = [op.id for op in program.ops if not op.user_scope]
     # the library helpers' scopes stay inside the call (a line whose only work is one einsum
-    # is that line); jax.checkpoint's recomputation joins the ops it recomputes
-    inside = collapse_chains({o: calls + tuple(c for c in paths[o] if c != "rematted_computation")
+    # is that line)
+    inside = collapse_chains({o: calls + paths[o]
                               for o, calls in call_paths(program, unscoped).items()})
     for o, path in inside.items():
         paths[o] = path

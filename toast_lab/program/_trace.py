@@ -61,6 +61,7 @@ class _ProgramBuilder:
         # work (an all-gather, say) between them and the rest (JAX puts a barrier around them).
         self.cse_group = 0
         self._groups = 0
+        self._library: dict[int, bool] = {}  # id(jaxpr) -> whether a library helper's body
 
     def new_value(self, aval, origin: str, producer: int = NO_OP, name: str = "") -> int:
         vid = len(self.values)
@@ -85,11 +86,9 @@ class _ProgramBuilder:
             stack = clean_scope(str(eqn.source_info.name_stack))
             eqn_scope = _nest(scope, stack)
             # A library's own named scopes are not the user's; jnp.einsum names its scope by
-            # its spec ('bsd,dhk->bshk') without a call of its own, and jax.checkpoint the
-            # forward ops it recomputes 'rematted_computation'.
+            # its spec ('bsd,dhk->bshk') without a call of its own.
             eqn_user = user_scope if call_site is not None else _nest(
-                user_scope, "/".join(c for c in stack.split("/")
-                                     if "->" not in c and c != "rematted_computation"))
+                user_scope, "/".join(c for c in stack.split("/") if "->" not in c))
             source = call_site if call_site is not None else eqn.source_info
             operands = [self.read(env, v) for v in eqn.invars]
             where = (eqn_scope, eqn_user, call_site)
@@ -121,7 +120,7 @@ class _ProgramBuilder:
         jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
         call = eqn.params.get("name", "") if eqn.primitive.name in ("jit", "pjit") else ""
         inner_scope = _join(scope, call)
-        if call_site is None and _library_body(jaxpr):
+        if call_site is None and self._library_body(jaxpr):
             call_site = eqn.source_info  # the user called a library helper here
         inner_user = user_scope if call_site is not None else _join(user_scope, call)
         inner = dict(zip(jaxpr.invars, operands))
@@ -136,6 +135,21 @@ class _ProgramBuilder:
         self.walk(jaxpr, inner, inner_scope, region, trip, inner_user, call_site)
         self.cse_group = outer_group
         env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
+
+    def _library_body(self, jaxpr) -> bool:
+        """Whether an inlined call is a library helper's (jnp.einsum, jax.nn.gelu, a
+        jax.random sampler): no equation in it was written by the user. JAX's traceback
+        filter decides what is the user's (jax's own files are not); without tracebacks,
+        assume the user's. Once per jaxpr: a helper called in every layer shares one."""
+        from jax._src import source_info_util  # private, but the only way to JAX's user frame
+
+        known = self._library.get(id(jaxpr))
+        if known is None:
+            tracebacks = [e.source_info.traceback for e in jaxpr.eqns]
+            known = bool(tracebacks) and all(tb is not None for tb in tracebacks) and not any(
+                next(source_info_util.user_frames(tb), None) is not None for tb in tracebacks)
+            self._library[id(jaxpr)] = known
+        return known
 
     def _region(self, eqn, operands, env, where, region, trip, bodies, body_trip,
                 outputs_of=None):
@@ -179,6 +193,9 @@ class _ProgramBuilder:
 _TRANSFORM_WRAPPER = re.compile(r"\b(?:jvp|transpose|vmap|remat|checkpoint|pjit|jit)\(([^()]*)\)")
 
 
+_RECOMPUTED = "rematted_computation"  # jax.checkpoint's name for the ops it recomputes
+
+
 def clean_scope(name_stack: str) -> str:
     """'transpose(jvp(block0))/attn' -> 'block0/attn': the user's scopes, forward and backward alike."""
     prev = None
@@ -186,8 +203,9 @@ def clean_scope(name_stack: str) -> str:
         prev, name_stack = name_stack, _TRANSFORM_WRAPPER.sub(r"\1", name_stack)
     parts: list[str] = []
     for p in name_stack.split("/"):
-        # Backward passes repeat the forward scope: "outer/transpose(jvp(outer))" -> "outer".
-        if p and (not parts or parts[-1] != p):
+        # Backward passes repeat the forward scope: "outer/transpose(jvp(outer))" -> "outer";
+        # jax.checkpoint's recomputation of forward ops is theirs too, not a scope.
+        if p and p != _RECOMPUTED and (not parts or parts[-1] != p):
             parts.append(p)
     return "/".join(parts)
 
@@ -211,19 +229,6 @@ def _dead_code_eliminated(closed):
         return closed.replace(jaxpr=jaxpr)
     except Exception:
         return closed
-
-
-def _library_body(jaxpr) -> bool:
-    """Whether an inlined call is a library helper's (jnp.einsum, jax.nn.gelu, a jax.random
-    sampler): no equation in it was written by the user. JAX's traceback filter decides what
-    is the user's (jax's own files are not); without tracebacks, assume the user's."""
-    from jax._src import source_info_util  # private, but the only way to JAX's user frame
-
-    tracebacks = [e.source_info.traceback for e in jaxpr.eqns]
-    if not tracebacks or any(tb is None for tb in tracebacks):
-        return False
-    return not any(next(source_info_util.user_frames(tb), None) is not None
-                   for tb in tracebacks)
 
 
 def _nest(outer: str, inner: str) -> str:
