@@ -92,7 +92,7 @@ def _calls(frames, called_at: int) -> tuple[str, ...]:
     for f in frames:
         name = _label(f.function_name, _installed(f.file_name))
         # recursion and a closure's own helpers stay one call
-        if name and (not chain or chain[-1].split(_LINE)[0] != name):
+        if name and (not chain or _name(chain[-1]) != name):
             chain.append(f"{name}{_LINE}{called_at}")
         called_at = f.start_line
     return tuple(chain)

@@ -222,7 +222,7 @@ def _layers(program, paths, k, instances: dict[str, list[int]]) -> list[str]:
     if all(_PATH_INDEX in c for c in instances) and len(instances) > len(alike):
         # Layers by construction (a list in the arguments), whose first and last differ at the
         # ends (the embedding's add, a last residual): fold those that nearly match.
-        alike = _nearly_alike(program, paths, k, instances)
+        alike = _nearly_alike(program, instances)
     if len(alike) < 2:
         return []
     alike.sort(key=lambda c: int(_INDEXED.match(c).group(2)))
@@ -243,7 +243,7 @@ def _layers(program, paths, k, instances: dict[str, list[int]]) -> list[str]:
     return alike
 
 
-def _nearly_alike(program, paths, k, instances, tolerance: float = 0.1) -> list[str]:
+def _nearly_alike(program, instances, tolerance: float = 0.1) -> list[str]:
     """The components whose ops differ from the most common op count's by at most
     `tolerance` of them (primitive and result shapes, as a multiset)."""
     sigs = {comp: Counter((program.ops[o].primitive,

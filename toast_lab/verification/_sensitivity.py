@@ -69,10 +69,10 @@ spreads: with five draws, a correct plan's noise exceeds 8 x their largest about
 a many-entry leaf's does. Only such leaves: they cost runs of the compiled reference, no
 compile, and a well-conditioned step draws none.
 
-Limits. The report shows every loosened leaf's spread. Integer and
-boolean leaves get the same rule with their error (the fraction of entries that differ). A
-leaf whose non-finite entries move under the perturbation cannot be compared at all: its
-allowance is inf, and the report says so.
+Limits. The report shows every loosened leaf's spread. Integer and boolean leaves get the same
+rule with their error (the fraction of entries that differ). A leaf whose non-finite entries
+move under the perturbation cannot be compared at all: its allowance is inf, and the report
+says so.
 """
 
 from __future__ import annotations

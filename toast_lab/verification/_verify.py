@@ -191,7 +191,7 @@ def compare_outputs(out, ref, tolerance: float | None = None,
         bfloat16's. None: each leaf's own dtype.
     resampled: more runs of the reference on inputs perturbed with other seeds. A leaf of at
         most FEW_ENTRIES entries that `perturbed` shows to be noise takes its largest spread
-        over all of them (`_sensitivity.py`, Limits).
+        over all of them (`_sensitivity.py`, "Few entries").
     """
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(_key_data(out))
     ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(_key_data(ref))
