@@ -39,9 +39,10 @@ def test_a_plain_jax_step_opens_on_its_functions_and_folded_layers(lab_server, p
     attention = lab.locator('g.node[id^="group.loss_fn/layers*/o = jnp.einsum"]')
     expect(attention).to_contain_text("(line 33)")
     expect(lab.locator('g.node[id="group.chain"]')).to_be_visible()
-    lab.locator('.tl-icon-button[title="Fit the graph"]').click()
     page.mouse.move(5, 5)
-    shoot(page, "plain_jax_lab", lab)
+    shoot(page, "plain_jax_lab", lab)  # as it opens: at a legible scale, not fitted
+    lab.locator('.tl-icon-button[title="Fit the graph"]').click()
+    shoot(page, "plain_jax_lab_fitted", lab)
     # a click opens the attention's line: its ops, and its einsum
     before = lab.locator(".tl-svg g.node").count()
     attention.click()
