@@ -658,6 +658,42 @@ def test_top_k_gathers_agree_with_xla_cpu():
     assert est[key] == pytest.approx(measured[key], rel=0.25)
 
 
+def _argmax_pairs(x):
+    """lax.reduce of a (value, index) pair: the variadic reduce argmax lowers to."""
+    i = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+
+    def pick(a, b):
+        take = a[0] >= b[0]
+        return jax.lax.select(take, a[0], b[0]), jax.lax.select(take, a[1], b[1])
+
+    return jax.lax.reduce((x, i), (-jnp.inf, 0), pick, (1,))
+
+
+@pytest.mark.parametrize("fn, shard", [
+    (lambda x: jnp.argmax(x, -1), {"x[1]": "model"}),
+    (lambda x: jnp.argmin(x, -1), {"x[0]": "data", "x[1]": "model"}),
+    (lambda x: jnp.argmax(x, -1), {"x[1]": ("data", "model")}),
+    (_argmax_pairs, {"x[1]": "model"}),
+], ids=["argmax", "argmin-2d", "argmax-two-axes", "variadic-reduce"])
+def test_an_argmax_over_a_sharded_dim_all_gathers_its_partial_results(fn, shard):
+    """XLA's all-reduce takes one array, so an argmax (a variadic reduce of value and index)
+    over a sharded dim reduces each shard, all-gathers the (value, index) pairs over the
+    reduced axes and reduces them again: result x devices x 8 bytes, no all-reduce (the
+    estimate charged an all-reduce of the index alone: 64 bytes where XLA gathered 1024)."""
+    args = (jax.ShapeDtypeStruct((16, 64), jnp.float32),)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = tl.Plan.replicated(an)
+    for name, axes in shard.items():
+        plan = plan.with_axes(name, axes)
+    est = {k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()}
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    assert [k for k, _ in measured] == ["all-gather"]
+    assert est == measured
+
+
 def test_an_axis_across_nodes_uses_nvlink_inside_them():
     """One FSDP axis over 8 nodes of 8 GPUs: NCCL's ring runs over NVLink inside each node,
     and each GPU's NIC carries an eighth of the bytes between nodes."""

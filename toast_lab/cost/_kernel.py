@@ -31,7 +31,8 @@ MAX_SHARDINGS = 16
 # charge can be read back to its op (CostModel.op_collectives). Rows, with M op-type operands
 # (TypeTables.op_operands), G op-type reductions (op_groups) and S shared reads: 2m and 2m + 1
 # the all-gather and all-to-all of operand m; 2M + 2g and + 1 the reduce-scatter and all-reduce
-# of group entry g (a contraction sharded on the result's axes and on others pays both);
+# of group entry g (a contraction sharded on the result's axes and on others pays both; a
+# variadic reduce's all-gather of its partial results is in the first entry's first row);
 # 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
 # 2M + 2G + 2S + 4p and + 1 the all-to-all of the updates and the all-gather of the indices of
 # op type p when it is a scatter partitioned by operand passthrough, + 2 the all-to-all of an
@@ -467,7 +468,17 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 gtime += t
                 pre_late[p] += t
         lead = op.sum_leader
-        if psum != 0 and not (lead >= 0 and op_psum[lead] == psum and op_res[lead] == res_mask):
+        if psum != 0 and op.gathered_partials > 0.0:
+            # A variadic reduce (an argmax's value and index): XLA all-gathers each shard's
+            # partial results over the reduced axes and reduces them again (_static.
+            # _gathered_partials); the gathered buffer is a temporary at the op.
+            size = op.gathered_partials / mesh[res_mask].ways * mesh[psum].ways
+            t = _gather_time(size, psum, mesh)
+            _charge(coll, AG, psum, w, size, t, ledger, group_rows + 2 * op.groups_start)
+            gathered[p] += size
+            ptime += t
+        elif psum != 0 and not (lead >= 0 and op_psum[lead] == psum
+                                and op_res[lead] == res_mask):
             # (an op whose partial sums are added to its leader's, sharded alike, is reduced
             # there, once: XLA's AllReduceReassociate)
             reduces[p] = True
@@ -846,6 +857,13 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 else:
                     gdelta[at] += reduced[p]
                     gdelta[at + 1] -= reduced[p]
+                    end = memory.result_end[n]
+                    if end > at + 1 and ops[p].result_type >= 0:
+                        rest = reduced[p] - ops[p].result_nbytes / mesh[
+                            vmask[ops[p].result_type]].ways
+                        if rest > 0.0:
+                            gdelta[at + 1] += rest
+                            gdelta[end] -= rest
 
 
 @njit(cache=True, inline="always")

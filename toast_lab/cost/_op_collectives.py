@@ -30,8 +30,8 @@ class OpCollective:
 
     kind: one of COLLECTIVE_KINDS; axes: mesh axes, in mesh order; operand: the position among
     the op's operands of the value it moves (all-gather, all-to-all), None for the op's
-    partial sums (all-reduce, reduce-scatter) and for a scan's stacked output it reshards after
-    the loop (_static.py); count: how many per step (an op in a loop body
+    partial sums (all-reduce, reduce-scatter; the all-gather of an argmax's partial results)
+    and for a scan's stacked output it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
     conventions (an all-gather counts its output).
     """

@@ -85,6 +85,8 @@ class Static:
     op_batch_indices: np.ndarray    # [N] the indices value (-1: none)
     op_batch_index_dims: np.ndarray  # [N] bits: the indices' batching dims
     op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
+    op_gathered_partials: np.ndarray  # [N] bytes of the partial results a variadic reduce
+    #                                   all-gathers, whole-tensor (0: none; _gathered_partials)
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -158,6 +160,28 @@ _THREEFRY_FLOPS = {8: 48.0, 16: 48.0, 32: 47.0, 64: 50.0}
 _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
+
+
+def _gathered_partials(op, values) -> float:
+    """Bytes of a variadic reduce's partial results, whole-tensor (0 for other ops).
+
+    XLA's all-reduce takes one array and one combiner, so a reduce of several arrays at once
+    (argmax and argmin lower to one of the value and its index; lax.reduce of a tuple) whose
+    reduced dims are sharded is partitioned otherwise: each shard reduces locally keeping the
+    reduced dims at size 1, the partial results are all-gathered along them, and reduced again
+    (XLA's SPMD partitioner, which every backend runs; seen on XLA:CPU, jax 0.10.2: an argmax
+    of f32[16, 8] over 8 devices all-gathers an f32[16, 8] and an s32[16, 8]). So the all-gather moves, per device,
+    the result's elements x the devices reduced over x the bytes of one element of every
+    partial result: the value (of the operand's dtype) and the index, for an argmax."""
+    if op.body:
+        return 0.0
+    if op.primitive in ("argmax", "argmin"):
+        r = values[op.results[0]]
+        return float(r.nbytes // r.dtype.itemsize
+                     * (r.dtype.itemsize + values[op.operands[0]].dtype.itemsize))
+    if op.primitive == "reduce" and len(op.results) > 1:
+        return float(sum(values[r].nbytes for r in op.results))
+    return 0.0
 
 
 def _bit_width(op) -> int:
@@ -395,8 +419,9 @@ def build_static(an) -> Static:
     is_output[list(prog.outputs)] = True
     fused = fused_values(prog)
     attention_inside, op_kernel, op_flop_scale = attention_kernels(prog)
-    leaders = _sum_leaders(prog, {group_op[g] for g in range(len(group_op))
-                                  if group_is_reduction[g]})
+    gathered_partials = np.array([_gathered_partials(op, values) for op in ops], np.float64)
+    leaders = _sum_leaders(prog, {n for g, n in enumerate(group_op)
+                                  if group_is_reduction[g] and not gathered_partials[n]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
@@ -417,6 +442,7 @@ def build_static(an) -> Static:
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         **_workspace(prog), **_scatters(prog), **_batched_indexing(prog),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
+        op_gathered_partials=gathered_partials,
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
