@@ -63,6 +63,27 @@ def test_repeated_layers_collapse_into_one_group(builder):
     assert "optimizer/blocks*/attn/wq" in tree.groups
 
 
+def test_a_busy_scope_shows_the_calls_and_lines_that_made_its_ops(builder):
+    # a LayerNorm's forward and backward is one chain of 49 ops in the scope `ln1`: drawn
+    # as the lines of `layer_norm` that made them, not op by op
+    tree = builder.tree
+    ln1 = tree.groups["block*/ln1"]
+    assert not ln1.direct and ln1.ops > 40
+    lines = [tree.groups[c].label for c in ln1.children]
+    assert any(x.startswith("mean = jnp.mean(x32") for x in lines), lines
+    assert all(re.search(r"\(line \d+\)$", x) or x == "trailing" for x in lines), lines
+    assert all(tree.groups[c].repeat == LAYERS for c in ln1.children)
+    # a scope that is not busy stays drawn op by op (attention's matmuls are what one pins)
+    assert len(tree.groups["block*/attn"].direct) > 0
+    # llama's attention computes its RoPE inline: its two calls are two groups
+    fn, args = tl.zoo.get("llama", layers=2)
+    llama = build_scope_tree(tl.trace(fn, *args))
+    kids = [llama.groups[c].label for c in llama.groups["layer/attn"].children]
+    assert sum(bool(re.fullmatch(r"rope \(line \d+\)", k)) for k in kids) == 2, kids
+    assert any(k.startswith("o = jax.nn.dot_product_attentio") for k in kids), kids
+    assert len(llama.groups["layer/attn"].direct) <= 24
+
+
 def test_without_layer_grouping_every_layer_is_drawn(gpt):
     an, _ = gpt
     tree = build_scope_tree(an.program, fold_layers=False)

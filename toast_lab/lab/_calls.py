@@ -17,6 +17,11 @@ layer's first weight read), or else that of their operands (a residual add), or 
 their users. An op reading a parameter of no layer (an embedding, a final norm) belongs to
 none, which keeps a model's head out of its last layer. The layer is inserted where the loop
 is: below the calls that all its ops share (`loss_fn/layers3/rms`).
+
+A scope the user did name can hold too much to draw op by op (a LayerNorm's forward and
+backward, an attention that computes its RoPE and softmax inline: a hundred ops). Its ops are
+shown by the calls they came from below the calls they all share (`layer/attn/rope`), and
+busy lines as groups, as for unscoped ops (`calls_within`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import linecache
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from ..program import INPUT, NO_OP, Program
 
@@ -34,16 +40,38 @@ _NO_LAYER = ""        # the label of ops that read a parameter of no layer
 _DIGITS = re.compile(r"^\d+$")
 
 
-def call_paths(program: Program, ops: list[int]) -> dict[int, tuple[str, ...]]:
+class Calls(NamedTuple):
+    """Per op of a program: its calls below the step function, outermost first, and the
+    (file, line) of the user's code that made it (None in an installed package's code)."""
+
+    chains: list[tuple[str, ...]]
+    sites: list[tuple[str, int] | None]
+
+
+def calls_of(program: Program) -> Calls:
+    """Read once per program: the frames JAX recorded for each op."""
+    return Calls(*_frames(program))
+
+
+def call_paths(program: Program, ops: list[int], calls: Calls) -> dict[int, tuple[str, ...]]:
     """The path of each op in `ops` (those with no scope of the user's), below the step."""
-    frames, sites = _frames(program)
-    paths = {o: frames[o] for o in ops}
+    paths = {o: calls.chains[o] for o in ops}
     by_domain: dict[str, list[int]] = defaultdict(list)
     for o in ops:
         by_domain[paths[o][0] if paths[o] else ""].append(o)
     for members in by_domain.values():
         _insert_layers(program, paths, sorted(members))
-    return _by_line(_named(collapse_chains(paths)), sites)
+    return _by_line(_named(collapse_chains(paths)), calls.sites)
+
+
+def calls_within(calls: Calls, ops: list[int]) -> dict[int, tuple[str, ...]]:
+    """The path of each op of one scope below it: its calls below those all the scope's ops
+    share (`rope`, `rms_norm`), busy lines as groups; () for an op made by the shared calls
+    on a quiet line."""
+    chains = {o: calls.chains[o] for o in ops}
+    shared = len(_common_prefix([c for c in chains.values() if c]))
+    return _by_line(_named(collapse_chains({o: c[shared:] for o, c in chains.items()})),
+                    calls.sites)
 
 
 # --- frames ----------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ Every op belongs to exactly one group, the one named by its scope path. Three st
    split by what each op updates: the ops are joined along the tensors they
    pass each other (scalars such as a step count do not join), and each connected chain is
    named by the common suffix of the argument paths it reads (`opt_state/0/mu/blocks/3/attn/wq`
-   and `params/blocks/3/attn/wq` give `blocks3/attn/wq`);
+   and `params/blocks/3/attn/wq` give `blocks3/attn/wq`); one still that busy (a norm's
+   forward and backward, all one chain) is split by the calls and lines that made its ops;
 3. with layer grouping, sibling components that differ only by a layer index (`block0`,
    `block1`, ...) fold into one (`block*`) when their ops match (same primitives and shapes at
    the same relative scopes) and they are layers: each one reads what the previous one made
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..program import INPUT, Program
 from ._calls import PATH_INDEX as _PATH_INDEX
-from ._calls import call_paths, collapse_chains
+from ._calls import call_paths, calls_of, calls_within, collapse_chains
 
 ROOT = ""
 SPLIT_AT = 48          # a scope with more ops of its own than this is split by what they update
@@ -101,11 +102,13 @@ def build_scope_tree(program: Program, fold_layers: bool = True,
     unscoped = [op.id for op in program.ops if not op.user_scope]
     # the library helpers' scopes stay inside the call (a line whose only work is one einsum
     # is that line)
-    inside = collapse_chains({o: calls + paths[o]
-                              for o, calls in call_paths(program, unscoped).items()})
+    calls = calls_of(program)
+    inside = collapse_chains({o: chain + paths[o]
+                              for o, chain in call_paths(program, unscoped, calls).items()})
     for o, path in inside.items():
         paths[o] = path
     paths = _split_flat_scopes(program, paths, split_at)
+    paths = _split_busy_scopes(program, paths, split_at, calls)
     norm = _fold_layers(program, paths) if fold_layers else [
         tuple(c.replace(_PATH_INDEX, "") for c in p) for p in paths]
     concrete = [tuple(c.replace(_PATH_INDEX, "") for c in p) for p in paths]
@@ -155,6 +158,25 @@ def _split_flat_scopes(program, paths, split_at):
             if root in named:
                 for o in chain:
                     out[o] = path + named[root]
+    return out
+
+
+def _split_busy_scopes(program, paths, split_at, calls):
+    """A scope of the user's still too busy to draw op by op (a norm's forward and backward,
+    not an update of many tensors) shows the calls its ops came from, and its busy lines."""
+    by_path: dict[tuple, list[int]] = defaultdict(list)
+    for o, p in enumerate(paths):
+        if program.ops[o].user_scope:
+            by_path[p].append(o)
+    out = list(paths)
+    for path, ops in by_path.items():
+        if len(ops) <= split_at:
+            continue
+        below = calls_within(calls, ops)
+        if len(set(below.values())) < 2:
+            continue  # one call, one line: nothing to tell apart
+        for o in ops:
+            out[o] = path + below[o]
     return out
 
 
