@@ -588,6 +588,33 @@ def test_a_scanned_rematerialised_plain_step_keeps_its_layer_under_its_caller():
     assert not any("rematted" in g or g.startswith("block") for g in tree.groups), tree.groups
 
 
+def test_an_update_that_reads_no_argument_is_named_by_what_it_updates():
+    # Adam's bias correction (`mu / (1 - b1**t)`) reads the moments made in another call, so
+    # none of its ops reads `opt_state/0/mu/w3`: it is named going back through the update
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    opt = optax.adam(1e-3)
+
+    def step(p, s, x):
+        def loss(p):
+            h = x
+            for k in sorted(p):
+                h = jnp.tanh(h @ p[k])
+            return (h ** 2).mean()
+        u, s = opt.update(jax.grad(loss)(p), s, p)
+        return optax.apply_updates(p, u), s
+
+    p = {f"w{i}": jnp.full((16, 16), 0.1) for i in range(10)}
+    tree = build_scope_tree(tl.trace(step, p, opt.init(p), jnp.ones((8, 16))))
+    adam = tree.groups["chain/scale_by_adam"]
+    assert len(adam.direct) < 10, adam  # was 64 ops, every parameter's drawn side by side
+    assert {f"chain/scale_by_adam/w{i}" for i in range(10)} <= set(adam.children)
+    # the walk stops at the gradient: the update of w3 reads no other parameter's name
+    assert all(tree.groups[f"chain/scale_by_adam/w{i}"].ops == 6 for i in range(10))
+
+
 def test_a_colon_in_a_scope_or_a_source_line_keeps_the_dot_well_formed():
     # graphviz's edge() reads "a:b" as node a, port b: `xt[:, :H]` in a line's name broke
     # the layout of a GRU cell

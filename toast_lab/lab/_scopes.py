@@ -29,12 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import INPUT, Program
+from ..program import INPUT, NO_OP, Program
+from ..rules._elementwise import NARY, UNARY
 from ._calls import PATH_INDEX as _PATH_INDEX
 from ._calls import call_paths, calls_of, calls_within, collapse_chains
 
 ROOT = ""
 SPLIT_AT = 48          # a scope with more ops of its own than this is split by what they update
+_ELEMENTWISE = frozenset(UNARY + NARY)
 _INDEXED = re.compile(r"^(.*?)(\d+)$")
 _DIGITS = re.compile(r"\d+")
 
@@ -147,6 +149,8 @@ def _split_flat_scopes(program, paths, split_at):
         for root, chain in chains.items():
             inputs = {values[v].name for o in chain for v in program.ops[o].operands
                       if values[v].origin == INPUT and values[v].name}
+            if not inputs:  # Adam's bias correction reads moments updated in another call
+                inputs = _updated(program, chain)
             suffix = _common_suffix([n.split("/") for n in inputs])
             # a layer the path already names (`loss_fn/layers3/rms`) is not named again
             named_here = tuple(c for c in _path_components(suffix) if c not in path)
@@ -159,6 +163,29 @@ def _split_flat_scopes(program, paths, split_at):
                 for o in chain:
                     out[o] = path + named[root]
     return out
+
+
+def _updated(program, chain, hops: int = 4) -> set[str]:
+    """The arguments a chain updates when it reads none itself: those met first going back
+    through elementwise ops from its operands (`mu / (1 - b1**t)` reads the new moment, made
+    from `opt_state/0/mu/...`). A gradient, made by a matmul or a convolution, stops the walk:
+    what it reads does not name what is updated."""
+    values, ops = program.values, program.ops
+    frontier = {v for o in chain for v in ops[o].operands if values[v].ndim > 0}
+    seen = set(frontier)
+    for _ in range(hops):
+        found = {values[v].name for v in frontier if values[v].origin == INPUT}
+        if found:
+            return found
+        back = set()
+        for v in frontier:
+            p = values[v].producer
+            if p != NO_OP and ops[p].primitive in _ELEMENTWISE:
+                back |= {u for u in ops[p].operands
+                         if values[u].shape == values[v].shape and u not in seen}
+        seen |= back
+        frontier = back
+    return set()
 
 
 def _split_busy_scopes(program, paths, split_at, calls):
