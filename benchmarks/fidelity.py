@@ -39,7 +39,10 @@ Known differences, reported rather than tuned away:
   own propagation moving a gather upstream of a pooling (cnn random0). A reshape the plan
   gathers at is pinned by plan.jit: unpinned, XLA carried a GQA reshape of heads sharded
   over more devices than there are kv heads on sub-axes and gathered piecemeal (llama
-  megatron: 0.15 of its all-gather bytes before the pin, exact after).
+  megatron: 0.15 of its all-gather bytes before the pin, exact after); so is the operand of a
+  reshape the plan slices at, which XLA otherwise computed sharded on sub-axes of the split
+  dims (a group norm under Megatron: 0.73 of the plan's flops, and its input gradient gathered
+  again for the convolution before it: all-gather 0.49 of XLA's before, exact after).
 - Temporaries depend on XLA's schedule, fusion and buffer assignment, which the model
   approximates by liveness over the order XLA:CPU runs the ops (its breadth-first
   BFSMemoryScheduler, which it takes for every module with collectives: a reshard, a weight's
