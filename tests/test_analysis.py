@@ -209,3 +209,24 @@ def test_class_named_suggests_close_names(gpt):
     _, an = gpt
     with pytest.raises(KeyError, match="head"):
         an.class_named("head")
+
+
+def test_a_class_first_made_by_an_unscoped_op_is_named_by_the_function_that_made_it():
+    # `concatenate[1]_2` said nothing of where it was; `mix/concatenate[1]` points at the
+    # user's function (an op of the traced step itself keeps its plain name)
+    def mix(x):
+        return jnp.concatenate([x, x], axis=1)
+
+    class Block:
+        def __call__(self, x):
+            return jnp.pad(x, ((0, 0), (1, 1)))
+
+    def step(x):
+        y = mix(x)
+        return Block()(y).sum() + jnp.tile(x, (2, 1)).sum()
+
+    an = tl.analyze(tl.trace(step, jnp.ones((4, 6))))
+    names = {c.name for c in an.classes}
+    assert "mix/concatenate[1]" in names, names
+    assert "Block/pad[1]" in names, names  # a method is named by its class
+    assert "tile[0]" in names, names  # made in the step itself: no `step/` prefix

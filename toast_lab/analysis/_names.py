@@ -11,7 +11,9 @@ A class is named, in order of preference:
    parameter by the name scope of the op that first reads it and the parameter's part in it:
    `multi_head_attention/query/kernel[1]`; a data input keeps its argument's name
    (`data/0[0]`), since the first op to read token ids is a bounds check, not a role.
-3. by the op where the class first appears (its scope, primitive and dim).
+3. by the op where the class first appears: its scope, primitive and dim (`attn/iota[0]`); an
+   op with no scope is placed by the function that made it (`lru/pad[1]`), unless that is
+   the traced step itself.
 """
 
 from __future__ import annotations
@@ -179,7 +181,26 @@ def op_parts(program, v) -> list[str]:
         return [f"const%{v}"]
     op = program.ops[val.producer]
     scope = op.user_scope
-    return [*scope.split("/"), op.primitive] if scope else [op.primitive]
+    if scope:
+        return [*scope.split("/"), op.primitive]
+    made_in = _function(op)
+    # an op of the step itself needs no prefix; one in a function it calls is found there
+    return [made_in, op.primitive] if made_in and made_in != program.fn_name else [op.primitive]
+
+
+def _function(op) -> str:
+    """The user's function whose line made an op with no scope (`lru` for a `pad` inside
+    `def lru(...)`); '' where unknown or anonymous."""
+    from jax._src import source_info_util  # private, but the only way to JAX's user frame
+
+    try:
+        frame = source_info_util.user_frame(getattr(op.source_info, "traceback", None))
+    except Exception:  # a name is a courtesy: never let it break analysis
+        return ""
+    name = frame.function_name.split(".<locals>.")[-1] if frame is not None else ""
+    head, _, tail = name.rpartition(".")
+    name = head if head and tail.startswith("__") else tail  # `Block` for `Block.__call__`
+    return "" if name.startswith("<") else name
 
 
 def op_label(program, v, d) -> str:
