@@ -53,3 +53,33 @@ def test_a_plain_jax_step_opens_on_its_functions_and_folded_layers(lab_server, p
     page.mouse.move(5, 5)
     shoot(page, "plain_jax_lab_line", lab)
     assert not page.toast_errors, page.toast_errors
+
+
+LLAMA_CELL = '''\
+import toast_lab as tl
+
+fn, args = tl.zoo.get("llama", layers=2)
+lab = tl.Lab(fn, *args, mesh=tl.Mesh({"data": 4, "model": 2}, device="h100"))
+lab'''
+
+
+def test_a_busy_scope_opens_on_the_calls_and_lines_that_made_its_ops(lab_server, page):
+    # llama's `attn` scope computes its RoPE and attention inline: 129 ops of its own, which
+    # opened as a wall of ops; it opens on its two RoPE calls and its attention line
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 1500, "height": 1300})
+    open_notebook(lab_server, page, "llama_lab.ipynb", [LLAMA_CELL])
+    lab = page.locator(".tl-widget .tl-lab")
+    attn = lab.locator('g.node[id="group.layer/attn"]')
+    expect(attn).to_be_visible(timeout=180_000)
+    attn.click()
+    expect(lab.locator('g.cluster[id="cluster:layer/attn"]')).to_be_visible()
+    expect(lab.locator('g.node[id^="group.layer/attn/rope (line"]')).to_have_count(2)
+    expect(lab.locator('g.node[id^="group.layer/attn/o = jax.nn.dot_product_attentio"]')
+           ).to_be_visible()
+    view = kernel_json(page, "lab.view.to_dict()")
+    assert len(view["graph"]["nodes"]) < 60, len(view["graph"]["nodes"])
+    page.mouse.move(5, 5)
+    shoot(page, "busy_scope_lab", lab)
+    assert not page.toast_errors, page.toast_errors
