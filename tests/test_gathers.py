@@ -28,11 +28,13 @@ def cnn():
 def _plan(an, name: str) -> tl.Plan:
     p = tl.Plan.replicated(an)
     if name == "fsdp":  # the kernels sharded on their input channels over every device
-        return p.with_axes("batch", ("data", "model")).with_axes("channels", ("data", "model"))
+        return p.with_axes("batch", ("data", "model")).with_axes("channels(blocks/0)",
+                                                                  ("data", "model"))
     # MaxText-like: the parameters' channels on "data" only (an override), gathered to the
     # compute domain's sharding, which keeps "model" on the output channels
-    return (p.with_axes("batch", ("data",)).with_axes("channels", ("data",), domain="parameters")
-            .with_axes("channels_1", ("model",)))
+    return (p.with_axes("batch", ("data",))
+            .with_axes("channels(blocks/0)", ("data",), domain="parameters")
+            .with_axes("channels(blocks/1)", ("model",)))
 
 
 def _gathered(an, plan) -> dict[int, float]:

@@ -42,6 +42,7 @@ def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple
     state = state_inputs(program)
     drafts = [_draft(program, mem, input_index, first, state)
               for mem, first in zip(members_by_class, first_parts)]
+    drafts = _told_apart(program, drafts, members_by_class, input_index)
     # Shortest unique suffix of the path parts, per class named by a path.
     suffix_count: dict[tuple, int] = {}
     for kind, parts, dim, *_ in drafts:
@@ -76,6 +77,54 @@ def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple
         path = short if short and count[(short, dim)] == 1 else "/".join(parts)
         names.append((f"{path}[{dim}]", aliases, origin))
     return names
+
+
+def _told_apart(program, drafts, members_by_class, input_index):
+    """Classes that share a dim name (v's head_dim, which passes to the output projection,
+    and q's and k's, which are contracted) are named by the parameters they shard:
+    `head_dim(wq,wk)` and `head_dim(wv,wo)`, not `head_dim` and `head_dim_1`; where those are
+    the same names (one per block), by the path that tells them apart: `channels(blocks/1)`."""
+    by_hint: dict[str, list[int]] = {}
+    for i, (kind, name, *_) in enumerate(drafts):
+        if kind == "hint":
+            by_hint.setdefault(name, []).append(i)
+    out = list(drafts)
+    for hint, shared in by_hint.items():
+        if len(shared) < 2:
+            continue
+        paths = {i: _hinted_inputs(program, members_by_class[i], input_index, hint)
+                 for i in shared}
+        leaves = {i: ",".join(dict.fromkeys(p[-1] for p in paths[i])) for i in shared}
+        if len(set(leaves.values())) < len(shared) and all(paths[i] for i in shared):
+            leaves = _where_apart({i: paths[i][0] for i in shared})  # one per block
+        for i in shared:
+            if leaves[i]:
+                kind, name, dim, aliases, origin = out[i]
+                out[i] = (kind, f"{name}({leaves[i]})", dim, aliases, origin)
+    return out
+
+
+def _hinted_inputs(program, members, input_index, hint) -> list[list[str]]:
+    """The paths of the inputs whose dim named `hint` is in the class, in argument order."""
+    found = sorted({input_index[v]: v for v, d in members
+                    if v in input_index and (program.dim_names[input_index[v]] or {}) and
+                    program.dim_names[input_index[v]][d] == hint}.items())
+    return [program.values[v].name.split("/") for _, v in found]
+
+
+def _where_apart(paths: dict[int, list[str]]) -> dict[int, str]:
+    """Per path, the first part where the paths differ, with the name an index belongs to
+    (`blocks/1`); '' where they do not differ."""
+    k = 0
+    while all(len(p) > k for p in paths.values()) and len({p[k] for p in paths.values()}) == 1:
+        k += 1
+    out = {}
+    for i, p in paths.items():
+        part = p[k:k + 1]
+        if part and part[0].isdigit() and k > 0:
+            part = [p[k - 1], part[0]]
+        out[i] = "/".join(part)
+    return out
 
 
 def _elide(parts: list[str]) -> str | None:
