@@ -857,7 +857,10 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 else:
                     gdelta[at] += reduced[p]
                     gdelta[at + 1] -= reduced[p]
-                    end = memory.result_end[n]
+                    # XLA:CPU's reduce-scatter: the all-reduced whole stays live until the
+                    # last fusion that slices its shard from it (memory.sliced_read; -1 where
+                    # a reader cannot, and the shard is sliced at once)
+                    end = min(memory.result_end[n], memory.sliced_read[n] + 1)
                     if end > at + 1 and ops[p].result_type >= 0:
                         rest = reduced[p] - ops[p].result_nbytes / mesh[
                             vmask[ops[p].result_type]].ways

@@ -37,8 +37,10 @@ from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_arrays, split_classes
 from ._order import memory_order, ready_positions, workspace_temps
-from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces, static_tables
-from ._fusion import fused_live_ends, library_inputs, memory_traffic, own_fusions
+from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
+                      static_tables)
+from ._fusion import (NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
+                      own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
                       ScheduleTables)
@@ -239,7 +241,7 @@ class CostModel:
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
             operand_reads=operand_reads, computation=computation,
             num_computations=int(computation.max(initial=0)) + 1,
-            **_readers(prog))
+            sliced_read=_sliced_reads(prog, position), **_readers(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -487,6 +489,37 @@ def _readers(prog) -> dict:
     start[1:] = np.cumsum([len(x) for x in lists])
     flat = np.array([r for x in lists for r in x], np.int64)
     return {"reader_start": start, "readers": flat}
+
+
+def _sliced_reads(prog, position) -> np.ndarray:
+    """MemoryTables.sliced_read: [N] (program order) where the last op reading each op's result
+    runs, when every reader is a loop fusion that can take a slice of it in (through changes of
+    layout, _LINEAR); -1 where one cannot (a dot, a gather, an output). XLA:CPU writes a
+    reduce-scatter as an all-reduce and a dynamic slice, and fuses the slice into such readers:
+    the whole all-reduced buffer then lives until the last of them (an FSDP weight gradient read
+    by the global norm early and by Adam's moments after it); a reader that cannot fuse it
+    slices the shard right after the all-reduce."""
+    outputs = set(prog.outputs)
+    readers: list = [None] * len(prog.ops)  # the fusible readers, or None
+    for n in range(len(prog.ops) - 1, -1, -1):  # readers come later in program order
+        found, fusible = set(), True
+        for v in prog.ops[n].results:
+            fusible &= v not in outputs
+            for r in prog.users(v):
+                op = prog.ops[r]
+                if op.primitive in _LINEAR:
+                    fusible &= readers[r] is not None
+                    found |= readers[r] or set()
+                elif op.body or op.primitive in NOT_FUSIBLE:
+                    fusible = False
+                else:
+                    found.add(r)
+        readers[n] = found if fusible and found else None
+    last = np.full(len(prog.ops), -1, np.int64)
+    for n, found in enumerate(readers):
+        if found:
+            last[n] = max(position[r] for r in found)
+    return last
 
 
 def _events(st, shared_reads) -> np.ndarray:

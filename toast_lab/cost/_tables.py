@@ -171,3 +171,7 @@ class MemoryTables(NamedTuple):
     # reader_start[n + 1]], so that the kernel can tell which all-reduces feed others
     reader_start: np.ndarray
     readers: np.ndarray
+    # [N] (program order) the position of the last op reading each op's result where every
+    # reader can fuse a slice of it, -1 elsewhere: how long the whole buffer of an all-reduce
+    # XLA:CPU slices for a reduce-scatter stays live
+    sliced_read: np.ndarray
