@@ -18,7 +18,7 @@ A class is named, in order of preference:
 
 from __future__ import annotations
 
-from ..program import NO_OP, state_inputs
+from ..program import NO_OP, call_name, state_inputs
 
 # The part an input plays in the first op that reads it, by (primitive, operand index).
 _ROLE_BY_OPERAND = {
@@ -246,10 +246,7 @@ def _function(op) -> str:
         frame = source_info_util.user_frame(getattr(op.source_info, "traceback", None))
     except Exception:  # a name is a courtesy: never let it break analysis
         return ""
-    name = frame.function_name.split(".<locals>.")[-1] if frame is not None else ""
-    head, _, tail = name.rpartition(".")
-    name = head if head and tail.startswith("__") else tail  # `Block` for `Block.__call__`
-    return "" if name.startswith("<") else name
+    return call_name(frame.function_name) if frame is not None else ""
 
 
 def op_label(program, v, d) -> str:

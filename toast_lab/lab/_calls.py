@@ -32,10 +32,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from ..program import INPUT, NO_OP, Program
+from ..program import INPUT, NO_OP, Program, call_name
 
 PATH_INDEX = "\x00"   # marks a component whose index came from an argument path
-_ANONYMOUS = ("<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 _NO_LAYER = ""        # the label of ops that read a parameter of no layer
 _DIGITS = re.compile(r"^\d+$")
 
@@ -118,7 +117,7 @@ def _frames(program: Program):
 def _calls(frames, called_at: int) -> tuple[str, ...]:
     chain: list[str] = []
     for f in frames:
-        name = _label(f.function_name, _installed(f.file_name))
+        name = call_name(f.function_name, _installed(f.file_name))
         # recursion and a closure's own helpers stay one call
         if name and (not chain or _name(chain[-1]) != name):
             chain.append(f"{name}{_LINE}{called_at}")
@@ -176,20 +175,6 @@ def _code(fn) -> tuple[str, str] | None:
     code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__",
                                                      None)
     return (code.co_filename, code.co_qualname) if code is not None else None
-
-
-def _label(qualname: str, library: bool) -> str:
-    """The name of a call: 'loss_fn' for the user's `train_step.<locals>.loss_fn`, but
-    'scale_by_adam' for a library's `scale_by_adam.<locals>.update_fn` (a closure a library
-    hands out is named by the function that made it); 'Block' for 'Block.__call__'."""
-    if qualname in _ANONYMOUS:
-        return ""
-    parts = qualname.split(".<locals>.")
-    name = parts[0] if library else parts[-1]
-    if name in _ANONYMOUS:
-        return ""
-    head, _, tail = name.rpartition(".")
-    return head if head and tail.startswith("__") else name
 
 
 def _installed(file_name: str) -> bool:

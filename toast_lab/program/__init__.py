@@ -8,12 +8,13 @@ are training state (what the step returns updated).
 
 from ._args import check_args
 from ._program import (BODY_INPUT, CONST, INLINED_PRIMITIVES, INPUT, LITERAL, NO_OP,
-                       REGION_PRIMITIVES, RESULT, Op, Program, Value, source_line)
+                       REGION_PRIMITIVES, RESULT, Op, Program, Value, call_name,
+                       source_line)
 from ._replay import as_function, replay
 from ._state import state_inputs, updated_inputs, updated_pairs
 from ._trace import clean_scope, trace
 
 __all__ = ["trace", "check_args", "Program", "Value", "Op", "replay", "as_function", "state_inputs",
            "updated_inputs", "updated_pairs",
-           "clean_scope", "source_line", "INLINED_PRIMITIVES", "REGION_PRIMITIVES", "INPUT",
+           "clean_scope", "source_line", "call_name", "INLINED_PRIMITIVES", "REGION_PRIMITIVES", "INPUT",
            "CONST", "LITERAL", "RESULT", "BODY_INPUT", "NO_OP"]

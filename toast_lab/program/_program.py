@@ -22,9 +22,12 @@ BODY_INPUT = "body"    # an input of a region body (defined by the region op)
 NO_OP = -1  # sentinel: a value with no producing op, or an op outside any region
 
 # Call-like primitives the tracer inlines into their callers (their name scope kept).
+# custom_linear_solve (jnp.linalg.solve, jax.scipy.linalg.cho_solve, lax.custom_linear_solve)
+# is one too: JAX lowers it to its `solve` jaxpr applied to that jaxpr's consts and `b`.
 INLINED_PRIMITIVES = frozenset({
     "jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
     "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
+    "custom_linear_solve",
 })
 
 # Primitives whose bodies stay as regions, analysed once (DESIGN.md §1).
@@ -100,6 +103,19 @@ def source_line(source_info) -> str:
         return source_info_util.summarize(source_info) or "<unknown>"
     except Exception:  # a source line is a courtesy: never let it break analysis
         return "<unknown>"
+
+
+def call_name(qualname: str, library: bool = False) -> str:
+    """The name of a call, as a user would say it: 'loss_fn' for the user's
+    `train_step.<locals>.loss_fn`, but 'scale_by_adam' for a library's
+    `scale_by_adam.<locals>.update_fn` (a closure a library hands out is named by the function
+    that made it); 'Block' for 'Block.__call__'; '' for a lambda, a comprehension, a module."""
+    parts = qualname.split(".<locals>.")
+    name = parts[0] if library else parts[-1]
+    if name.startswith("<"):  # <lambda>, <listcomp>, <module>
+        return ""
+    head, _, tail = name.rpartition(".")
+    return head if head and tail.startswith("__") else name
 
 
 class Program:
