@@ -398,6 +398,16 @@ LIBRARIES = [
     case("ragged_dot_contracting", "ragged_dot_general",
          _ragged(((((1,), (0,)), ((), ())), (1,), ())), f32(16, 8), f32(8, 6), i32(4)),
     case("shard_map", "shard_map", _shard_map_double, f32(16, 32)),
+    # host callbacks that only observe: gathered to device 0 unless partitioned=True
+    case("debug_print", "debug_print", lambda x: jax.debug.print("{x}", x=x), f32(8, 16)),
+    case("debug_print_partitioned", "debug_print",
+         lambda x: jax.debug.print("{x}", x=x, partitioned=True), f32(8, 16)),
+    case("debug_callback", "debug_callback",
+         lambda x: jax.debug.callback(lambda a: None, x), f32(8, 16)),
+    case("debug_callback_partitioned", "debug_callback",
+         lambda x: jax.debug.callback(lambda a: None, x, partitioned=True), f32(8, 16)),
+    case("platform_index", "platform_index", lambda a: lax.platform_dependent(
+        a, cpu=lambda a: a * 2.0, default=lambda a: a), f32(8, 8)),
     case("empty", "empty", lambda: lax.empty((8, 16), jnp.float32)),
     # the gradient of a cond whose branches keep different residuals fills the gaps with empty2
     case("empty2", "empty2", jax.grad(lambda x: lax.cond(

@@ -1,5 +1,7 @@
 """trace(): jaxpr -> Program, with calls inlined and control flow kept as regions."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +55,28 @@ def test_nested_jit_remat_and_custom_jvp_are_inlined_with_their_scope():
     assert {"cos", "mul"} <= prims  # grad of sin needs cos only: sin itself is dead code
     scopes = {op.name_scope for op in prog.ops}
     assert any(s.startswith("outer/inner/inner_scope") for s in scopes), scopes
+
+
+def test_linear_solve_is_inlined_as_the_solve_it_runs():
+    # jnp.linalg.solve and cho_solve are custom_linear_solve: what runs (and what XLA
+    # partitions) is its `solve` jaxpr, forward and in the gradient, so no fallback warning.
+    def f(a, b):
+        s = a @ a.T + 4.0 * jnp.eye(8)
+        x = jnp.linalg.solve(s, b)
+        y = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(s), b)
+        return (x * y).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prog = tl.trace(jax.grad(f, argnums=(0, 1)), jnp.ones((8, 8)), jnp.ones((8, 3)))
+        tl.analyze(prog)
+    prims = set(_prims(prog))
+    assert "custom_linear_solve" not in prims
+    assert {"lu", "cholesky", "triangular_solve"} <= prims
+    # b's columns reach the solves (forward and transposed): the inlined bodies' ops
+    solves = [prog.values[op.results[0]].shape for op in prog.ops
+              if op.primitive == "triangular_solve"]
+    assert solves.count((8, 3)) >= 4, solves
 
 
 def test_scan_is_a_region_with_its_body_walked_once():

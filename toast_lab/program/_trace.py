@@ -116,7 +116,10 @@ class _ProgramBuilder:
 
     def _inline(self, eqn, operands, env, where, region, trip):
         scope, user_scope, call_site = where
-        sub = next(eqn.params[k] for k in _SUBJAXPR_KEYS if k in eqn.params)
+        if eqn.primitive.name == "custom_linear_solve":
+            sub, operands = _linear_solve_call(eqn, operands)
+        else:
+            sub = next(eqn.params[k] for k in _SUBJAXPR_KEYS if k in eqn.params)
         jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
         call = eqn.params.get("name", "") if eqn.primitive.name in ("jit", "pjit") else ""
         inner_scope = _join(scope, call)
@@ -187,6 +190,18 @@ class _ProgramBuilder:
                              body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
                              jax_primitive=eqn.primitive, user_scope=user_scope)
         env.update(zip(eqn.outvars, results))
+
+
+def _linear_solve_call(eqn, operands):
+    """custom_linear_solve's operands are the consts of its four jaxprs (matvec, vecmat, solve,
+    transpose_solve, in that order, `const_lengths` of each) then `b`; what runs is `solve`
+    on its own consts and `b` (jax/_src/lax/control_flow/solves.py, _custom_linear_solve_impl,
+    which is also its lowering). Its JVP and transpose are custom_linear_solves again, whose
+    `solve` is the one that runs there."""
+    lengths = list(eqn.params["const_lengths"])
+    start = sum(lengths[:2])
+    b = operands[sum(lengths):]
+    return eqn.params["jaxprs"].solve, operands[start:start + lengths[2]] + b
 
 
 # JAX wraps scopes in the transformations applied to them: "transpose(jvp(block0))/attn".

@@ -1,8 +1,8 @@
 """Rules for identities: sharding constraints, barriers, copies, device transfers.
 
-Left to the conservative fallback on purpose: `platform_index` and `pure_callback` (their
-results have no relation to the operands that we can state), `custom_linear_solve` (a region in
-all but name; its solves are traced through by nobody here yet).
+Left to the conservative fallback on purpose: `pure_callback` (its results have no relation
+to its operands that we can state). `custom_linear_solve` is not an op here: the tracer inlines
+the `solve` jaxpr it runs (program/_trace.py); `platform_index` has a rule in _opaque.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Rules for ops whose insides toast-lab does not partition: `shard_map` bodies (manual SPMD,
-written by the user for one shard) and the uninitialised buffers JAX and equinox allocate.
+written by the user for one shard), host callbacks that only observe (`jax.debug.print`,
+`jax.debug.callback`) and the uninitialised buffers JAX and equinox allocate.
 
 `shard_map` fixes its own shardings: its body sees one shard of each operand as its in_specs
 say and returns results laid out as its out_specs say. From outside, what the body computes
@@ -11,7 +12,7 @@ not a guess about a missing rule: it is what a hand-partitioned region means to 
 
 from __future__ import annotations
 
-from ._core import NEED_REPLICATION, RuleBuilder
+from ._core import NEED_REPLICATION, PASS_THROUGH, RuleBuilder
 from ._table import register
 
 
@@ -39,3 +40,28 @@ def empty_rule(ins, outs, params):
         for d, n in enumerate(shape):
             b.factor(n, results={j: d})
     return b.build()
+
+
+@register("debug_callback", "debug_print")
+def debug_callback_rule(ins, outs, params):
+    """`jax.debug.callback` / `jax.debug.print`: no results, so nothing is tied through them.
+    With `partitioned=False` (the default) JAX lowers the callback with a maximal sharding on
+    device 0, and XLA gathers each sharded operand there first (measured under JAX 0.10:
+    a debug.print of a [32, 64] batch sharded 8 ways all-gathers its 8 KiB): every operand dim
+    needs replication. With `partitioned=True` each device prints its own shard and nothing
+    moves: every operand dim is a free factor of its own. Either way a known op, so no
+    warning (a debug.print is in most steps people bring while they debug them)."""
+    kind = PASS_THROUGH if params.get("partitioned", False) else NEED_REPLICATION
+    b = RuleBuilder(ins, outs)
+    for i, shape in enumerate(ins):
+        for d, n in enumerate(shape):
+            b.factor(n, kind, operands={i: d})
+    return b.build()
+
+
+@register("platform_index")
+def platform_index_rule(ins, outs, params):
+    """`lax.platform_dependent`'s branch index (jnp.linalg and jax.scipy.linalg pick LAPACK or
+    a portable kernel with it): no operand and a scalar result, so there is nothing to shard
+    and nothing to warn about."""
+    return RuleBuilder(ins, outs).build()
