@@ -82,8 +82,9 @@ def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple
 def _told_apart(program, drafts, members_by_class, input_index):
     """Classes that share a dim name (v's head_dim, which passes to the output projection,
     and q's and k's, which are contracted) are named by the parameters they shard:
-    `head_dim(wq,wk)` and `head_dim(wv,wo)`, not `head_dim` and `head_dim_1`; where those are
-    the same names (one per block), by the path that tells them apart: `channels(blocks/1)`."""
+    `head_dim(wk,wq)` and `head_dim(wo,wv)` (in argument order), not `head_dim` and
+    `head_dim_1`; where those are the same names (one class per block), by the path that tells
+    them apart: `channels(blocks/1)`."""
     by_hint: dict[str, list[int]] = {}
     for i, (kind, name, *_) in enumerate(drafts):
         if kind == "hint":
@@ -106,10 +107,12 @@ def _told_apart(program, drafts, members_by_class, input_index):
 
 def _hinted_inputs(program, members, input_index, hint) -> list[list[str]]:
     """The paths of the inputs whose dim named `hint` is in the class, in argument order."""
-    found = sorted({input_index[v]: v for v, d in members
-                    if v in input_index and (program.dim_names[input_index[v]] or {}) and
-                    program.dim_names[input_index[v]][d] == hint}.items())
-    return [program.values[v].name.split("/") for _, v in found]
+    found = set()
+    for v, d in members:
+        names = program.dim_names[input_index[v]] if v in input_index else None
+        if names is not None and names[d] == hint:
+            found.add((input_index[v], v))
+    return [program.values[v].name.split("/") for _, v in sorted(found)]
 
 
 def _where_apart(paths: dict[int, list[str]]) -> dict[int, str]:
