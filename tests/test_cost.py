@@ -557,6 +557,26 @@ def test_ops_xla_expands_count_the_arithmetic_of_their_expansion(fn):
     assert est.flops == pytest.approx(xla, rel=0.05)
 
 
+@pytest.mark.parametrize("n", [8, 16, 40, 300])
+@pytest.mark.parametrize("fn", [jnp.cumsum, jnp.cumprod, jax.lax.cummax],
+                         ids=lambda f: f.__name__)
+def test_cumulative_reductions_count_xla_cpus_blocked_scan(fn, n):
+    """A cumsum is a reduce-window over its whole axis, rewritten by XLA:CPU into 16-wide
+    blocks and a scan of their totals: about n - 1 flops per element up to 16, then about 17,
+    not one (a discounted return's cumprod and cumsum: the estimate had 0.61 of XLA's
+    flops). Sharding the other dim divides them."""
+    x = jax.ShapeDtypeStruct((8, n), "float32")
+    f = functools.partial(fn, axis=1)
+    an = tl.analyze(tl.trace(f, x))
+    whole = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device="cpu"))
+    xla = jax.jit(f).lower(x).compile().cost_analysis()["flops"]
+    assert whole.flops == pytest.approx(xla, rel=0.02)
+    rows = an.value_classes[an.program.outputs[0]][0]
+    sharded = tl.estimate(an, tl.Plan.replicated(an).with_axes(an.classes[rows].name, "data"),
+                          tl.Mesh({"data": 8}, device="cpu"))
+    assert sharded.flops == pytest.approx(whole.flops / 8, rel=0.02)
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32"])
 def test_random_bits_count_the_threefry_expansion_like_xla_cost_analysis(dtype):
     """jax.random lowers to threefry2x32 on counters, about 47 integer ops per element as

@@ -217,6 +217,11 @@ def _flops(op, values) -> float:
     if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
                                      "broadcast_in_dim", "iota", "rng_bit_generator"):
         return 0.0
+    if name in _CUMULATIVE:
+        shape = values[op.operands[0]].shape
+        n = shape[op.params["axis"]] if shape else 1
+        rows = size(shape) / max(n, 1)
+        return rows * _scan_flops(n) * (8.0 if name == "cumlogsumexp" else 1.0)
     if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
         return size(values[op.operands[0]].shape)
     if name == "select_and_scatter_add":
@@ -232,6 +237,25 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+# JAX lowers a cumulative reduction on CPU and TPU to a reduce-window over the whole axis
+# (loops.py, cumred_reduce_window_impl: window n, padding n - 1), which XLA's
+# ReduceWindowRewriter (base length 16 on XLA:CPU) turns into a scan of 16-wide blocks and a
+# scan of the blocks' totals. cost_analysis() counts that (_scan_flops); cumlogsumexp's
+# combine (a logaddexp) counts 8 flops where the others count one.
+_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+
+
+def _scan_flops(n: int) -> float:
+    """Flops XLA:CPU's cost_analysis() counts for one row of a cumulative reduction of length
+    n (jax 0.10.2; measured n = 4 .. 4096, tests/test_cost.py): n (n - 1) up to 16; above, the
+    row padded to 16 m elements costs 16 per element, plus m^2 - 1 for the block totals'
+    scan up to m = 16 and that scan's own cost above."""
+    if n <= 16:
+        return float(n * (n - 1))
+    m = -(-n // 16)
+    return 16.0 * 16 * m + (m * m - 1.0 if m <= 16 else _scan_flops(m))
 
 
 def _conv_flops(op, values) -> float:
