@@ -505,3 +505,24 @@ def test_stacks_handed_on_are_moved_as_xla_moves_them():
     plan = _kv_stacked_plan(an)
     assert _model_bytes(an, plan, "all-to-all") == \
         pytest.approx(_xla_bytes(fn, args, plan, "all-to-all"))
+
+
+def test_a_value_read_through_stop_gradient_is_gathered_once():
+    """A KV cache written with stop_gradient(k) and attention reading k itself: JAX lowers
+    stop_gradient to nothing, so both readers need one buffer, and XLA gathers the sequence-
+    sharded k once (the model charged two all-gathers before the tracer dropped it)."""
+
+    def f(w, cache, x):
+        k = x @ w                                                  # [4, 16, 8], seq sharded
+        cache = jax.lax.dynamic_update_slice(cache, jax.lax.stop_gradient(k), (0, 3, 0))
+        both = jnp.concatenate([cache[:, :8], k], 1)               # reads k whole on seq
+        return both.sum(), cache
+
+    args = (jnp.ones((8, 8)), jnp.ones((4, 32, 8)), jnp.ones((4, 16, 8)))
+    an = tl.analyze(tl.trace(f, *args))
+    assert "stop_gradient" not in an.program.primitives()
+    seq = an.value_classes[an.program.inputs[2]][1]
+    plan = tl.Plan.replicated(an).with_axes(an.classes[seq].name, ("data", "model"))
+    model = _model_bytes(an, plan, "all-gather")
+    assert model == pytest.approx(_xla_bytes(f, args, plan, "all-gather"))
+    assert model[("all-gather", ("data", "model"))] == 4 * 16 * 8 * 4

@@ -94,6 +94,11 @@ class _ProgramBuilder:
             where = (eqn_scope, eqn_user, call_site)
             if name in INLINED_PRIMITIVES:
                 self._inline(eqn, operands, env, where, region, trip)
+            elif name == "stop_gradient":
+                # An identity that JAX lowers to nothing: its result is its operand's buffer,
+                # so a value read both through it and directly is one value (gathered once;
+                # a KV cache written with stop_gradient(k) and read with k, measured).
+                env.update(zip(eqn.outvars, operands))
             elif name == "scan":
                 self._region(eqn, operands, env, where, region, trip,
                              [eqn.params["jaxpr"]], trip * int(eqn.params["length"]))
