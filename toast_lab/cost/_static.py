@@ -161,6 +161,15 @@ _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
+# Of a complex operand, the flops per element cost_analysis() counts where XLA expands the op
+# into real arithmetic on its parts (XLA:CPU, jax 0.10.2, complex64; tests/test_cost.py): a
+# complex exp is exp, cos and sin of the parts and 15 flops, a conj a negation and a rebuild.
+# Complex add, mul, div, abs and dots count as their real counterparts do.
+_COMPLEX_FLOPS = {
+    "exp": 15.0, "log": 61.0, "log1p": 79.0, "sqrt": 98.0, "square": 14.0, "conj": 4.0,
+    "sin": 14.0, "cos": 15.0, "sinh": 33.0, "cosh": 33.0, "logistic": 18.0, "exp2": 16.0,
+}
+
 
 def _gathered_partials(op, values) -> float:
     """Bytes of a variadic reduce's partial results, whole-tensor (0 for other ops).
@@ -197,7 +206,12 @@ def _flops(op, values) -> float:
     name = op.primitive
     out = [values[r].shape for r in op.results]
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
-    if op.body or not out or name in _TRANSCENDENTAL:
+    if op.body or not out:
+        return 0.0
+    if name in _COMPLEX_FLOPS and op.operands and np.issubdtype(
+            values[op.operands[0]].dtype, np.complexfloating):
+        return size(out[0]) * _COMPLEX_FLOPS[name]
+    if name in _TRANSCENDENTAL:
         return 0.0
     if name in _EXPANDED_FLOPS:
         return size(out[0]) * _EXPANDED_FLOPS[name]
