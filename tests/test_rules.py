@@ -398,6 +398,11 @@ LIBRARIES = [
     case("ragged_dot_contracting", "ragged_dot_general",
          _ragged(((((1,), (0,)), ((), ())), (1,), ())), f32(16, 8), f32(8, 6), i32(4)),
     case("shard_map", "shard_map", _shard_map_double, f32(16, 32)),
+    # a collective over vmap's mapped axis: a reduction over that positional dim
+    case("psum_vmap", "psum", jax.vmap(lambda x: lax.psum(x, "e"), axis_name="e"), f32(2, 8, 16)),
+    case("pmax_vmap", "pmax", jax.vmap(lambda x: lax.pmax(x, "e"), axis_name="e", in_axes=1),
+         f32(8, 2, 16)),
+    case("pmin_vmap", "pmin", jax.vmap(lambda x: lax.pmin(x, "e"), axis_name="e"), f32(2, 8)),
     # host callbacks that only observe: gathered to device 0 unless partitioned=True
     case("debug_print", "debug_print", lambda x: jax.debug.print("{x}", x=x), f32(8, 16)),
     case("debug_print_partitioned", "debug_print",

@@ -161,6 +161,12 @@ _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 # Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
 _ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
 
+# Reductions HloCostAnalysis counts as (operand - result) elements: each combine merges two
+# into one (a sum over an ensemble of 2 counts half the operand, not all of it). psum, pmax
+# and pmin are these over vmap's positional axes (rules/_reduce.py).
+_REDUCERS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                       "psum", "pmax", "pmin"})
+
 # Of a complex operand, the flops per element cost_analysis() counts where XLA expands the op
 # into real arithmetic on its parts (XLA:CPU, jax 0.10.2, complex64; tests/test_cost.py): a
 # complex exp is exp, cos and sin of the parts and 15 flops, a conj a negation and a rebuild.
@@ -236,6 +242,8 @@ def _flops(op, values) -> float:
         n = shape[op.params["axis"]] if shape else 1
         rows = size(shape) / max(n, 1)
         return rows * _scan_flops(n) * (8.0 if name == "cumlogsumexp" else 1.0)
+    if name in _REDUCERS:  # one combine per element that does not become a result
+        return sum(size(values[v].shape) for v in op.operands) - sum(size(y) for y in out)
     if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
         return size(values[op.operands[0]].shape)
     if name == "select_and_scatter_add":

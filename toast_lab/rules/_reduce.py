@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._core import NEED_REPLICATION, PASS_THROUGH, REDUCTION, RuleBuilder
 from ._helpers import expect, guarded, resized_dim
 from ._table import register
@@ -44,6 +46,32 @@ def reducer_rule(ins, outs, axes, n_inputs=1):
 @guarded
 def reduce_named_rule(ins, outs, params):
     return reducer_rule(ins, outs, params["axes"])
+
+
+@register("psum", "pmax", "pmin")
+@guarded
+def positional_collective_rule(ins, outs, params):
+    """A psum / pmax / pmin over positional axes: what vmap(axis_name=...) leaves of a
+    collective over its mapped axis (an ensemble's lax.pmean of statistics or of a gradient
+    pytree: one psum of every leaf). Each operand is reduced over those dims like reduce_sum /
+    reduce_max, its kept dims passing through to its own result. A named mesh axis (a
+    collective inside shard_map or pmap, whose bodies are not analysed) falls back."""
+    axes = params["axes"]
+    expect(all(isinstance(a, (int, np.integer)) for a in axes))
+    expect(params.get("axis_index_groups") is None and len(ins) == len(outs))
+    b = RuleBuilder(ins, outs)
+    for i, (x, y) in enumerate(zip(ins, outs)):
+        reduced = {int(a) % len(x) for a in axes} if x else set()
+        expect(len(y) == len(x) - len(reduced))
+        o = 0
+        for d, n in enumerate(x):
+            if d in reduced:
+                b.factor(n, REDUCTION, operands={i: d})
+            else:
+                expect(y[o] == n)
+                b.factor(n, operands={i: d}, results={i: o})
+                o += 1
+    return b.build()
 
 
 @register("reduce")
