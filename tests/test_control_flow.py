@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import toast_lab as tl
+from toast_lab.verification import summarize_collectives
 
 MESH = tl.Mesh({"data": 8}, device="cpu")
 D, H, O, B = 128, 256, 64, 32
@@ -137,3 +138,41 @@ def test_conditional_steps_peak_as_xla_compiles_them(build, rel):
     assert rep.ok, str(rep)
     est = tl.estimate(an, plan, MESH)
     assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=rel)
+
+
+def rnn_step():
+    """An RNN's training step: a scan over the time axis of x @ w, and its gradient."""
+    B, T, C, H = 8, 8, 8, 16
+    keys = jax.random.split(jax.random.key(0), 4)
+    w, wh = (0.3 * jax.random.normal(k, s) for k, s in zip(keys, [(C, H), (H, H)]))
+    x = jax.random.normal(keys[2], (B, T, C))
+    y = jax.random.normal(keys[3], (B, T, H))
+
+    def step(w, wh, x, y):
+        def loss(w, wh):
+            u = (x @ w).transpose(1, 0, 2)  # [T, B, H]
+            cell = lambda h, ut: (jnp.tanh(ut + h @ wh),) * 2  # noqa: E731
+            hs = jax.lax.scan(cell, jnp.zeros((B, H)), u)[1]
+            return jnp.mean((hs.transpose(1, 0, 2) - y) ** 2)
+        l, (g, gh) = jax.value_and_grad(loss, argnums=(0, 1))(w, wh)
+        return w - 0.1 * g, wh - 0.1 * gh, l
+    return step, (w, wh, x, y)
+
+
+@pytest.mark.slow
+def test_a_scan_over_a_sharded_sequence_gathers_its_stacks_as_xla_does():
+    """A loop cannot run over a sharded axis: XLA all-gathers each computed stack (x @ w
+    forward, the cotangent of hs backward) whole before its loop, and the stacks the forward
+    loop keeps for the backward one are whole in both loops; the stack handed on (hs) is
+    written slice by slice into its own shard."""
+    fn, args = rnn_step()
+    an = tl.analyze(tl.trace(fn, *args))
+    seq = an.value_classes[an.program.inputs[2]][1]
+    plan = tl.Plan.replicated(an).with_axes(an.classes[seq].name, ("data",))
+    rep = tl.verify(fn, args, plan, MESH)
+    assert rep.ok, str(rep)
+    est = tl.estimate(an, plan, MESH)
+    measured = {k: v.bytes for k, v in summarize_collectives(rep.stats.collectives).items()}
+    assert measured[("all-gather", ("data",))] > 0
+    assert {k: c.bytes for k, c in est.collectives.items()} == pytest.approx(measured)
+    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.1)

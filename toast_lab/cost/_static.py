@@ -339,6 +339,13 @@ def build_static(an) -> Static:
     for v, classes in enumerate(split.value_classes):
         if classes:
             slot_class[v, :len(classes)] = classes
+    # A stack a scan writes for other loops alone (the activations a forward scan keeps for
+    # the backward one) is whole on every device, whatever the plan says of its scanned dim:
+    # the loop writes it a slice per iteration and the other loop reads it so, and nothing
+    # outside the loops asks XLA's sharding propagation for another layout (jax 0.10.2: an
+    # RNN's residuals with the sequence sharded are f32[T, ...] in both while loops' state).
+    for r in _loop_only_stacks(prog):
+        slot_class[r, 0] = -1
     nbytes = np.array([v.nbytes for v in values], np.float64)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
@@ -389,16 +396,18 @@ def build_static(an) -> Static:
             op_result[op.id] = op.results[0]
         if op.body:
             # Region boundaries tie the same classes: no reshard is modelled there, but for a
-            # scan's parameter stacks (xs known before compute: their sharding is fixed by
-            # in_shardings; a computed stack's XLA picks itself). The loop reads them a slice
-            # per iteration, so XLA reshards the stack whole to its slice's sharding, hoisted
-            # out of the while body, once per loop (the forward and the backward scan each):
-            # an all-gather where the scanned dim is sharded (gpt_scan with `layers` sharded),
-            # an all-to-all where the slice takes those axes on another dim (llama, a stack on
-            # `layers` whose slice has `kv_heads` on the same axis; jax 0.10.2).
+            # scan's stacks (xs), parameters or computed outside loops (an RNN's x @ w, the
+            # cotangent of its outputs). The loop reads them a slice per iteration, so XLA
+            # reshards the stack whole to its slice's sharding, hoisted out of the while
+            # body, once per loop (the forward and the backward scan each): an all-gather
+            # where the scanned dim is sharded (gpt_scan with `layers` sharded, an RNN with
+            # its sequence sharded), an all-to-all where the slice takes those axes on
+            # another dim (llama, a stack on `layers` whose slice has `kv_heads` on the same
+            # axis; jax 0.10.2). A stack another loop wrote is whole already
+            # (_loop_only_stacks).
             for t in _scan_stacks(op):
                 u = op.operands[t]
-                if not early[u]:
+                if not early[u] and _loop_made(prog, u):
                     continue
                 dims = [(0, ROW_REPLICATE, -1, -1, -1)] + [
                     (d, ROW_RESULT, op.body[t], d - 1, -1) for d in range(1, values[u].ndim)]
@@ -888,3 +897,23 @@ def _batched_indexing(prog) -> dict:
         index_dims[op.id] = sum(1 << k for k in index_batch)
     return dict(op_batch_value=value, op_batch_dims=dims, op_batch_indexed=indexed,
                 op_batch_indices=indices, op_batch_index_dims=index_dims)
+
+
+def _loop_made(prog, v: int) -> bool:
+    """Whether v is a result of a loop (the stack a forward scan writes for the backward)."""
+    producer = prog.values[v].producer
+    return producer != NO_OP and bool(prog.ops[producer].body)
+
+
+def _loop_only_stacks(prog) -> list[int]:
+    """The stacks (ys) scans write that only other scans read, as stacks (xs) themselves,
+    none of them a step's output (a stack a loop reads whole, as a constant, is left out)."""
+    outputs = set(prog.outputs)
+    read_as_stack: dict[int, bool] = {}
+    for op in prog.ops:
+        stacks = set(_scan_stacks(op))
+        for t, u in enumerate(op.operands):
+            read_as_stack[u] = read_as_stack.get(u, True) and t in stacks
+    return [r for op in prog.ops if op.primitive == "scan"
+            for r in op.results[op.params["num_carry"]:]
+            if r not in outputs and read_as_stack.get(r, False)]
