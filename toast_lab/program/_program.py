@@ -122,7 +122,7 @@ class Program:
     """A traced function: values, ops in program order, and the argument/result structure."""
 
     def __init__(self, values, ops, inputs, outputs, in_tree, out_tree, input_names,
-                 dim_names, fn_name: str, constants=None, fn=None):
+                 dim_names, fn_name: str, constants=None, fn=None, elided=()):
         self.values: tuple[Value, ...] = tuple(values)
         self.ops: tuple[Op, ...] = tuple(ops)
         self.inputs: tuple[int, ...] = tuple(inputs)
@@ -136,6 +136,7 @@ class Program:
         self.fn = fn  # the traced function itself (plan.jit accepts it without re-tracing)
         # Literal and captured-constant values: value id -> array or scalar.
         self.constants: dict[int, Any] = dict(constants or {})
+        self.elided: tuple[tuple[int, str, str], ...] = tuple(elided)
         users: list[list[int]] = [[] for _ in self.values]
         for op in self.ops:
             for v in op.operands:
@@ -179,14 +180,24 @@ class Program:
         """A hash of the program's structure (inputs, primitives, shapes), not of its source.
 
         Plan files carry it so that loading a plan against another program fails clearly.
+        Equations the tracer elides (stop_gradient) count where they were, so that a plan
+        saved before the tracer learned to elide them still loads.
         """
         h = hashlib.sha256()
         for v in self.inputs:
             val = self.values[v]
             h.update(f"{val.name}:{val.dtype.name}{val.shape};".encode())
+        elided = iter(self.elided)
+        pending = next(elided, None)
         for op in self.ops:
+            while pending is not None and pending[0] <= op.id:
+                h.update(f"{pending[1]}{pending[2]};".encode())
+                pending = next(elided, None)
             shapes = ",".join(str(self.values[r].shape) for r in op.results)
             h.update(f"{op.primitive}{shapes};".encode())
+        while pending is not None:
+            h.update(f"{pending[1]}{pending[2]};".encode())
+            pending = next(elided, None)
         return h.hexdigest()[:16]
 
     def __repr__(self) -> str:

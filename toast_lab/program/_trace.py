@@ -49,7 +49,11 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
                    input_names, hints, getattr(fn, "__name__", type(fn).__name__),
-                   constants=builder.constants, fn=fn)
+                   constants=builder.constants, fn=fn, elided=builder.elided)
+
+
+def _shapes(outvars) -> str:
+    return ",".join(str(tuple(int(d) for d in getattr(v.aval, "shape", ()))) for v in outvars)
 
 
 class _ProgramBuilder:
@@ -62,6 +66,9 @@ class _ProgramBuilder:
         self.cse_group = 0
         self._groups = 0
         self._library: dict[int, bool] = {}  # id(jaxpr) -> whether a library helper's body
+        # (position in ops, primitive, result shapes) of the equations traced as no op
+        # (stop_gradient): a program's fingerprint still counts them (Program.fingerprint)
+        self.elided: list[tuple[int, str, str]] = []
 
     def new_value(self, aval, origin: str, producer: int = NO_OP, name: str = "") -> int:
         vid = len(self.values)
@@ -99,6 +106,7 @@ class _ProgramBuilder:
                 # so a value read both through it and directly is one value (gathered once;
                 # a KV cache written with stop_gradient(k) and read with k, measured).
                 env.update(zip(eqn.outvars, operands))
+                self.elided.append((len(self.ops), name, _shapes(eqn.outvars)))
             elif name == "scan":
                 self._region(eqn, operands, env, where, region, trip,
                              [eqn.params["jaxpr"]], trip * int(eqn.params["length"]))
