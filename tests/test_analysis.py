@@ -41,6 +41,9 @@ def test_gpt_has_the_classes_a_practitioner_expects(gpt):
     assert _classes_of(an, prog, "params/wte") == ("vocab", "embed")
     assert _classes_of(an, prog, "params/wpe") == ("seq", "embed")
     assert _classes_of(an, prog, "params/blocks/1/attn/wq") == ("embed", "heads", "head_dim(wk,wq)")
+    # the names an older toast-lab gave them still find them (plan files saved then)
+    assert an.class_named("head_dim_1").name == "head_dim(wo,wv)"
+    assert an.class_named("head_dim").name == "head_dim(wk,wq)"
     assert _classes_of(an, prog, "params/blocks/0/mlp/w_in") == ("embed", "mlp")
     assert _classes_of(an, prog, "batch/tokens") == ("batch", "seq")
     assert not an.fallback_ops

@@ -58,6 +58,8 @@ class Analysis:
         self.fallback_ops: tuple[int, ...] = tuple(fallback_ops)
         self.grouped = grouped
         self._by_name = {c.name: c for c in self.classes}
+        self._former = {c.formerly: c for c in self.classes
+                        if c.formerly and c.formerly not in self._by_name}
         self._derived: dict = {}
         self._derived_lock = threading.RLock()
 
@@ -71,9 +73,11 @@ class Analysis:
             return self._derived[key]
 
     def class_named(self, name: str) -> DimClass:
+        """The class called `name`, or formerly called so (plan files saved before classes
+        that share a dim name were told apart: `head_dim_1`)."""
         try:
-            return self._by_name[name]
-        except KeyError:
+            return self._by_name[name] if name in self._by_name else self._former[name]
+        except (KeyError, TypeError):
             if not isinstance(name, str):
                 raise KeyError(f"class names are str, got {type(name).__name__}") from None
             close = [n for n in self._by_name if name.lower() in n.lower()][:5]
@@ -238,16 +242,19 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             sizes[r] = part_size[node]
             first_part[r] = key
         compound[r] += 1
-    names = class_names(program, list(members.values()),
-                        [first_part.get(r) for r in members])
-    classes, root_to_class, taken = [], {}, set()
-    for (r, mem), (name, aliases, origin) in zip(members.items(), names):
+    names, former = class_names(program, list(members.values()),
+                                [first_part.get(r) for r in members])
+    classes, root_to_class, taken, taken_before = [], {}, set(), set()
+    for (r, mem), (name, aliases, origin), old in zip(members.items(), names, former):
         cid = len(classes)
         root_to_class[r] = cid
+        # the name an older toast-lab gave it (`head_dim_1`), which plan files may hold
+        formerly = unique_name(old or name, taken_before)
         name = unique_name(name, taken)
         vals = {v for v, _ in mem}
         classes.append(DimClass(
             id=cid, name=name, size=sizes[r], members=tuple(mem), compound_members=compound[r],
             bytes=sum(values[v].nbytes for v in vals), num_values=len(vals), aliases=aliases,
-            layers=merged.get(r, 1), origin=origin))
+            layers=merged.get(r, 1), origin=origin,
+            formerly=formerly if old and formerly != name else ""))
     return classes, root_to_class

@@ -25,7 +25,8 @@ class DimClass:
     members: (value id, dim) pairs, in program order. compound_members: how many reshape-made
     compound dims have a factor in this class. bytes: total bytes of the values it touches (what
     is at stake when deciding it). layers: how many repeated layers it covers when grouped.
-    origin: where it first appears (an argument path and dim, or an op).
+    origin: where it first appears (an argument path and dim, or an op). formerly: the name an
+    older toast-lab gave it, still accepted by `Analysis.class_named` ('' if the same).
     """
 
     id: int
@@ -38,6 +39,7 @@ class DimClass:
     layers: int = 1
     origin: str = ""
     compound_members: int = 0
+    formerly: str = ""
 
     def __repr__(self) -> str:
         also = f" aka {'/'.join(self.aliases)}" if self.aliases else ""

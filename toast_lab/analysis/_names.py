@@ -35,14 +35,18 @@ _PASS_ON = frozenset({"convert_element_type", "copy", "reshape", "broadcast_in_d
 _MIN_PARTS = 2  # a shortened path keeps at least this many parts
 
 
-def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple, str]]:
-    """(name, aliases, origin) per class; names not yet made unique across the analysis
-    (`unique_name` does that for the rare op-labelled duplicates)."""
+def class_names(program, members_by_class,
+                first_parts) -> tuple[list[tuple[str, tuple, str]], list[str]]:
+    """(name, aliases, origin) per class, names not yet made unique across the analysis
+    (`unique_name` does that for the rare op-labelled duplicates); and per class the name it
+    had before `_told_apart` ('' where the same)."""
     input_index = {v: i for i, v in enumerate(program.inputs)}
     state = state_inputs(program)
     drafts = [_draft(program, mem, input_index, first, state)
               for mem, first in zip(members_by_class, first_parts)]
-    drafts = _told_apart(program, drafts, members_by_class, input_index)
+    told = _told_apart(program, drafts, members_by_class, input_index)
+    former = ["" if a == b else a[1] for a, b in zip(drafts, told)]
+    drafts = told
     # Shortest unique suffix of the path parts, per class named by a path.
     suffix_count: dict[tuple, int] = {}
     for kind, parts, dim, *_ in drafts:
@@ -76,7 +80,7 @@ def class_names(program, members_by_class, first_parts) -> list[tuple[str, tuple
         parts, dim, aliases, origin = e
         path = short if short and count[(short, dim)] == 1 else "/".join(parts)
         names.append((f"{path}[{dim}]", aliases, origin))
-    return names
+    return names, former
 
 
 def _told_apart(program, drafts, members_by_class, input_index):
