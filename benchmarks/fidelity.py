@@ -24,7 +24,11 @@ Known differences, reported rather than tuned away:
   whose messages outweigh its sums (the GNN: Shardy shards the scatter like the messages and
   its sums move after it); and a scan's parameter stacks whose slices take the stack's axes
   on another dim. It misses XLA's own choices for MoE dispatch matmuls and a router's top-k
-  gradient, for a dynamic slice of a layer-sharded stack, and for a rotary concatenate. A
+  gradient (moe fsdp+tp+sp; moe maxtext, where XLA moves the dispatched activations and the
+  model moves the expert weights: equal bytes until the weights' move counted the gathered
+  buffer, now 2.4x), for a dynamic slice of a layer-sharded stack, and for a rotary
+  concatenate (llama random1: XLA moves its halves over data, the model gathers them), and
+  XLA's resharding around an average pool (nnx-cnn random1, 1.9x). A
   reshard that would both gather and move axes of a value the step already gathered whole
   is a local slice of that copy, as XLA's partitioner takes it from its reshard cache
   (gpt_scan random0: the tied embedding table, gathered for the logits, sliced for the
@@ -33,10 +37,23 @@ Known differences, reported rather than tuned away:
   forward and, through `rev`, by its input gradient is gathered once; the reversed copy is
   a buffer of its own), a parameter stack
   sharded on a scan's scanned dim gathered whole before each loop, and the smaller of a
-  segment sum's messages and sums moved. Still missed: a class sharded over several axes
+  segment sum's messages and sums moved. A reshard that both gathers some axes and moves
+  others gathers first and moves the gathered buffer (P("data", "model") to P(None, None,
+  "model"): an all-gather over data, then an all-to-all of 4 shards' worth), and where an
+  axis leaves a dim together with one that moves to another dim (P(("data", "model")) to
+  P(None, "model"), attention heads merged back by a reshape) XLA cannot split the reshard
+  and all-gathers the operand whole ("involuntary full rematerialization"; equinox-attention
+  random0 all-to-all 2.00 -> 1.00, haiku-transformer random0 all-gather 0.73 -> 0.80, random1
+  all-to-all 0.73 -> 0.82). Still missed: a class sharded over several axes
   out of mesh order (("model", "data")), where XLA gathers what the plan slices before a
-  reduce-scatter (the model keeps masks, not axis order: mlp and equinox random1); XLA's
-  own propagation moving a gather upstream of a pooling (cnn random0). A reshape the plan
+  reduce-scatter (the model keeps masks, not axis order: mlp and equinox random1); values
+  of random plans whose classes collide on one axis (several classes of one value on
+  "model", some over both axes), where XLA gathers activations and resliced parameters more
+  often than the model's one reshard per read, not yet traced to a rule (gpt_scan random0,
+  cnn random1, keras-transformer and equinox-attention random1: 0.29-0.43 of XLA's bytes); XLA's own propagation moving a
+  gather upstream of a pooling, where it gathers the pool's input (4x the bytes of its
+  result) rather than the result the next convolution reads (cnn random0, keras-cnn random0,
+  nnx-cnn random1): a choice of sharding propagation, not of XLA:CPU alone. A reshape the plan
   gathers at is pinned by plan.jit: unpinned, XLA carried a GQA reshape of heads sharded
   over more devices than there are kv heads on sub-axes and gathered piecemeal (llama
   megatron: 0.15 of its all-gather bytes before the pin, exact after); so is the operand of a

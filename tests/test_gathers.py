@@ -436,6 +436,55 @@ def test_a_reshard_slices_the_axes_it_adds_before_it_moves_the_others():
         assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (key, model, xla)
 
 
+@functools.cache
+def _third_party_random(lib: str, k: int):
+    """(step, sample, analysis, plan): the k-th random plan of a third-party step, drawn as
+    benchmarks/fidelity.py draws it (random_plan, seed 0)."""
+    from tests.third_party.models import BUILDERS
+
+    step, sample = BUILDERS[lib][0]()
+    an = tl.analyze(tl.trace(step, *sample))
+    rng = np.random.default_rng(0)
+    plans = [tl.random_plan(an, MESH, rng) for _ in range(k + 1)]
+    return step, sample, an, plans[k]
+
+
+@pytest.mark.slow
+def test_a_reshard_that_moves_one_axis_out_of_a_dim_another_leaves_gathers_it_whole():
+    # equinox-attention's merged heads [b, s, heads, head_dim] on head_dim over (model,
+    # data), read by a reshape that wants "model" on heads and head_dim whole: XLA's
+    # partitioner cannot take "data" away and move "model" in one step ("involuntary full
+    # rematerialization"): it all-gathers over (data, model) and slices, no all-to-all. The
+    # model charged an all-gather over data and an all-to-all over model: 2x XLA's all-to-all.
+    step, sample, an, plan = _third_party_random("equinox-attention", 0)
+    xla = _xla_bytes(step, sample, plan)
+    model = _model_bytes(an, plan)
+    key = ("all-to-all", ("model",))
+    assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (model, xla)
+
+
+@pytest.mark.slow
+def test_a_reshard_that_gathers_and_moves_moves_the_gathered_buffer():
+    # haiku-transformer's merged heads on (heads: "model", head_dim: "data"), read by a
+    # reshape that wants "model" on heads x head_dim: XLA all-gathers "data" first and then
+    # moves "model" in the gathered buffer (4 shards' worth), as it does for P("data",
+    # "model") -> P(None, None, "model"); the model moved one shard.
+    step, sample, an, plan = _third_party_random("haiku-transformer", 1)
+    prog = an.program
+    charged = cost_model(an, MESH).op_collectives(plan)
+    moved = [(n, c.bytes) for n, cs in charged.items() for c in cs
+             if c.kind == "all-to-all" and prog.ops[n].primitive == "reshape"
+             and any(g.kind == "all-gather" and g.operand == c.operand for g in cs)]
+    assert moved, charged
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(step, jm).lower(*sample).compile(), jm)
+    xla_moved = {c.total_bytes for c in stats.collectives if c.kind == "all-to-all"}
+    for n, b in moved:
+        gathered = next(c.bytes for c in charged[n] if c.kind == "all-gather")
+        assert b == pytest.approx(gathered), (n, charged[n])
+        assert b in xla_moved, (b, xla_moved)
+
+
 def test_an_op_that_needs_its_window_whole_reads_its_other_dims_as_the_model_charges():
     # A max pool's gradient (select_and_scatter_add) reads the pooled gradient, sharded on its
     # width, whole on that window dim; its result is sharded on the batch. plan.jit asks for

@@ -81,7 +81,13 @@ def _charge(coll, kind, mask, weight, nbytes, seconds, ledger, row):
 def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
     those in `a2a` moved between dims; nbytes is the operand's per-device size. Charges
-    `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of one."""
+    `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of one.
+
+    Where it does both, XLA's partitioner gathers first (to the target's partially replicated
+    form, ReshardToPartialReplicateWithAllGather) and then moves the gathered buffer: the
+    all-to-all carries nbytes x the gathered ways (P("data", "model") to P(None, None,
+    "model") on data=4 x model=2: an all-gather over data, then an all-to-all of 4 shards'
+    worth; jax 0.10.2)."""
     seconds = 0.0
     moved = 0.0
     if gather != 0:
@@ -90,6 +96,7 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
         seconds += t
         moved += b
         _charge(coll, AG, gather, weight, b, t, ledger, row)
+        nbytes = b
     if a2a != 0:
         t = _a2a_time(nbytes, a2a, mesh)
         seconds += t
@@ -385,6 +392,26 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         gather[o] = rem & ~add
         a2a[o] = rem & add
         sliced[o] = local & ~rem
+        if gather[o] != 0 and a2a[o] != 0:
+            # An axis that leaves a dim together with one that moves to another dim
+            # (P(("data", "model")) to P(None, "model")) is a reshard XLA's partitioner
+            # cannot split: "involuntary full rematerialization", it all-gathers the operand
+            # whole and slices the target out of it (spmd_partitioner.cc; jax 0.10.2). An
+            # axis that only changes place within its dim (a reshape's merged dim on
+            # ("data", "model") whose major factor wants "model") is gathered, then moved.
+            for i in range(operands[o].start, operands[o].end):
+                r = removed[operand_rows[i]]
+                if r & gather[o] == 0 or r & a2a[o] == 0:
+                    continue
+                back = 0  # the moving axes added again on this dim
+                for j in range(operands[o].start, operands[o].end):
+                    if rows[operand_rows[j]].dim == rows[operand_rows[i]].dim:
+                        back |= added[operand_rows[j]]
+                if r & a2a[o] & ~back != 0:
+                    gather[o] = vmask[operands[o].value_type]
+                    a2a[o] = 0
+                    sliced[o] = 0
+                    break
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
