@@ -339,13 +339,6 @@ def build_static(an) -> Static:
     for v, classes in enumerate(split.value_classes):
         if classes:
             slot_class[v, :len(classes)] = classes
-    # A stack a scan writes for other loops alone (the activations a forward scan keeps for
-    # the backward one) is whole on every device, whatever the plan says of its scanned dim:
-    # the loop writes it a slice per iteration and the other loop reads it so, and nothing
-    # outside the loops asks XLA's sharding propagation for another layout (jax 0.10.2: an
-    # RNN's residuals with the sequence sharded are f32[T, ...] in both while loops' state).
-    for r in _loop_only_stacks(prog):
-        slot_class[r, 0] = -1
     nbytes = np.array([v.nbytes for v in values], np.float64)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
@@ -403,8 +396,8 @@ def build_static(an) -> Static:
             # where the scanned dim is sharded (gpt_scan with `layers` sharded, an RNN with
             # its sequence sharded), an all-to-all where the slice takes those axes on
             # another dim (llama, a stack on `layers` whose slice has `kv_heads` on the same
-            # axis; jax 0.10.2). A stack another loop wrote is whole already
-            # (_loop_only_stacks).
+            # axis; jax 0.10.2). A stack another loop wrote is whole in both loops' state,
+            # and is not gathered.
             for t in _scan_stacks(op):
                 u = op.operands[t]
                 if not early[u] and _loop_made(prog, u):
@@ -903,17 +896,3 @@ def _loop_made(prog, v: int) -> bool:
     """Whether v is a result of a loop (the stack a forward scan writes for the backward)."""
     producer = prog.values[v].producer
     return producer != NO_OP and bool(prog.ops[producer].body)
-
-
-def _loop_only_stacks(prog) -> list[int]:
-    """The stacks (ys) scans write that only other scans read, as stacks (xs) themselves,
-    none of them a step's output (a stack a loop reads whole, as a constant, is left out)."""
-    outputs = set(prog.outputs)
-    read_as_stack: dict[int, bool] = {}
-    for op in prog.ops:
-        stacks = set(_scan_stacks(op))
-        for t, u in enumerate(op.operands):
-            read_as_stack[u] = read_as_stack.get(u, True) and t in stacks
-    return [r for op in prog.ops if op.primitive == "scan"
-            for r in op.results[op.params["num_carry"]:]
-            if r not in outputs and read_as_stack.get(r, False)]
