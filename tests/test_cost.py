@@ -433,13 +433,7 @@ def test_a_metric_reduced_after_the_update_leaves_the_gradients_all_reduces_comb
              "b1": jax.ShapeDtypeStruct((32,), "float32"),
              "w2": jax.ShapeDtypeStruct((32, 8), "float32")},
             jax.ShapeDtypeStruct((16, 16), "float32"), jax.ShapeDtypeStruct((16,), "int32"))
-    an = tl.analyze(tl.trace(step, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = tl.strategies.expert(an, mesh)["dp"]
-    est = tl.estimate(an, plan, mesh)
-    jm = mesh.jax_mesh()
-    stats = read_compiled(plan.jit(step, jm).lower(*args).compile(), jm)
-    assert est.temp_bytes == pytest.approx(stats.temp_bytes, rel=0.10)
+    _temporaries_match_xla(step, args, "dp")
 
 
 def test_a_reduce_scattered_gradient_stays_whole_until_the_fusions_that_slice_it():
@@ -460,9 +454,14 @@ def test_a_reduce_scattered_gradient_stays_whole_until_the_fusions_that_slice_it
          "w2": jax.ShapeDtypeStruct((256, 256), "float32")}
     args = (p, jax.eval_shape(tx.init, p), jax.ShapeDtypeStruct((32, 256), "float32"),
             jax.ShapeDtypeStruct((32, 256), "float32"))
+    _temporaries_match_xla(step, args, "zero1")
+
+
+def _temporaries_match_xla(step, args, strategy: str):
+    """The estimate's temporaries within 10% of XLA's, for an expert plan on data=4 x model=2."""
     an = tl.analyze(tl.trace(step, *args))
     mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = tl.strategies.expert(an, mesh)["zero1"]
+    plan = tl.strategies.expert(an, mesh)[strategy]
     est = tl.estimate(an, plan, mesh)
     jm = mesh.jax_mesh()
     stats = read_compiled(plan.jit(step, jm).lower(*args).compile(), jm)
