@@ -236,3 +236,6 @@ def test_a_class_first_made_by_an_unscoped_op_is_named_by_the_function_that_made
     assert "mix/concatenate[1]" in names, names
     assert "Block/pad[1]" in names, names  # a method is named by its class
     assert "tile[0]" in names, names  # made in the step itself: no `step/` prefix
+    # plan files saved when these read `concatenate[1]` and `pad[1]` still load onto them
+    assert an.class_named("concatenate[1]").name == "mix/concatenate[1]"
+    assert an.class_named("pad[1]").name == "Block/pad[1]"

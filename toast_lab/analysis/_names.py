@@ -38,16 +38,23 @@ _MIN_PARTS = 2  # a shortened path keeps at least this many parts
 def class_names(program, members_by_class,
                 first_parts) -> tuple[list[tuple[str, tuple, str]], list[str]]:
     """(name, aliases, origin) per class, names not yet made unique across the analysis
-    (`unique_name` does that for the rare op-labelled duplicates); and per class the name it
-    had before `_told_apart` ('' where the same)."""
+    (`unique_name` does that for the rare op-labelled duplicates); and per class the name an
+    earlier toast-lab gave it, before `_told_apart` and before ops were placed by their
+    function ('' where the same), which plan files saved then still hold."""
     input_index = {v: i for i, v in enumerate(program.inputs)}
     state = state_inputs(program)
     drafts = [_draft(program, mem, input_index, first, state)
               for mem, first in zip(members_by_class, first_parts)]
-    told = _told_apart(program, drafts, members_by_class, input_index)
-    former = ["" if a == b else a[1] for a, b in zip(drafts, told)]
-    drafts = told
-    # Shortest unique suffix of the path parts, per class named by a path.
+    earlier = [_unplaced(program, d, mem, first, input_index)
+               for d, mem, first in zip(drafts, members_by_class, first_parts)]
+    names = _finish(_told_apart(program, drafts, members_by_class, input_index))
+    former = ["" if a == b else a[0] for a, b in zip(_finish(earlier), names)]
+    return names, former
+
+
+def _finish(drafts) -> list[tuple[str, tuple, str]]:
+    """Drafts to (name, aliases, origin): a path keeps its shortest suffix no other class
+    shares, and elides its middle where that suffix is long."""
     suffix_count: dict[tuple, int] = {}
     for kind, parts, dim, *_ in drafts:
         if kind == "path":
@@ -80,7 +87,17 @@ def class_names(program, members_by_class,
         parts, dim, aliases, origin = e
         path = short if short and count[(short, dim)] == 1 else "/".join(parts)
         names.append((f"{path}[{dim}]", aliases, origin))
-    return names, former
+    return names
+
+
+def _unplaced(program, draft, members, first_part, input_index):
+    """The draft as it read before an unscoped op was placed by its function: `pad[1]`, not
+    `lru/pad[1]`."""
+    kind, parts, dim, aliases, origin = draft
+    if kind != "path" or any(v in input_index for v, _ in members):
+        return draft
+    v = members[0][0] if members else first_part[0]
+    return kind, op_parts(program, v, placed=False), dim, aliases, origin
 
 
 def _told_apart(program, drafts, members_by_class, input_index):
@@ -231,7 +248,7 @@ def reader_label(program, v: int, depth: int = 4) -> str:
     return ""
 
 
-def op_parts(program, v) -> list[str]:
+def op_parts(program, v, placed: bool = True) -> list[str]:
     val = program.values[v]
     if val.producer == NO_OP:  # a constant the function captured
         return [f"const%{v}"]
@@ -239,7 +256,7 @@ def op_parts(program, v) -> list[str]:
     scope = op.user_scope
     if scope:
         return [*scope.split("/"), op.primitive]
-    made_in = _function(op)
+    made_in = _function(op) if placed else ""
     # an op of the step itself needs no prefix; one in a function it calls is found there
     return [made_in, op.primitive] if made_in and made_in != program.fn_name else [op.primitive]
 
