@@ -615,6 +615,40 @@ def test_an_update_that_reads_no_argument_is_named_by_what_it_updates():
     assert all(tree.groups[f"chain/scale_by_adam/w{i}"].ops == 6 for i in range(10))
 
 
+def test_an_optimizer_librarys_per_parameter_work_is_split_by_parameter():
+    # clip_by_global_norm squares each gradient (made by a matmul: nothing behind it names a
+    # parameter), and MultiSteps accumulates inside a cond whose body reads no argument; each
+    # drew 60-165 ops side by side. Named by the moment that reads the same gradient, and by
+    # the cond's operand; a per-parameter scalar (`1 - 1/k`) goes with its update.
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    opt = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)), 2)
+
+    def step(p, s, x):
+        def loss(p):
+            h = x
+            for k in sorted(p):
+                h = jnp.tanh(h @ p[k])
+            return (h ** 2).mean()
+        u, s = opt.update(jax.grad(loss)(p), s, p)
+        return optax.apply_updates(p, u), s
+
+    p = {f"w{i:02}": jnp.full((16, 16), 0.1) for i in range(16)}
+    tree = build_scope_tree(tl.trace(step, p, opt.init(p), jnp.ones((8, 16))))
+    busy = {g.id: len(g.shown) for g in tree.groups.values()
+            if len(g.shown) > 48 and g.id.startswith("MultiSteps")}
+    assert not busy, busy
+    def per_parameter(scope):  # the parameters named below a scope (`acc_grads/w03`: the
+        return {g.rsplit("/", 1)[1] for g in tree.groups  # gradients MultiSteps accumulated)
+                if g.startswith(scope + "/") and tree.groups[g].ops}
+
+    every = {f"w{i:02}" for i in range(16)}
+    assert every <= per_parameter("MultiSteps.update/chain/clip_by_global_norm/tree_norm/_square")
+    assert every <= per_parameter("MultiSteps.update/MultiSteps")  # `(1 - 1/k) * acc + g / k`
+
+
 def test_a_colon_in_a_scope_or_a_source_line_keeps_the_dot_well_formed():
     # graphviz's edge() reads "a:b" as node a, port b: `xt[:, :H]` in a line's name broke
     # the layout of a GRU cell

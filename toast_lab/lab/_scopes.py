@@ -150,7 +150,7 @@ def _split_flat_scopes(program, paths, split_at):
             inputs = {values[v].name for o in chain for v in program.ops[o].operands
                       if values[v].origin == INPUT and values[v].name}
             if not inputs:  # Adam's bias correction reads moments updated in another call
-                inputs = _updated(program, chain)
+                inputs = _updated(program, chain) or _read_alongside(program, chain)
             suffix = _common_suffix([n.split("/") for n in inputs])
             # a layer the path already names (`loss_fn/layers3/rms`) is not named again
             named_here = tuple(c for c in _path_components(suffix) if c not in path)
@@ -158,22 +158,48 @@ def _split_flat_scopes(program, paths, split_at):
                 named[root] = named_here
         if len(set(named.values())) < 2:
             continue  # nothing to tell apart
-        for root, chain in chains.items():
-            if root in named:
-                for o in chain:
-                    out[o] = path + named[root]
+        name_of = {o: named[root] for root, chain in chains.items() if root in named
+                   for o in chain}
+        _name_scalars(program, ops, name_of)
+        for o, name in name_of.items():
+            out[o] = path + name
     return out
 
 
-def _updated(program, chain, hops: int = 4) -> set[str]:
+def _name_scalars(program, ops, name_of):
+    """A scalar op takes the name of the one update its neighbours in the scope belong to:
+    `tree.map` repeats a scalar's arithmetic per parameter (MultiSteps' `1 - 1/k`, a block's
+    RMS), and a scalar links no chain to another, so none of them was named."""
+    values, members = program.values, set(ops)
+    scalars = [o for o in ops if o not in name_of
+               and not any(values[r].ndim for r in program.ops[o].results)]
+    for sweep in (reversed(scalars), scalars):  # from readers back, then from producers on
+        for o in sweep:
+            op = program.ops[o]
+            near = {u for r in op.results for u in program.users(r)}
+            near |= {values[v].producer for v in op.operands}
+            names = {name_of.get(u) for u in near if u in members}
+            names.discard(None)
+            if len(names) == 1 and o not in name_of:
+                name_of[o] = names.pop()
+
+
+def _updated(program, chain, hops: int = 6) -> set[str]:
     """The arguments a chain updates when it reads none itself: those met first going back
     through elementwise ops from its operands (`mu / (1 - b1**t)` reads the new moment, made
-    from `opt_state/0/mu/...`). A gradient, made by a matmul or a convolution, stops the walk:
-    what it reads does not name what is updated."""
+    from `opt_state/0/mu/...`), and out of the loops and branches that hold it (optax's
+    MultiSteps accumulates inside a cond). A gradient, made by a matmul or a convolution,
+    stops the walk: what it reads does not name what is updated."""
+    ops, values = program.ops, program.values
+    return _arguments_behind(program, {v for o in chain for v in ops[o].operands
+                                       if values[v].ndim > 0}, hops)
+
+
+def _arguments_behind(program, frontier: set[int], hops: int) -> set[str]:
     values, ops = program.values, program.ops
-    frontier = {v for o in chain for v in ops[o].operands if values[v].ndim > 0}
     seen = set(frontier)
     for _ in range(hops):
+        frontier = {program.outer_operand(v) for v in frontier}
         found = {values[v].name for v in frontier if values[v].origin == INPUT}
         if found:
             return found
@@ -185,6 +211,35 @@ def _updated(program, chain, hops: int = 4) -> set[str]:
                          if values[u].shape == values[v].shape and u not in seen}
         seen |= back
         frontier = back
+    return set()
+
+
+def _read_alongside(program, chain, hops: int = 4) -> set[str]:
+    """The arguments updated from what a chain reads, where it reads a gradient (made by a
+    matmul): `clip_by_global_norm` squares each gradient that Adam's moments then read
+    (`b1 * mu + (1 - b1) * g**1`, past the clip's `select_n`). Found going forward through
+    the elementwise ops that read the same tensors, to one that adds in an argument."""
+    values, ops = program.values, program.ops
+    members = set(chain)
+    frontier = {v for o in chain for v in ops[o].operands
+                if values[v].ndim > 0 and values[v].producer not in members}
+    seen = set(frontier)
+    for _ in range(hops):
+        found, ahead = set(), set()
+        for v in frontier:
+            for u in program.users(v):
+                op = ops[u]
+                if u in members or op.primitive not in _ELEMENTWISE:
+                    continue
+                others = {w for w in op.operands
+                          if w not in seen and values[w].shape == values[v].shape}
+                found |= _arguments_behind(program, others, hops=2)
+                ahead |= {r for r in op.results
+                          if values[r].shape == values[v].shape and r not in seen}
+        if found:
+            return found
+        seen |= ahead
+        frontier = ahead
     return set()
 
 

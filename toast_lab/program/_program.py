@@ -149,6 +149,27 @@ class Program:
     def users(self, value: int) -> tuple[int, ...]:
         return self._users[value]
 
+    def outer_operand(self, value: int) -> int:
+        """The region operand a body input stands for (a scan's or cond's operand, a while
+        loop's const or carry init), or `value` itself where it is no body input."""
+        val = self.values[value]
+        if val.origin != BODY_INPUT:
+            return value
+        op = self.ops[val.producer]
+        t = op.body.index(value)
+        if op.primitive == "cond":  # per branch: its inputs (operands[1:]), then its outputs
+            per_branch = len(op.operands) - 1 + len(op.results)
+            return op.operands[1 + t % per_branch]
+        if op.primitive == "while":  # [cond consts, carry] then [body consts, carry]
+            cc, bc, n = op.params["cond_nconsts"], op.params["body_nconsts"], len(op.results)
+            if t < cc:
+                return op.operands[t]
+            if t < cc + n:
+                return op.operands[cc + bc + t - cc]
+            t -= cc + n
+            return op.operands[cc + t] if t < bc else op.operands[cc + bc + t - bc]
+        return op.operands[t]  # scan and the rest: body inputs in operand order
+
     def handed_on_stacks(self) -> tuple[tuple[int, int, int], ...]:
         """(scan op, stacked result, body output) of each stack a scan writes (ys) that no loop
         reads: what a step hands on from its layers, such as the per-layer gradients its
