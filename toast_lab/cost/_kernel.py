@@ -562,7 +562,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         totals[T_COMPUTE] += compute
         totals[T_COMM] += op_comm[p]
         totals[T_FLOPS] += flops * w
-        totals[T_FLOPS_ONCE] += flops * op.count
+        totals[T_FLOPS_ONCE] += flops * op.count * op.copies
     # Values read by several ops: gathered once per sharding, the buffer kept until its last
     # reader (XLA's CSE of all-gathers: FSDP gathers a weight once for forward and backward).
     # Under per-domain overrides, a relayout plan.jit pins is gathered apart (SHARED_READ).
@@ -840,7 +840,8 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
     results at once (whatever reads them waits for it; a result sharded where the partial
     sums are not is sliced from it there); the others, and all of them elsewhere (GPU, TPU),
     hold both buffers at the op. The buffers live in the order the compiler runs the ops
-    (memory.position)."""
+    (memory.position). An unrolled loop body holds the partial sums of each of its copies
+    (memory.iteration_copies), all of them until its combined all-reduce."""
     if not memory.combine_all_reduces:
         for p in range(reduced.shape[0]):
             gathered[p] += reduced[p]
@@ -863,33 +864,35 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 n = memory.instances[i]
                 c = comp[n]
                 at = memory.position[n]
+                size = reduced[p] * memory.iteration_copies[n]
                 if not feeds[n]:
                     # the partial sums, whole, until the combined all-reduce (the op's
-                    # result, a temporary, is only their shard where it is sharded: an FSDP
-                    # step accumulating gradients combines 34 whole gradients per
-                    # micro-batch, jax 0.10.2), its new buffer there
+                    # result, a temporary, is only their shard where it is sharded, and one
+                    # copy of an unrolled body's: an FSDP step accumulating gradients
+                    # combines 34 whole gradients per micro-batch, jax 0.10.2), its new
+                    # buffer there
                     end = memory.result_end[n]
                     stop = combined[c] + 1
                     if end > at + 1 and ops[p].result_type >= 0:
-                        rest = reduced[p] - ops[p].result_nbytes / mesh[
+                        rest = size - ops[p].result_nbytes / mesh[
                             vmask[ops[p].result_type]].ways
                         if rest > 0.0:
                             gdelta[at + 1] += rest
                             gdelta[max(at + 1, min(end, stop))] -= rest
                     if end < stop:
-                        gdelta[end] += reduced[p]
-                        gdelta[stop] -= reduced[p]
-                    gdelta[combined[c]] += reduced[p]
-                    gdelta[combined[c] + 1] -= reduced[p]
+                        gdelta[end] += size
+                        gdelta[stop] -= size
+                    gdelta[combined[c]] += size
+                    gdelta[combined[c] + 1] -= size
                 else:
-                    gdelta[at] += reduced[p]
-                    gdelta[at + 1] -= reduced[p]
+                    gdelta[at] += size
+                    gdelta[at + 1] -= size
                     # XLA:CPU's reduce-scatter: the all-reduced whole stays live until the
                     # last fusion that slices its shard from it (memory.sliced_read; -1 where
                     # a reader cannot, and the shard is sliced at once)
                     end = min(memory.result_end[n], memory.sliced_read[n] + 1)
                     if end > at + 1 and ops[p].result_type >= 0:
-                        rest = reduced[p] - ops[p].result_nbytes / mesh[
+                        rest = size - ops[p].result_nbytes / mesh[
                             vmask[ops[p].result_type]].ways
                         if rest > 0.0:
                             gdelta[at + 1] += rest

@@ -230,7 +230,7 @@ class CostModel:
         reads["memory_position"][hoisted] = position[loop] + body_end - loop - 1
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
-        computation = _computations(prog)
+        computation = _computations(self.st.op_computation)
         self.memory = MemoryTables(
             op_type=type_at, temps=temps, temps_by_type=by_type,
             temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
@@ -241,6 +241,7 @@ class CostModel:
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
             operand_reads=operand_reads, computation=computation,
             num_computations=int(computation.max(initial=0)) + 1,
+            iteration_copies=self.st.op_iteration_copies,
             sliced_read=_sliced_reads(prog, position), **_readers(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
@@ -475,11 +476,13 @@ def _aliases(prog, pruned: set[int]) -> list[tuple[int, int]]:
     return pairs
 
 
-def _computations(prog) -> np.ndarray:
-    """[N] the computation each op runs in (MemoryTables.computation)."""
-    regions = sorted({op.region for op in prog.ops if op.region >= 0})
+def _computations(region: np.ndarray) -> np.ndarray:
+    """[N] the computation each op runs in (MemoryTables.computation), from the region op
+    whose body it is (Static.op_computation: a fully unrolled scan's body runs in the
+    computation around it)."""
+    regions = sorted(set(region[region >= 0].tolist()))
     index = {r: k + 1 for k, r in enumerate(regions)}
-    return np.array([index.get(op.region, 0) for op in prog.ops], np.int64)
+    return np.array([index.get(r, 0) for r in region.tolist()], np.int64)
 
 
 def _readers(prog) -> dict:

@@ -25,6 +25,7 @@ from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
 from ._plan_arrays import split_classes
+from ._unroll import unrolled_copies
 
 # An operand row wants its dim sharded like a result's dim (ROW_RESULT), like its group's
 # consensus (ROW_GROUP) or whole (ROW_REPLICATE); ROW_FROM_WHOLE: the operand holds the dim
@@ -68,6 +69,12 @@ class Static:
     op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_fusion.py)
     op_clone_flops: np.ndarray  # [N] flops of each copy after the first (_CLONED_FLOPS)
     op_trip: np.ndarray         # [N] float64
+    # [N] copies of the op XLA compiles (an unrolled scan body's: _unroll.py), and the copies
+    # one execution of the computation it runs in holds; [N] that computation's region op
+    # (NO_OP: the step's own), past fully unrolled scans
+    op_copies: np.ndarray
+    op_iteration_copies: np.ndarray
+    op_computation: np.ndarray
     op_result: np.ndarray       # [N] int32: first result with dims, else a lone scalar
                                 #   result (-1: none)
     op_results: tuple           # per op: its result value ids
@@ -484,7 +491,7 @@ def build_static(an) -> Static:
         operand_slot=np.array(operand_slot, np.int32),
         operand_nbytes=np.array(operand_nbytes, np.float64),
         num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog),
-        op_clone_flops=op_clone_flops, op_trip=op_trip,
+        op_clone_flops=op_clone_flops, op_trip=op_trip, **unrolled_copies(prog),
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),

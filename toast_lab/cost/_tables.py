@@ -52,6 +52,7 @@ OPERAND = record(value_type=_I, start=_I, end=_I)
 # dims indexed one row at a time) and its indices (value type, batching dims; 0: none);
 # gathered_partials: whole-tensor bytes of the partial results a variadic reduce (an argmax)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
+# copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
             operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
@@ -59,7 +60,7 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             scatter_indices=_F, scatter_indices_type=_I, scatter_updates=_F,
             scatter_updates_type=_I, scatter_window=_I,
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
-            batch_indices_type=_I, batch_index_dims=_I, gathered_partials=_F)
+            batch_indices_type=_I, batch_index_dims=_I, gathered_partials=_F, copies=_F)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
@@ -167,6 +168,9 @@ class MemoryTables(NamedTuple):
     # the k-th region (a compiler combines collectives within one computation); how many
     computation: np.ndarray
     num_computations: int
+    # [N] (program order) the copies of each op one execution of its computation holds (an
+    # unrolled scan body's iterations, _unroll.py): each holds partial sums of its own
+    iteration_copies: np.ndarray
     # (program order) the ops reading each op's results: readers[reader_start[n]:
     # reader_start[n + 1]], so that the kernel can tell which all-reduces feed others
     reader_start: np.ndarray

@@ -211,7 +211,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n),
-               float(st.op_gathered_partials[n]))
+               float(st.op_gathered_partials[n]), float(st.op_copies[n]))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -241,7 +241,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    scatter_window=column(17, _I), batch_nbytes=column(18),
                    batch_type=column(19, _I), batch_dims=column(20, _I),
                    batch_indexed=column(21, _I), batch_indices_type=column(22, _I),
-                   batch_index_dims=column(23, _I), gathered_partials=column(24))
+                   batch_index_dims=column(23, _I), gathered_partials=column(24),
+                   copies=column(25))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):
