@@ -864,13 +864,12 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                 n = memory.instances[i]
                 c = comp[n]
                 at = memory.position[n]
-                size = reduced[p] * memory.iteration_copies[n]
+                size = reduced[p]
                 if not feeds[n]:
                     # the partial sums, whole, until the combined all-reduce (the op's
-                    # result, a temporary, is only their shard where it is sharded, and one
-                    # copy of an unrolled body's: an FSDP step accumulating gradients
-                    # combines 34 whole gradients per micro-batch, jax 0.10.2), its new
-                    # buffer there
+                    # result, a temporary, is only their shard where it is sharded: an FSDP
+                    # step accumulating gradients combines 34 whole gradients per
+                    # micro-batch, jax 0.10.2), its new buffer there
                     end = memory.result_end[n]
                     stop = combined[c] + 1
                     if end > at + 1 and ops[p].result_type >= 0:
@@ -882,8 +881,13 @@ def reduced_buffers(gdelta, gathered, reduced, reduces, memory, ops, vmask, mesh
                     if end < stop:
                         gdelta[end] += size
                         gdelta[stop] -= size
-                    gdelta[combined[c]] += size
-                    gdelta[combined[c] + 1] -= size
+                    # an unrolled body's earlier copies of the op: their partial sums wait
+                    # too, and the combined all-reduce writes every copy's result
+                    earlier = size * (memory.iteration_copies[n] - 1.0)
+                    gdelta[at] += earlier
+                    gdelta[stop] -= earlier
+                    gdelta[combined[c]] += size + earlier
+                    gdelta[combined[c] + 1] -= size + earlier
                 else:
                     gdelta[at] += size
                     gdelta[at + 1] -= size
