@@ -767,8 +767,9 @@ def schedule(sched, ops, reads, op_compute, reshards):
 @njit(cache=True)
 def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     """One plan, whole: (totals, collectives, per-op-type compute and communication s,
-    value-type masks). plan, tables and memory: PlanArrays, TypeTables and MemoryTables as
-    plain tuples (see _tables.py), and sched a ScheduleTables.
+    the value-type masks the temporaries are sized under: held_masks). plan, tables and
+    memory: PlanArrays, TypeTables and MemoryTables as plain tuples (see _tables.py), and
+    sched a ScheduleTables.
 
     fresh: size the temporaries from scratch (delta and old_vmask are not read). Otherwise
     delta holds the live-range deltas of the temporaries sized under `old_vmask`; they are
@@ -783,16 +784,32 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
                     reshards)
     totals[T_SCHEDULED] = step
     totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
+    held = held_masks(eff, vmask, tables.whole_dims)
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
-        add_temps(delta, vmask, mesh, memory)
+        add_temps(delta, held, mesh, memory)
     else:
-        move_temps(delta, old_vmask, vmask, mesh, memory)
+        move_temps(delta, old_vmask, held, mesh, memory)
     hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
     reduced_buffers(gdelta, gathered, reduced, reduces, memory, tables.ops, vmask, mesh)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
-    return totals, coll, op_compute, op_comm, vmask
+    return totals, coll, op_compute, op_comm, held
+
+
+@njit(cache=True, inline="always")
+def held_masks(eff, vmask, whole_dims):
+    """[T] the axes each value type's buffers are divided over: vmask less the axes of the
+    dims its values hold whole (TypeTables.whole_dims). Applied after the masks are resolved,
+    so that the layout (eff, what plan.jit exports) stays the classes'."""
+    held = vmask.copy()
+    for t in range(whole_dims.shape[0]):
+        w = whole_dims[t]
+        if w:
+            for d in range(eff.shape[1]):
+                if w >> d & 1:
+                    held[t] &= ~eff[t, d]
+    return held
 
 
 @njit(cache=True)

@@ -321,10 +321,12 @@ class CostModel:
 
     def _run(self, plan, delta=None, old_vmask=None):
         """One plan (PlanArrays, or its three int64 arrays as a tuple) through the kernel:
-        (totals, collectives, per-op-type compute and communication, value-type masks).
+        (totals, collectives, per-op-type compute and communication, the value-type masks
+        the temporaries are sized under: _kernel.held_masks).
 
-        delta: the live-range deltas of the temporaries under `old_vmask`, updated in place
-        for the value types whose sharding changed (incremental); None builds them afresh.
+        delta: the live-range deltas of the temporaries under `old_vmask` (such masks),
+        updated in place for the value types whose sharding changed (incremental); None
+        builds them afresh.
         """
         fresh = delta is None
         if fresh:

@@ -45,6 +45,10 @@ class Static:
     width: int                  # D: the largest rank
     slot_class: np.ndarray      # [V, D] int32
     nbytes: np.ndarray          # [V] float64, whole-tensor bytes
+    # [V] int64: bit d set where XLA holds dim d of v whole whatever the plan says of it, while
+    # the value keeps its classes (and so the layout plan.jit exports): only its bytes per
+    # device follow (_whole_dims)
+    whole_dims: np.ndarray
     fused: np.ndarray           # [V] bool: an elementwise intermediate XLA fuses away
     attention_inside: np.ndarray  # [V] bool: a score-shaped value of a fused attention kernel
     # rows
@@ -347,6 +351,7 @@ def build_static(an) -> Static:
         if classes:
             slot_class[v, :len(classes)] = classes
     nbytes = np.array([v.nbytes for v in values], np.float64)
+    whole_dims = _whole_dims(prog)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
                             "operand")}
@@ -479,7 +484,8 @@ def build_static(an) -> Static:
                                   if group_is_reduction[g] and not gathered_partials[n]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
-        num_values=V, width=width, slot_class=slot_class, nbytes=nbytes, fused=fused,
+        num_values=V, width=width, slot_class=slot_class, nbytes=nbytes,
+        whole_dims=whole_dims, fused=fused,
         attention_inside=attention_inside,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
@@ -903,3 +909,18 @@ def _loop_made(prog, v: int) -> bool:
     """Whether v is a result of a loop (the stack a forward scan writes for the backward)."""
     producer = prog.values[v].producer
     return producer != NO_OP and bool(prog.ops[producer].body)
+
+
+def _whole_dims(prog) -> np.ndarray:
+    """[V] int64 bits of the dims XLA holds whole whatever the plan: the scanned dim of a
+    stack a forward scan keeps for the backward one (Program.loop_only_stacks). The forward
+    loop writes it a slice per iteration into a buffer it starts from zeros, the backward
+    loop reads it a slice per iteration, and no op outside the loops asks sharding
+    propagation for another layout along the scanned dim, so XLA keeps it whole in both
+    loops' state: an RNN's residuals with the sequence sharded, and a scanned GPT's with
+    `layers` sharded, are f32[T, ...] / f32[L, ...] in both while loops (jax 0.10.2). Its
+    other dims keep the plan's sharding (the GPT's batch stays sharded there), and so does a
+    stack read outside loops (the RNN's hs: written slice by slice into its own shard)."""
+    whole = np.zeros(len(prog.values), np.int64)
+    whole[list(prog.loop_only_stacks())] = 1
+    return whole

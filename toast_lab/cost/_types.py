@@ -106,10 +106,12 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for v in range(V):
         cls = tuple(int(c) for c in st.slot_class[v])
         tg = tuple(slot_tag.get((v, d), -1) for d in range(st.width))
-        value_type[v] = vtypes.id((cls, tg))
+        # dims held whole set a value apart in bytes only: its masks are its classes'
+        value_type[v] = vtypes.id((cls, tg, int(st.whole_dims[v])))
     T = len(vtypes)
     value_classes = np.array([k[0] for k in vtypes], _I).reshape(T, st.width)
     value_tags = np.array([k[1] for k in vtypes], _I).reshape(T, st.width)
+    whole_dims = np.array([k[2] for k in vtypes], _I)
 
     # --- group types --------------------------------------------------------------------------
     G = len(st.group_op)
@@ -276,7 +278,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     operand_read[inst] = np.arange(len(inst))
 
     tables = TypeTables(
-        value_classes=value_classes, value_tags=value_tags,
+        value_classes=value_classes, value_tags=value_tags, whole_dims=whole_dims,
         tag_conflict=np.array(tag_conflict, _I), tag_dropped=tag_dropped,
         conflict_class=st.conflict_class,
         groups=groups, group_members=group_members, rows=rows, operands=operands,

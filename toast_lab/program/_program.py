@@ -187,6 +187,25 @@ class Program:
                     out.append((op.id, r, op.body[first_out + j]))
         return tuple(out)
 
+    def loop_only_stacks(self) -> tuple[int, ...]:
+        """The stacks (ys) scans write that only other scans read, each of those reading it
+        as a stack (xs), and that the step does not return: the activations a forward scan
+        keeps for the backward one. A stack also read outside loops, or read whole (a
+        scan's constant, a while's or cond's operand), is left out."""
+        outputs = set(self.outputs)
+        out = []
+        for op in self.ops:
+            if op.primitive != "scan":
+                continue
+            for r in op.results[op.params["num_carry"]:]:
+                readers = [(self.ops[u], t) for u in self._users[r]
+                           for t, w in enumerate(self.ops[u].operands) if w == r]
+                if r not in outputs and readers and all(
+                        o.primitive == "scan" and t >= o.params["num_consts"]
+                        + o.params["num_carry"] for o, t in readers):
+                    out.append(r)
+        return tuple(out)
+
     @property
     def num_ops(self) -> int:
         return len(self.ops)
