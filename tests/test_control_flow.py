@@ -140,35 +140,40 @@ def test_conditional_steps_peak_as_xla_compiles_them(build, rel):
     assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=rel)
 
 
-def rnn_step(unroll=1):
-    """An RNN's training step: a scan over the time axis of x @ w, and its gradient."""
+def rnn_step(layers: int = 1):
+    """An RNN's training step: `layers` scans over the time axis, the first of x @ w, each
+    next of the hidden states before it, and its gradient."""
     B, T, C, H = 8, 8, 8, 16
-    keys = jax.random.split(jax.random.key(0), 4)
-    w, wh = (0.3 * jax.random.normal(k, s) for k, s in zip(keys, [(C, H), (H, H)]))
-    x = jax.random.normal(keys[2], (B, T, C))
-    y = jax.random.normal(keys[3], (B, T, H))
+    keys = jax.random.split(jax.random.key(0), 3 + layers)
+    w = 0.3 * jax.random.normal(keys[0], (C, H))
+    whs = tuple(0.3 * jax.random.normal(k, (H, H)) for k in keys[3:])
+    x = jax.random.normal(keys[1], (B, T, C))
+    y = jax.random.normal(keys[2], (B, T, H))
 
-    def step(w, wh, x, y):
-        def loss(w, wh):
-            u = (x @ w).transpose(1, 0, 2)  # [T, B, H]
-            cell = lambda h, ut: (jnp.tanh(ut + h @ wh),) * 2  # noqa: E731
-            hs = jax.lax.scan(cell, jnp.zeros((B, H)), u, unroll=unroll)[1]
+    def step(w, whs, x, y):
+        def loss(w, whs):
+            hs = (x @ w).transpose(1, 0, 2)  # [T, B, H]
+            for wh in whs:
+                cell = lambda h, ut, wh=wh: (jnp.tanh(ut + h @ wh),) * 2  # noqa: E731
+                hs = jax.lax.scan(cell, jnp.zeros((B, H)), hs)[1]
             return jnp.mean((hs.transpose(1, 0, 2) - y) ** 2)
-        l, (g, gh) = jax.value_and_grad(loss, argnums=(0, 1))(w, wh)
-        return w - 0.1 * g, wh - 0.1 * gh, l
-    return step, (w, wh, x, y)
+        l, (g, gh) = jax.value_and_grad(loss, argnums=(0, 1))(w, whs)
+        return w - 0.1 * g, tuple(a - 0.1 * b for a, b in zip(whs, gh)), l
+    return step, (w, whs, x, y)
 
 
 @pytest.mark.slow
-def test_a_scan_over_a_sharded_sequence_gathers_its_stacks_as_xla_does():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_scan_over_a_sharded_sequence_gathers_its_stacks_as_xla_does(layers):
     """A loop cannot run over a sharded axis: XLA all-gathers each computed stack (x @ w
     forward, the cotangent of hs backward) whole before its loop; the stack handed on (hs) is
     written slice by slice into its own shard, and the stacks the forward loop keeps for the
     backward one are whole in both loops (counted sharded, the estimate's peak was 0.6 of
-    XLA's)."""
-    fn, args = rnn_step()
+    XLA's). So are those one loop hands to others alone (two layers: the first's hs, read by
+    the second forward and the first backward; the second's input cotangent)."""
+    fn, args = rnn_step(layers)
     an = tl.analyze(tl.trace(fn, *args))
-    seq = an.value_classes[an.program.inputs[2]][1]
+    seq = an.value_classes[an.program.inputs[-2]][1]
     plan = tl.Plan.replicated(an).with_axes(an.classes[seq].name, ("data",))
     rep = tl.verify(fn, args, plan, MESH)
     assert rep.ok, str(rep)
@@ -179,79 +184,12 @@ def test_a_scan_over_a_sharded_sequence_gathers_its_stacks_as_xla_does():
     assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.2)
 
 
-def fori_rnn_step(unroll=1):
-    """The RNN's last state by a fori_loop that indexes x @ w itself (a scan without xs)."""
-    fn, (w, wh, x, y) = rnn_step()
-    T = x.shape[1]
-
-    def step(w, wh, x, y):
-        def loss(w, wh):
-            u = x @ w
-            h = jax.lax.fori_loop(0, T, lambda t, h: jnp.tanh(u[:, t] + h @ wh),
-                                  jnp.zeros((x.shape[0], wh.shape[0])), unroll=unroll)
-            return jnp.mean((h - y[:, -1]) ** 2)
-        l, (g, gh) = jax.value_and_grad(loss, argnums=(0, 1))(w, wh)
-        return w - 0.1 * g, wh - 0.1 * gh, l
-    return step, (w, wh, x, y)
-
-
-@pytest.mark.parametrize("length, unroll, copies", [
-    (8, 1, (1, 0)), (8, 2, (2, 0)), (8, 3, (3, 2)), (8, 8, (0, 8)), (8, 9, (0, 8)),
-    (8, 0, (0, 8))])
-def test_scan_copies_follow_jaxs_lowering(length, unroll, copies):
-    """jax lowers scan(unroll=k) to a while of length // k trips, each k copies of the body,
-    and length % k copies after it; one trip's worth is no loop at all."""
-    from toast_lab.cost._unroll import scan_copies
-
-    class Scan:
-        primitive, params = "scan", {"length": length, "unroll": unroll}
-    assert scan_copies(Scan()) == copies
-
-
-def test_unrolled_bodies_count_each_copy_once():
-    """cost_analysis() counts a while body once: an unrolled body's ops once per copy, the
-    remainder's copies after the loop too; the work done (flops) does not change."""
-    ests = {}
-    for unroll in (1, 2, 3, 8):  # 8: the length, as jax stores unroll=True
-        fn, args = rnn_step(unroll)
-        an = tl.analyze(tl.trace(fn, *args))
-        ests[unroll] = tl.estimate(an, tl.Plan.replicated(an), MESH)
-    once = {k: e.flops_loop_bodies_once for k, e in ests.items()}
-    body = once[2] - once[1]  # one more copy of the forward and backward bodies
-    assert body > 0
-    assert once[3] == pytest.approx(once[1] + 4 * body)  # 8 = 2 x 3 + 2: five copies
-    assert once[8] == pytest.approx(once[1] + 7 * body)  # eight copies, no loop
-    assert len({e.flops for e in ests.values()}) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("build, unroll, flops_rel", [
-    (rnn_step, 1, 0.05), (rnn_step, 2, 0.05), (rnn_step, 4, 0.05), (fori_rnn_step, 2, 0.05),
-    # the remainder's two copies run after the loop, in straight-line code that XLA:CPU's
-    # fusion clones more into (0.93 of XLA's flops)
-    (rnn_step, 3, 0.1),
-])
-def test_unrolled_scans_as_xla_compiles_them(build, unroll, flops_rel):
-    """XLA's while body holds `unroll` copies of the scan body: cost_analysis() counts each,
-    and each copy's weight-gradient partial sums wait for the body's combined all-reduce
-    (four [H, H] buffers with unroll=2, not two). The peak is looser: the sweep frees the
-    stacks a loop slices at the scan op, where XLA keeps them in the while's state through
-    the loop (0.80 to 0.88 of XLA's peak here, unrolled or not)."""
-    fn, args = build(unroll)
-    an = tl.analyze(tl.trace(fn, *args))
-    plan = tl.strategies.expert(an, MESH)["dp"]
-    rep = tl.verify(fn, args, plan, MESH)
-    assert rep.ok, str(rep)
-    est = tl.estimate(an, plan, MESH)
-    assert est.flops_loop_bodies_once == pytest.approx(rep.stats.flops, rel=flops_rel)
-    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.25)
-
-
-def test_the_stacks_a_forward_scan_keeps_are_whole_in_bytes_not_in_layout():
+def test_the_stacks_a_forward_scan_keeps_are_held_like_their_slices_in_bytes_only():
     """The RNN's residuals (written by the forward scan, read as stacks by the backward one
-    alone) are whole along the sequence in XLA whatever the plan: the estimate counts their
-    bytes so, while the layout it costs them in stays the plan's (what plan.jit exports), and
-    editing the plan a decision at a time gives what costing it whole does."""
+    alone) take the sharding of the slice their loop writes in XLA, the sequence whole,
+    whatever the plan says: the estimate sizes their buffers so, while the layout it costs
+    them in stays the plan's (what plan.jit exports), and editing the plan a decision at a
+    time gives what costing it whole does."""
     fn, args = rnn_step()
     an = tl.analyze(tl.trace(fn, *args))
     prog = an.program
@@ -259,14 +197,36 @@ def test_the_stacks_a_forward_scan_keeps_are_whole_in_bytes_not_in_layout():
     ys = fwd.results[fwd.params["num_carry"]:]
     kept = prog.loop_only_stacks()
     assert set(kept) == set(ys) & set(bwd.operands) and len(kept) == len(ys) - 1
-    seq = an.value_classes[prog.inputs[2]][1]
+    seq = an.value_classes[prog.inputs[-2]][1]
     plan = tl.Plan.replicated(an).with_axes(an.classes[seq].name, ("data",))
     model = tl.cost_model(an, MESH)
-    eff, _ = model.value_type_masks(*model.plan_arrays(plan))
+    eff, vmask = model.value_type_masks(*model.plan_arrays(plan))
+    held = vmask[model.ty.tables.held_type]
     for v in kept:
-        assert plan.value_axes(v)[0] == ("data",)
-        assert eff[model.ty.value_type[v]][0] == 1
+        t = model.ty.value_type[v]
+        assert plan.value_axes(v)[0] == ("data",) and eff[t][0] == vmask[t] == 1
+        assert held[t] == 0
     inc = model.incremental()
     for axes in [("data",), (), ("data",)]:
         got = inc.set_axes(seq, axes)
         assert got == pytest.approx(model.step_and_peak(inc.mask, inc.rank, inc.res), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_a_scanned_gpts_residuals_take_their_slices_sharding():
+    """gpt_scan with `layers` on model, decided before the batch on (model, data): the plan
+    shards the residual stacks on `layers` alone (their batch cannot take model again), XLA
+    holds them [L, B/8, ...], as the forward loop writes its slices (the estimate's peak was
+    1.6 of XLA's)."""
+    fn, args = tl.zoo.get("gpt_scan")
+    sample = tl.zoo.sample("gpt_scan")
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = (tl.Plan.replicated(an).with_axes("layers", ("model",))
+            .with_axes("batch", ("model", "data")))
+    residual = an.program.loop_only_stacks()[0]
+    assert plan.value_axes(residual)[:2] == (("model",), ())
+    rep = tl.verify(fn, sample, plan, mesh)
+    assert rep.ok, str(rep)
+    est = tl.estimate(an, plan, mesh)
+    assert est.peak_memory_bytes == pytest.approx(rep.stats.peak_bytes, rel=0.2)

@@ -784,7 +784,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
                     reshards)
     totals[T_SCHEDULED] = step
     totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
-    held = held_masks(eff, vmask, tables.whole_dims)
+    held = held_masks(vmask, tables.held_type)
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
         add_temps(delta, held, mesh, memory)
@@ -798,18 +798,11 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
 
 
 @njit(cache=True, inline="always")
-def held_masks(eff, vmask, whole_dims):
-    """[T] the axes each value type's buffers are divided over: vmask less the axes of the
-    dims its values hold whole (TypeTables.whole_dims). Applied after the masks are resolved,
-    so that the layout (eff, what plan.jit exports) stays the classes'."""
-    held = vmask.copy()
-    for t in range(whole_dims.shape[0]):
-        w = whole_dims[t]
-        if w:
-            for d in range(eff.shape[1]):
-                if w >> d & 1:
-                    held[t] &= ~eff[t, d]
-    return held
+def held_masks(vmask, held_type):
+    """[T] the axes each value type's buffers are divided over: its own, or those of the type
+    that sizes them (TypeTables.held_type). Read after the masks are resolved, so that the
+    layout (eff, what plan.jit exports) stays the classes'."""
+    return vmask[held_type]
 
 
 @njit(cache=True)

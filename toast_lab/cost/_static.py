@@ -45,10 +45,10 @@ class Static:
     width: int                  # D: the largest rank
     slot_class: np.ndarray      # [V, D] int32
     nbytes: np.ndarray          # [V] float64, whole-tensor bytes
-    # [V] int64: bit d set where XLA holds dim d of v whole whatever the plan says of it, while
-    # the value keeps its classes (and so the layout plan.jit exports): only its bytes per
-    # device follow (_whole_dims)
-    whole_dims: np.ndarray
+    # [V] int32: the value whose sharding v's buffer takes in XLA, where that is not v's own
+    # while v keeps its classes (and so the layout plan.jit exports): only its bytes per
+    # device follow (-1: its own; _held_like)
+    held_like: np.ndarray
     fused: np.ndarray           # [V] bool: an elementwise intermediate XLA fuses away
     attention_inside: np.ndarray  # [V] bool: a score-shaped value of a fused attention kernel
     # rows
@@ -351,7 +351,6 @@ def build_static(an) -> Static:
         if classes:
             slot_class[v, :len(classes)] = classes
     nbytes = np.array([v.nbytes for v in values], np.float64)
-    whole_dims = _whole_dims(prog)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
                             "operand")}
@@ -485,7 +484,7 @@ def build_static(an) -> Static:
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes,
-        whole_dims=whole_dims, fused=fused,
+        held_like=_held_like(prog), fused=fused,
         attention_inside=attention_inside,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
@@ -911,16 +910,21 @@ def _loop_made(prog, v: int) -> bool:
     return producer != NO_OP and bool(prog.ops[producer].body)
 
 
-def _whole_dims(prog) -> np.ndarray:
-    """[V] int64 bits of the dims XLA holds whole whatever the plan: the scanned dim of a
-    stack a forward scan keeps for the backward one (Program.loop_only_stacks). The forward
-    loop writes it a slice per iteration into a buffer it starts from zeros, the backward
-    loop reads it a slice per iteration, and no op outside the loops asks sharding
-    propagation for another layout along the scanned dim, so XLA keeps it whole in both
-    loops' state: an RNN's residuals with the sequence sharded, and a scanned GPT's with
-    `layers` sharded, are f32[T, ...] / f32[L, ...] in both while loops (jax 0.10.2). Its
-    other dims keep the plan's sharding (the GPT's batch stays sharded there), and so does a
-    stack read outside loops (the RNN's hs: written slice by slice into its own shard)."""
-    whole = np.zeros(len(prog.values), np.int64)
-    whole[list(prog.loop_only_stacks())] = 1
-    return whole
+def _held_like(prog) -> np.ndarray:
+    """[V] for a stack a forward scan keeps for the backward one (Program.loop_only_stacks),
+    the slice its loop writes each iteration; -1 elsewhere. XLA starts such a stack from
+    zeros in the loop's state, writes each slice in, and the backward loop reads it a slice
+    at a time: no op outside the loops asks sharding propagation for a layout of the stack,
+    so it takes its slice's, the scanned dim whole. An RNN's residuals with the sequence
+    sharded are f32[T, ...] in both while loops; a scanned GPT's with `layers` on model and
+    the batch on (model, data) are f32[L, B/8, ...], where the plan, `layers` decided first,
+    shards the stack on `layers` and leaves its batch whole (jax 0.10.2). A stack also read
+    outside loops is written into its own shard (the RNN's hs)."""
+    held = np.full(len(prog.values), -1, np.int32)
+    for r in prog.loop_only_stacks():
+        op = prog.ops[prog.values[r].producer]
+        held[r] = op.body[len(op.body) - len(op.results) + op.results.index(r)]
+    for r in np.nonzero(held >= 0)[0]:  # a slice that is itself such a stack (nested scans)
+        while held[held[r]] >= 0:
+            held[r] = held[held[r]]
+    return held

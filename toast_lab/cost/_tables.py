@@ -94,7 +94,8 @@ class TypeTables(NamedTuple):
 
     value_classes: np.ndarray   # [T, D] class of each dim (-1: none)
     value_tags: np.ndarray      # [T, D] conflict-side tag of each dim (-1: none)
-    whole_dims: np.ndarray      # [T] bits of the dims its values hold whole (_static.whole_dims)
+    held_type: np.ndarray       # [T] the type whose masks size its values' buffers (itself
+                                #   but where Static.held_like says otherwise)
     tag_conflict: np.ndarray    # [K] the conflict of each tag
     tag_dropped: np.ndarray     # [K, R] bool: the tag's dim is replicated under resolution r
     conflict_class: np.ndarray  # [C] the class of each conflict

@@ -103,15 +103,18 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     # --- value types --------------------------------------------------------------------------
     vtypes = _Interner()
     value_type = np.empty(V, _I)
+    keys = [(tuple(int(c) for c in st.slot_class[v]),
+             tuple(slot_tag.get((v, d), -1) for d in range(st.width))) for v in range(V)]
     for v in range(V):
-        cls = tuple(int(c) for c in st.slot_class[v])
-        tg = tuple(slot_tag.get((v, d), -1) for d in range(st.width))
-        # dims held whole set a value apart in bytes only: its masks are its classes'
-        value_type[v] = vtypes.id((cls, tg, int(st.whole_dims[v])))
+        value_type[v] = vtypes.id((*keys[v], -1))
+    # A value held like another (Static.held_like) is a type apart, in bytes only: its masks
+    # are its classes', its buffers sized by that value's type's
+    for v in np.nonzero(st.held_like >= 0)[0]:
+        value_type[v] = vtypes.id((*keys[v], int(value_type[st.held_like[v]])))
     T = len(vtypes)
     value_classes = np.array([k[0] for k in vtypes], _I).reshape(T, st.width)
     value_tags = np.array([k[1] for k in vtypes], _I).reshape(T, st.width)
-    whole_dims = np.array([k[2] for k in vtypes], _I)
+    held_type = np.array([t if k[2] < 0 else k[2] for t, k in enumerate(vtypes)], _I)
 
     # --- group types --------------------------------------------------------------------------
     G = len(st.group_op)
@@ -278,7 +281,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     operand_read[inst] = np.arange(len(inst))
 
     tables = TypeTables(
-        value_classes=value_classes, value_tags=value_tags, whole_dims=whole_dims,
+        value_classes=value_classes, value_tags=value_tags, held_type=held_type,
         tag_conflict=np.array(tag_conflict, _I), tag_dropped=tag_dropped,
         conflict_class=st.conflict_class,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
