@@ -69,11 +69,14 @@ Known differences, reported rather than tuned away:
   expensive ops read by several fusions, a loop's state and a cond's results held once
   (colocated with their bodies' parameters and roots), XLA:CPU's single combined gradient
   all-reduce (partial sums live until it, results written there), its max-pool-gradient
-  expansion, a loop body's temporaries within their iteration, and temporaries placed in
-  output buffers not yet written. Still missed: recomputation XLA chooses (a relu or a
-  gather feeding a weight gradient recomputed in slices: gnn zero1, maxtext), XLA's scan
-  residual stacks (llama megatron, gpt_scan random plans), and odd shardings of a max pool
-  (cnn random1).
+  expansion, a loop body's temporaries within their iteration, the residual stacks a
+  forward scan keeps for the backward one sharded like the slices it writes, the scanned dim
+  whole (gpt_scan random1 peak 1.62 -> 0.98; llama random0 0.91 -> 1.13, its residuals
+  exact, an overcount elsewhere no longer offset), and temporaries placed in output buffers
+  not yet written. Still missed: recomputation XLA chooses (a relu or a gather feeding a
+  weight gradient recomputed in slices: gnn zero1, maxtext), the stack of a constant XLA
+  keeps among a scan's residuals (gpt_scan's and llama's causal mask, pred[L, ...]), and odd
+  shardings of a max pool (cnn random1).
 - XLA's cost_analysis() counts a while loop's body once; the model's `flops` counts a scan body
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce
