@@ -177,7 +177,8 @@ def keras_transformer():
 def _fresh_keras():
     """keras, on the JAX backend, in a fresh session: layer names come from a process-wide
     counter, and a fresh session names them as a new process would ("embedding", not
-    "embedding_1"), whatever was built before."""
+    "embedding_1"), whatever was built before. Seeded: Keras draws its initial weights from a
+    process-wide generator, and a test run should be the same run each time."""
     import keras
 
     if keras.backend.backend() != "jax":
@@ -185,6 +186,7 @@ def _fresh_keras():
 
         pytest.skip("keras is configured for another backend")
     keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
     return keras
 
 

@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..program import check_args
 from ._compiled import CompiledStats, read_compiled
-from ._sensitivity import (PERTURBATION_ULPS, RESAMPLES, SPREAD_FACTOR, few_noisy_entries,
+from ._sensitivity import (PERTURBATION_ULPS, RESAMPLES, SPREAD_FACTOR, is_noise,
                            perturb_inputs, spread_allowance)
 
 # Relative 2-norm error allowed per floating dtype (see the module docstring).
@@ -189,9 +189,9 @@ def compare_outputs(out, ref, tolerance: float | None = None,
     computed_in: per leaf, the tolerance of the least precise float its value was computed
         through (`computed_in_tolerances`); a float32 leaf computed in bfloat16 is checked at
         bfloat16's. None: each leaf's own dtype.
-    resampled: more runs of the reference on inputs perturbed with other seeds. A leaf of at
-        most FEW_ENTRIES entries that `perturbed` shows to be noise takes its largest spread
-        over all of them (`_sensitivity.py`, "Few entries").
+    resampled: more runs of the reference on inputs perturbed with other seeds. A leaf that
+        `perturbed` shows to be noise takes its largest spread over all of them
+        (`_sensitivity.py`, "More draws").
     """
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(_key_data(out))
     ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(_key_data(ref))
@@ -223,7 +223,7 @@ def compare_outputs(out, ref, tolerance: float | None = None,
         elif base:
             base = max(base, floor)
         spread = 0.0 if c is None else _leaf_error(c, b, scale)
-        if few_noisy_entries(b.size, base, spread):
+        if is_noise(base, spread):
             spread = max([spread] + [_leaf_error(np.asarray(o[i]), b, scale) for o in others])
         checks.append(LeafCheck(name, b.dtype.name, b.shape, _leaf_error(a, b, scale),
                                 spread_allowance(base, spread), spread, base))
@@ -575,8 +575,8 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     moved = run_reference(perturb_inputs(args, seed), perturb_inputs(kwargs, seed + 1))
     host, computed_in = jax.device_get(_key_data(out)), computed_in_tolerances(prog)
     checks = compare_outputs(host, ref, tolerance, perturbed=moved, computed_in=computed_in)
-    if any(few_noisy_entries(math.prod(c.shape), c.base_tolerance, c.spread) for c in checks):
-        # one sample of a few entries' noise is not enough to size it: draw more
+    if any(is_noise(c.base_tolerance, c.spread) for c in checks):
+        # one sample of a noise leaf's heavy-tailed spread is not enough to size it: draw more
         more = [run_reference(perturb_inputs(args, seed + 2 * k),
                               perturb_inputs(kwargs, seed + 2 * k + 1))
                 for k in range(1, RESAMPLES + 1)]
