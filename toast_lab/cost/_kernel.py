@@ -670,8 +670,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             gdelta[copy_start[k]] += copy_bytes[k]
             gdelta[copy_end[k]] -= copy_bytes[k]
     reshards = (pre_early, pre_late, post, read_time)
+    # the operands only sliced locally (nothing gathered or moved), by axes the operand does
+    # not hold on another dim: by what. (An axis that also shards a contracted dim, a
+    # ZeRO-1 weight gradient's on data like the batch it sums over, slices nothing: XLA
+    # computes the whole partial sums and reduce-scatters them.)
+    only_sliced = np.zeros(operands.shape[0], np.int64)
+    for o in range(operands.shape[0]):
+        if gather[o] == 0 and a2a[o] == 0 and sliced[o] & vmask[operands[o].value_type] == 0:
+            only_sliced[o] = sliced[o]
     return (totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced,
-            member_bytes, reduces)
+            member_bytes, reduces, only_sliced)
 
 
 @njit(cache=True, inline="always")
@@ -778,8 +786,8 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     tables = TypeTables(*tables)
     memory = MemoryTables(*memory)
     totals, coll, op_compute, op_comm, gathered, eff, vmask, gdelta, reshards, reduced, \
-        member_bytes, reduces = evaluate_types(PlanArrays(*plan), tables, mesh, device,
-                                      np.zeros((0, LEDGER_WIDTH)))
+        member_bytes, reduces, only_sliced = evaluate_types(PlanArrays(*plan), tables, mesh,
+                                                            device, np.zeros((0, LEDGER_WIDTH)))
     step = schedule(ScheduleTables(*sched), tables.ops, tables.shared_reads, op_compute,
                     reshards)
     totals[T_SCHEDULED] = step
@@ -791,6 +799,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
     else:
         move_temps(delta, old_vmask, held, mesh, memory)
     hoisted_reshards(gdelta, gathered, member_bytes, tables, memory)
+    early_slices(gdelta, only_sliced, vmask, mesh, memory)
     reduced_buffers(gdelta, gathered, reduced, reduces, memory, tables.ops, vmask, mesh)
     arguments_and_outputs(totals, eff, vmask, mesh, memory, gdelta)
     totals[T_TEMP] = peak_live(delta, gdelta, gathered, memory.op_type)
@@ -836,6 +845,58 @@ def hoisted_reshards(gdelta, gathered, member_bytes, tables, memory):
         if b > 0.0:
             gdelta[read.ready] += b
             gdelta[read.position + 1] -= b
+
+
+@njit(cache=True, inline="always")
+def early_slices(gdelta, only_sliced, vmask, mesh, memory):
+    """A temporary that a dot (or another op XLA:CPU fuses nothing into) reads as a local
+    slice is sliced by a dynamic-slice fusion of its own, which a breadth-first schedule runs
+    as soon as the temporary is made: the slice's buffer lives from there to the reader, and
+    the whole temporary only until its last reader that reads it whole. ZeRO-1's weight
+    gradients, sharded like the optimizer state, slice the forward activations they read
+    (relu(x)[:, shard] for w_out's gradient, h[senders][:, shard] for w_send's): XLA keeps
+    those f32[256, 8] and f32[256, 4] slices from the forward pass to the backward, and frees
+    the f32[256, 64] and f32[256, 32] activations after the forward matmuls (the zoo GNN,
+    jax 0.10.2; tests/test_cost.py). Elsewhere (a slice an elementwise reader fuses in) the
+    temporary is read whole by its reader."""
+    reads = memory.slice_reads
+    for i in range(memory.temp_slices.shape[0]):
+        span = memory.temp_slices[i]
+        if span.end == span.start:
+            continue
+        temp = memory.temps[i]
+        ways = mesh[vmask[temp.value_type]].ways
+        s = _written(temp, ways)
+        if s == 0.0:
+            continue
+        whole = temp.nbytes / ways
+        last = span.whole_end
+        sliced = False
+        for j in range(span.start, span.end):
+            if only_sliced[reads[j].operand_type] == 0:
+                last = max(last, reads[j].position + 1)
+            else:
+                sliced = True
+        if not sliced:
+            continue
+        for j in range(span.start, span.end):
+            m = only_sliced[reads[j].operand_type]
+            if m == 0:
+                continue
+            first = True  # one slice per sharding, read by all that want it (CSE)
+            end = reads[j].position + 1
+            for k in range(span.start, span.end):
+                if only_sliced[reads[k].operand_type] == m:
+                    if k < j:
+                        first = False
+                    end = max(end, reads[k].position + 1)
+            if first:
+                b = whole / mesh[m].ways
+                gdelta[temp.start] += b
+                gdelta[end] -= b
+        if last < temp.end:
+            gdelta[last] -= s
+            gdelta[temp.end] += s
 
 
 @njit(cache=True, inline="always")

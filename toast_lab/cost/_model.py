@@ -21,8 +21,9 @@ The model, per op, with every value in exactly one sharding (its plan spec):
   order, or XLA:CPU's breadth-first schedule: _order.py): arguments (donated training state
   shares its buffers with the new state), outputs from their definition, temporaries while
   live (less the output space not yet written), gathered buffers from the reshard (at the
-  op, or as soon as the value is made) to the op, partial sums until their all-reduce, and
-  compiler workspace.
+  op, or as soon as the value is made) to the op, a local slice a dot reads from when the
+  value is made (the whole value then lives only while read whole), partial sums until
+  their all-reduce, and compiler workspace.
 Ops inside a scan body count `length` times for time, once for memory.
 """
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import Plan, donated_arguments
-from ..program import state_inputs
+from ..program import NO_OP, state_inputs
 from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import CollectiveCost, Estimate
@@ -42,8 +43,8 @@ from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pie
 from ._fusion import (NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
                       own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
-from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SPAN, TEMP, MemoryTables,
-                      ScheduleTables)
+from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
+                      TEMP_SLICES, MemoryTables, ScheduleTables)
 from ._types import build_types
 
 # How communication and compute add up: "scheduled" overlaps collectives with compute the way
@@ -228,6 +229,12 @@ class CostModel:
         body_end = np.array([prog.ops[n].body_ops[1] for n in loop.tolist()], np.int64)
         reads["ready"][hoisted] = position[loop]
         reads["memory_position"][hoisted] = position[loop] + body_end - loop - 1
+        temp_slices = np.zeros(len(temps), TEMP_SLICES)
+        temp_slices["whole_end"] = temps["end"]
+        slice_reads = np.zeros(0, SLICE_READ)
+        if dev.schedules_breadth_first:
+            slice_reads = _slice_reads(prog, st, ty, temp, position, live_end,
+                                       temp_slices[:k])
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
         self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         computation = _computations(self.st.op_computation)
@@ -242,7 +249,8 @@ class CostModel:
             operand_reads=operand_reads, computation=computation,
             num_computations=int(computation.max(initial=0)) + 1,
             iteration_copies=self.st.op_iteration_copies,
-            sliced_read=_sliced_reads(prog, position), **_readers(prog))
+            sliced_read=_sliced_reads(prog, position), temp_slices=temp_slices,
+            slice_reads=slice_reads, **_readers(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -525,6 +533,48 @@ def _sliced_reads(prog, position) -> np.ndarray:
         if found:
             last[n] = max(position[r] for r in found)
     return last
+
+
+def _slice_reads(prog, st, ty, temp, position, live_end, out) -> np.ndarray:
+    """Fills `out` (TEMP_SLICES of the temporaries `temp`, value ids) and returns the
+    SLICE_READ records they index: the reads of each temporary by an op that XLA:CPU does not
+    fuse a slice into (NOT_FUSIBLE: a dot, a gather...), and where its last other reader runs.
+
+    Only temporaries whose last reader ends their life are listed (not one read in a loop, nor
+    the input of a fused value, kept for the fusions that recompute it). What the kernel does
+    with them: _kernel.early_slices."""
+    operand_type = {}  # (op, value) -> the operand types it is read as
+    for o in range(len(st.operand_op)):
+        if ty.operand_member[o] >= 0:
+            t = ty.tables.op_operands[ty.operand_member[o]]["operand_type"]
+        elif ty.operand_read[o] >= 0:
+            t = ty.tables.shared_reads[ty.operand_read[o]]["operand_type"]
+        else:
+            continue
+        operand_type.setdefault((int(st.operand_op[o]), int(st.operand_value[o])),
+                                []).append(int(t))
+    rows = []
+    for i, v in enumerate(temp.tolist()):
+        readers = sorted(set(prog.users(v)))
+        if not readers or prog.values[v].producer == NO_OP \
+                or any(prog.ops[r].region != NO_OP for r in readers) \
+                or live_end[v] != max(position[r] for r in readers) + 1:
+            continue
+        whole = int(position[prog.values[v].producer]) + 1
+        start = len(rows)
+        for r in readers:
+            op = prog.ops[r]
+            types = operand_type.get((r, v), ())
+            if op.primitive in NOT_FUSIBLE and not op.body and types:
+                rows += [(int(position[r]), t) for t in types]
+            else:
+                whole = max(whole, int(position[r]) + 1)
+        if len(rows) > start:
+            out[i] = (whole, start, len(rows))
+    reads = np.zeros(len(rows), SLICE_READ)
+    if rows:
+        reads["position"], reads["operand_type"] = np.array(rows, np.int64).T
+    return reads
 
 
 def _events(st, shared_reads) -> np.ndarray:

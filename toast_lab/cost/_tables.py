@@ -128,6 +128,12 @@ DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=
 # min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
 # large enough, see _fusion.library_inputs).
 TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I, min_nbytes=_F)
+# A temporary some of whose readers may take a local slice of it (TEMP_SLICES, one per
+# temporary, in the order of MemoryTables.temps): where its last reader that reads it whole
+# runs (+1), and its reads by ops XLA:CPU does not fuse a slice into (reads[start:end] of
+# MemoryTables.slice_reads: each the reader's position and the operand type it reads).
+TEMP_SLICES = record(whole_end=_I, start=_I, end=_I)
+SLICE_READ = record(position=_I, operand_type=_I)
 INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
 # An output, and the op position that writes it (0: an argument returned as it is).
 OUTPUT = record(nbytes=_F, value_type=_I, position=_I)
@@ -181,3 +187,7 @@ class MemoryTables(NamedTuple):
     # reader can fuse a slice of it, -1 elsewhere: how long the whole buffer of an all-reduce
     # XLA:CPU slices for a reduce-scatter stays live
     sliced_read: np.ndarray
+    # TEMP_SLICES records (one per temporary; all runs empty where the compiler does not run
+    # each op as soon as it can) and SLICE_READ records: see _kernel.early_slices
+    temp_slices: np.ndarray
+    slice_reads: np.ndarray
