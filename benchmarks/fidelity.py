@@ -72,11 +72,16 @@ Known differences, reported rather than tuned away:
   expansion, a loop body's temporaries within their iteration, the residual stacks a
   forward scan keeps for the backward one sharded like the slices it writes, the scanned dim
   whole (gpt_scan random1 peak 1.62 -> 0.98; llama random0 0.91 -> 1.13, its residuals
-  exact, an overcount elsewhere no longer offset), and temporaries placed in output buffers
-  not yet written. Still missed: recomputation XLA chooses (a relu or a gather feeding a
-  weight gradient recomputed in slices: gnn zero1, maxtext), the stack of a constant XLA
-  keeps among a scan's residuals (gpt_scan's and llama's causal mask, pred[L, ...]), and odd
-  shardings of a max pool (cnn random1).
+  exact, an overcount elsewhere no longer offset), temporaries placed in output buffers not
+  yet written, and a temporary a dot reads as a local slice sliced as soon as it is made (a
+  ZeRO-1 weight gradient's slice of a forward activation kept for the backward pass, not the
+  activation: gnn zero1 1.46 -> 1.04). Still missed: a value gathered whole for a forward dot
+  whose weight gradient wants it sliced on the same dim over another axis (gnn maxtext:
+  h[senders] on model gathered, then wanted on data): XLA moves the shard with a
+  collective-permute as soon as it is made and frees the gathered copy after the forward
+  pass, the model keeps the gathered copy until the backward (1.56); the stack of a constant
+  XLA keeps among a scan's residuals (gpt_scan's and llama's causal mask, pred[L, ...]), and
+  odd shardings of a max pool (cnn random1).
 - XLA's cost_analysis() counts a while loop's body once; the model's `flops` counts a scan body
   once per iteration, which is what runs, so the table compares its flops_loop_bodies_once.
 - The estimate runs on a "cpu" mesh: the model of XLA:CPU's passes (no all-reduce
