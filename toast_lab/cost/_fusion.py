@@ -35,6 +35,9 @@ NOT_FUSIBLE = frozenset({
     "custom_linear_solve", "rng_bit_generator", "threefry2x32", "optimization_barrier",
     "reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min",
     "select_and_scatter_add", "select_and_gather_add",
+    # a shard_map body is a computation of its own (its ops fuse among themselves), and a
+    # host callback a custom call: neither is cloned into its readers
+    "shard_map", "pure_callback", "io_callback", "debug_callback",
 })
 
 # The einsums of jax.nn.dot_product_attention's XLA implementation (jax/_src/nn/functions.py,
@@ -44,6 +47,9 @@ ATTENTION_EINSUMS = frozenset({"BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"})
 
 # What an op is to the kernel that runs it.
 KERNEL_OWN, KERNEL_ATTENTION, KERNEL_INSIDE = 0, 1, 2
+# a shard_map: its body runs on each device's shard as the user wrote it, so its flops are
+# per device already (_static._manual_body_flops), whatever the plan shards outside
+KERNEL_MANUAL = 3
 
 
 def _is_reduction(name: str) -> bool:
@@ -77,7 +83,8 @@ def attention_kernels(prog):
 
     inside: the score-shaped values of jax.nn.dot_product_attention (never written by a flash
     kernel); kernel: KERNEL_ATTENTION for its matmuls, KERNEL_INSIDE for the ops that make
-    values inside it (run within the kernel), KERNEL_OWN otherwise; flop_scale: 0.5 for the
+    values inside it (run within the kernel), KERNEL_MANUAL for a shard_map, KERNEL_OWN
+    otherwise; flop_scale: 0.5 for the
     matmuls of causal attention (a flash kernel skips the masked half), 1 otherwise.
     """
     values, ops = prog.values, prog.ops
@@ -85,6 +92,7 @@ def attention_kernels(prog):
     inside = np.zeros(V, bool)
     kernel = np.zeros(N, np.int8)
     flop_scale = np.ones(N)
+    kernel[[op.id for op in ops if op.primitive == "shard_map"]] = KERNEL_MANUAL
     dots = [op for op in ops if op.primitive == "dot_general"
             and op.name_scope.rsplit("/", 1)[-1] in ATTENTION_EINSUMS]
     if not dots:

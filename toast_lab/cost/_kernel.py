@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from ._plan_arrays import PlanArrays
-from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE
+from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from ._static import DIM_BATCH, DIM_M, ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, ScheduleTables, TypeTables
 
@@ -543,7 +543,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         # factor), each reads the last one's: two are live at once
                         reduced[p] = max(reduced[p], size)
                     ptime += t
-        flops = op.flops / mesh[res_mask | psum].ways
+        # a shard_map's flops are one device's run of its body already
+        flops = op.flops if op.kernel == KERNEL_MANUAL else op.flops / mesh[res_mask | psum].ways
         rate = op.peak
         if op.kernel == KERNEL_ATTENTION:
             rate *= dev.attention / op.flop_scale

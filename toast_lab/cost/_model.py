@@ -40,7 +40,7 @@ from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_array
 from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
                       static_tables)
-from ._fusion import (NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
+from ._fusion import (KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
                       own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
@@ -123,7 +123,9 @@ class CostModel:
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
         # Fusion follows the device's compiler: attention kernels fuse on GPUs and TPUs.
-        fused, kernel = st.fused, np.zeros(st.num_ops, np.int8)
+        # (a shard_map runs its body per device on every compiler)
+        fused = st.fused
+        kernel = np.where(st.op_kernel == KERNEL_MANUAL, KERNEL_MANUAL, 0).astype(np.int8)
         if dev.fuses_attention:
             fused, kernel = st.fused | st.attention_inside, st.op_kernel
         self.fused = fused

@@ -225,6 +225,8 @@ def _flops(op, values) -> float:
     size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
     if op.body or not out:
         return 0.0
+    if name == "shard_map":
+        return _manual_body_flops(op.params["jaxpr"])
     if name in _COMPLEX_FLOPS and op.operands and np.issubdtype(
             values[op.operands[0]].dtype, np.complexfloating):
         return size(out[0]) * _COMPLEX_FLOPS[name]
@@ -270,6 +272,64 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+@dataclass(frozen=True)
+class _BodyOp:
+    """An equation of a jaxpr toast-lab does not trace, in the shape _flops reads."""
+
+    primitive: str
+    params: dict
+    operands: tuple
+    results: tuple
+    body: tuple = ()
+
+
+# Inside a shard_map body: ops that only mark a value as varying over mesh axes (pvary lowers
+# to nothing) or move it (XLA counts no flops for a collective that does not combine), and
+# the all-reduces over named axes, which cost_analysis() counts one flop per element of
+# (jax 0.10.2: psum of an f32[4, 8] shard, 32; tests/test_cost.py).
+_MANUAL_MOVES = frozenset({"pvary", "pbroadcast", "ppermute", "all_gather", "all_gather_invariant",
+                           "all_to_all", "axis_index"})
+_MANUAL_REDUCES = frozenset({"psum", "psum_invariant", "pmax", "pmin", "reduce_scatter",
+                             "psum_scatter"})
+
+
+def _manual_body_flops(jaxpr) -> float:
+    """Flops of one device's run of a `shard_map` body: its equations counted on the shapes
+    they have there, the per-device shard. XLA partitions nothing inside (the body is manual),
+    so every device runs all of it and cost_analysis() counts it once, whatever the plan does
+    outside (jax 0.10.2: a [16, 16] @ [16, 16] under in_specs P("data"), P(None, "model") on
+    data=4 x model=2 counts the [4, 16] @ [16, 8] of a shard; tests/test_cost.py). A loop or
+    call inside counts its body as _flops' callers do: a scan's per iteration, a while loop's
+    once, a cond's costliest branch."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        inner = [getattr(v, "jaxpr", v) for p in eqn.params.values()
+                 for v in (p if isinstance(p, (tuple, list)) else (p,))
+                 if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
+        if inner:
+            parts = [_manual_body_flops(j) for j in inner]
+            if eqn.primitive.name == "cond":
+                total += max(parts)
+            elif eqn.primitive.name == "while":
+                total += sum(parts)
+            else:
+                total += sum(parts) * float(eqn.params.get("length", 1))
+            continue
+        name = eqn.primitive.name
+        if name in _MANUAL_MOVES:
+            continue
+        if name in _MANUAL_REDUCES:  # an all-reduce: one combine per element of its result
+            total += float(sum(np.prod(v.aval.shape, dtype=np.float64) for v in eqn.outvars))
+            continue
+        avals = [v.aval for v in list(eqn.invars) + list(eqn.outvars)]
+        n = len(eqn.invars)
+        op = _BodyOp(eqn.primitive.name, eqn.params, tuple(range(n)),
+                     tuple(range(n, len(avals))))
+        total += _flops(op, avals)
+    return total
 
 
 # JAX lowers a cumulative reduction on CPU and TPU to a reduce-window over the whole axis
