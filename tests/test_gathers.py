@@ -575,3 +575,57 @@ def test_a_value_read_through_stop_gradient_is_gathered_once():
     model = _model_bytes(an, plan, "all-gather")
     assert model == pytest.approx(_xla_bytes(f, args, plan, "all-gather"))
     assert model[("all-gather", ("data", "model"))] == 4 * 16 * 8 * 4
+
+
+@functools.cache
+def lora():
+    """A LoRA step on a frozen base: optax.multi_transform gives the base kernel
+    optax.set_to_zero (its update a broadcast 0.0) and the low-rank pair Adam."""
+    import optax
+
+    def loss_fn(p, x, y):
+        f, t = p["frozen"], p["lora"]
+        h = jnp.tanh(x @ f["w1"] + (x @ t["a"]) @ t["b"])
+        return jnp.mean((h @ f["w2"] - y) ** 2)
+
+    def labels(p):
+        return {k: jax.tree.map(lambda _: k, v) for k, v in p.items()}
+
+    opt = optax.multi_transform({"lora": optax.adam(1e-3), "frozen": optax.set_to_zero()},
+                                labels)
+
+    def step(p, opt_state, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        upd, opt_state = opt.update(g, opt_state, p)
+        return optax.apply_updates(p, upd), opt_state, loss
+
+    rng = np.random.default_rng(0)
+    n = lambda *s: jnp.asarray(rng.normal(size=s) * 0.2, jnp.float32)  # noqa: E731
+    p = {"frozen": {"w1": n(16, 32), "w2": n(32, 16)},
+         "lora": {"a": n(16, 4), "b": jnp.zeros((4, 32))}}
+    args = (p, opt.init(p), n(16, 16), n(16, 16))
+    return step, args, tl.analyze(tl.trace(step, *args))
+
+
+def test_a_frozen_parameters_zero_update_is_not_gathered():
+    """ZeRO-1 shards the updates; the frozen kernels' are set_to_zero's broadcast 0.0, whose
+    all-gather XLA makes for free (the gathered form is the same broadcast; jax 0.10.2): only
+    the trained pair's updates are gathered before they are applied."""
+    step, args, an = lora()
+    prog = an.program
+    plan = tl.strategies.expert(an, MESH)["zero1"]
+    gathered = _gathered(an, plan)
+    frozen, trained = _parameters(an)[:2], _parameters(an)[2:]
+    applied = {op.operands[0]: op.id for op in prog.ops
+               if op.primitive == "add" and op.operands[0] in frozen + trained}
+    assert set(applied) == set(frozen + trained)
+    assert not any(applied[w] in gathered for w in frozen)
+    assert all(applied[w] in gathered for w in trained)
+
+
+@pytest.mark.slow
+def test_lora_zero1_gathers_agree_with_xla():
+    step, args, an = lora()
+    plan = tl.strategies.expert(an, MESH)["zero1"]
+    measured = _xla_bytes(step, args, plan, "all-gather")
+    assert measured and _model_bytes(an, plan, "all-gather") == measured

@@ -412,6 +412,11 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                     a2a[o] = 0
                     sliced[o] = 0
                     break
+        if operands[o].uniform:
+            # A constant of one number throughout (optax.set_to_zero's zeros for a frozen
+            # parameter under ZeRO-1): XLA all-gathers nothing, the gathered form is the same
+            # broadcast of the scalar; an all-to-all of it stays (jax 0.10.2).
+            gather[o] = 0
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]

@@ -67,6 +67,9 @@ class Static:
     operand_value: np.ndarray   # [O] int32
     operand_slot: np.ndarray    # [O] int32: its position among the op's operands (-1: none)
     operand_nbytes: np.ndarray  # [O] float64: whole-tensor bytes of what it reshards
+    # [O] bool: it reads a constant holding one number throughout (a broadcast literal, such
+    # as optax.set_to_zero's update of a frozen parameter), which XLA all-gathers for free
+    operand_uniform: np.ndarray
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
@@ -555,6 +558,7 @@ def build_static(an) -> Static:
         operand_value=np.array(operand_value, np.int32),
         operand_slot=np.array(operand_slot, np.int32),
         operand_nbytes=np.array(operand_nbytes, np.float64),
+        operand_uniform=np.array([u in uniform for u in operand_value], bool),
         num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog),
         op_clone_flops=op_clone_flops, op_trip=op_trip, **unrolled_copies(prog),
         op_result=op_result,

@@ -37,8 +37,12 @@ GROUP_MEMBER = record(value_type=_I, dim=_I)
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
 # dim the operand holds whole, wanted like `source` (_static.py).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I)
-# Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]).
-OPERAND = record(value_type=_I, start=_I, end=_I)
+# Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]);
+# uniform: a constant of one number throughout (a broadcast literal, optax.set_to_zero's update
+# of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by
+# all-to-all like any value (jax 0.10.2; a broadcast of a scalar argument, a constant of
+# several numbers and a broadcast constant row are gathered).
+OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
 # dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
 # matmul_k > 0 for matmuls and convolutions: their contraction length, and dims (a run of
