@@ -40,6 +40,7 @@ from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_array
 from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
                       static_tables)
+from ._manual import manual_collectives
 from ._fusion import (KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
                       own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
@@ -86,6 +87,7 @@ class CostModel:
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
+        self._manual_tables(analysis.program)
 
     # --- static tables ----------------------------------------------------------------------
 
@@ -261,6 +263,34 @@ class CostModel:
             reads_in_order=np.argsort(ty.tables.shared_reads["position"],
                                       kind="stable").astype(np.int64)))
 
+    def _manual_tables(self, prog):
+        """The collectives shard_map bodies run whatever the plan (_manual.py), as rows of
+        fixed charges: op, kernel kind, mesh-axis mask, count, bytes and seconds of one run;
+        and their sum as the kernel's collectives array."""
+        kinds = {"all-reduce": _kernel.AR, "all-gather": _kernel.AG,
+                 "reduce-scatter": _kernel.RS, "all-to-all": _kernel.A2A}
+        rows = []
+        for c in manual_collectives(prog):
+            mask = sum(self.axis_bit.get(a, 0) for a in set(c.axes))
+            cost = self.mesh_table[mask]
+            if mask == 0 or cost["ways"] <= 1.0 or c.nbytes <= 0:
+                continue
+            one = c.nbytes * cost["gather_beta"] + cost["gather_alpha"]
+            if c.kind == "all-reduce":  # a reduce-scatter and an all-gather
+                one *= 2.0
+            elif c.kind == "all-to-all":
+                one = c.nbytes * cost["a2a_beta"] + cost["gather_alpha"]
+            rows.append((c.op, kinds[c.kind], mask, c.count, c.nbytes, one))
+        self._fixed = np.array(rows, np.float64).reshape(-1, 6)
+        self._fixed_coll = np.zeros((4, len(self.ways), 3))
+        op, kind, mask = (self._fixed[:, i].astype(np.int64) for i in range(3))
+        count, nbytes, seconds = self._fixed[:, 3], self._fixed[:, 4], self._fixed[:, 5]
+        for col, w in enumerate((count, count * nbytes, count * seconds)):
+            np.add.at(self._fixed_coll[:, :, col], (kind, mask), w)
+        self._fixed_s = float((count * seconds).sum())
+        self._fixed_op_comm = np.bincount(self.ty.op_type[op], weights=count * seconds,
+                                          minlength=len(self.op_count))
+
     # --- plan -> arrays -----------------------------------------------------------------------
 
     def plan_arrays(self, plan) -> PlanArrays:
@@ -341,8 +371,15 @@ class CostModel:
         fresh = delta is None
         if fresh:
             delta, old_vmask = self._unused_delta, self._unused_masks
-        return _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
-                           self._memory, self._schedule, delta, old_vmask, fresh)
+        out = _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
+                          self._memory, self._schedule, delta, old_vmask, fresh)
+        if len(self._fixed):  # a shard_map body's own collectives: on the critical path
+            totals, coll, _, op_comm, _ = out
+            coll += self._fixed_coll
+            op_comm += self._fixed_op_comm
+            for t in (_kernel.T_COMM, _kernel.T_SCHEDULED, _kernel.T_EXPOSED):
+                totals[t] += self._fixed_s
+        return out
 
     def _step_and_peak(self, totals) -> tuple[float, float]:
         compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]

@@ -30,8 +30,9 @@ class OpCollective:
 
     kind: one of COLLECTIVE_KINDS; axes: mesh axes, in mesh order; operand: the position among
     the op's operands of the value it moves (all-gather, all-to-all), None for the op's
-    partial sums (all-reduce, reduce-scatter; the all-gather of an argmax's partial results)
-    and for a scan's stacked output it reshards after the loop (_static.py); count: how many per step (an op in a loop body
+    partial sums (all-reduce, reduce-scatter; the all-gather of an argmax's partial results),
+    for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
+    it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
     conventions (an all-gather counts its output).
     """
@@ -116,11 +117,17 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
     count = ledger[row, _kernel.L_COUNT] * scale
-    return Charges(op=op, operand=operand.astype(np.int64),
-                   kind=ledger[row, _kernel.L_KIND].astype(np.int64),
-                   mask=ledger[row, _kernel.L_MASK].astype(np.int64), count=count,
-                   bytes=count * ledger[row, _kernel.L_BYTES],
-                   seconds=count * ledger[row, _kernel.L_SECONDS]), op_compute
+    # a shard_map body's own collectives (CostModel._manual_tables), at the shard_map
+    fixed = model._fixed
+    count = np.concatenate([count, fixed[:, 3]])
+    return Charges(op=np.concatenate([op, fixed[:, 0].astype(np.int64)]),
+                   operand=np.concatenate([operand, np.full(len(fixed), -1)]).astype(np.int64),
+                   kind=np.concatenate([ledger[row, _kernel.L_KIND], fixed[:, 1]]).astype(np.int64),
+                   mask=np.concatenate([ledger[row, _kernel.L_MASK], fixed[:, 2]]).astype(np.int64),
+                   count=count,
+                   bytes=count * np.concatenate([ledger[row, _kernel.L_BYTES], fixed[:, 4]]),
+                   seconds=count * np.concatenate([ledger[row, _kernel.L_SECONDS],
+                                                   fixed[:, 5]])), op_compute
 
 
 def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective, ...]]:

@@ -1,0 +1,130 @@
+"""The collectives a `shard_map` body runs: fixed by the user's code, whatever the plan.
+
+Inside a shard_map the user partitions by hand: each psum, pmax, all_gather, psum_scatter
+and all_to_all over named mesh axes lowers to one XLA collective over those axes, on the
+shapes the body sees (one device's shard), and no plan changes it. The estimate charges them
+as they are (CostModel adds them to every plan's collectives), priced by verify's convention:
+an all-gather by its gathered result, the others by their operand (jax 0.10.2 on XLA:CPU: a
+psum of an f32[4, 8] shard over model is one all-reduce of 128 B over the model groups; a
+tiled all_gather of f32[4, 16] over data, one all-gather of 1024 B; tests/test_cost_manual.py).
+
+Not charged: ppermute (a collective-permute, which the estimate has no kind for; verify
+counts it apart), collectives over axes the toast_lab Mesh lacks or of size 1 (XLA drops a
+one-device group), and those whose results nothing reads (XLA removes them). Charged but
+not run: a psum XLA proves to sum a value every device holds alike (AllReduceSimplifier makes
+it a multiply; seen on the cotangent of `kernel(x).sum()`, a broadcast constant).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+# primitive -> (collective kind, the parameter naming its mesh axes, priced by its result)
+_MANUAL_COLLECTIVES = {
+    "psum": ("all-reduce", "axes", False),
+    "psum_invariant": ("all-reduce", "axes", False),
+    "pmax": ("all-reduce", "axes", False),
+    "pmin": ("all-reduce", "axes", False),
+    "all_gather": ("all-gather", "axis_name", True),
+    "all_gather_invariant": ("all-gather", "axis_name", True),
+    "reduce_scatter": ("reduce-scatter", "axis_name", False),
+    "all_to_all": ("all-to-all", "axis_name", False),
+}
+
+
+class ManualCollective(NamedTuple):
+    """One collective of a shard_map body: the program op it runs in, its kind (one of
+    COLLECTIVE_KINDS), its mesh axes (as the body names them), how often per step and the
+    bytes one run moves per device."""
+
+    op: int
+    kind: str
+    axes: tuple
+    count: float
+    nbytes: float
+
+
+def _nbytes(avals) -> float:
+    return float(sum(np.prod(a.shape, dtype=np.float64) * np.dtype(a.dtype).itemsize
+                     for a in avals))
+
+
+def _inner_jaxprs(eqn):
+    return [getattr(v, "jaxpr", v) for p in eqn.params.values()
+            for v in (p if isinstance(p, (tuple, list)) else (p,))
+            if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
+
+
+def _used_eqns(jaxpr, used=None):
+    """The equations of `jaxpr` whose results reach its outputs (those `used` says are read,
+    where given) or that have effects."""
+    live = {v for i, v in enumerate(jaxpr.outvars)
+            if not hasattr(v, "val") and (used is None or used[i])}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(v in live for v in eqn.outvars):
+            kept.append(eqn)
+            live.update(v for v in eqn.invars if not hasattr(v, "val"))
+    return kept[::-1]
+
+
+def body_collectives(jaxpr, used=None, times: float = 1.0):
+    """[(kind, axes, count, nbytes)] of one run of a manual body (`used`: which of its outputs
+    are read; None: all): a scan's body `length` times, a while loop's once (its trip count
+    is unknown here), a cond's branch moving most."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    out = []
+    for eqn in _used_eqns(jaxpr, used):
+        name = eqn.primitive.name
+        inner = _inner_jaxprs(eqn)
+        if inner:
+            parts = [body_collectives(j, None, times * float(eqn.params.get("length", 1)))
+                     for j in inner]
+            if name == "cond":
+                parts = [max(parts, key=lambda p: sum(c * b for _, _, c, b in p))]
+            out.extend(c for p in parts for c in p)
+            continue
+        if name not in _MANUAL_COLLECTIVES:
+            continue
+        kind, key, by_result = _MANUAL_COLLECTIVES[name]
+        axes = eqn.params.get(key, ())
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        avals = [v.aval for v in (eqn.outvars if by_result else eqn.invars)]
+        out.append((kind, axes, times, _nbytes(avals)))
+    return out
+
+
+def _live_ops(prog) -> set[int]:
+    """The ops whose results reach the step's outputs (XLA removes the others), ops without
+    results, and every op in the body of a live region op."""
+    outputs = set(prog.outputs)
+    work = [op.id for op in prog.ops if not op.results or outputs.intersection(op.results)]
+    live = set()
+    while work:
+        n = work.pop()
+        if n in live:
+            continue
+        live.add(n)
+        op = prog.ops[n]
+        work.extend(prog.values[v].producer for v in (*op.operands, *op.body)
+                    if prog.values[v].producer >= 0)
+        work.extend(range(*op.body_ops))
+    return live
+
+
+def manual_collectives(prog) -> list[ManualCollective]:
+    """Every collective the shard_map bodies of `prog` run, per step (an op in a scan body
+    runs its trip count times), leaving out what computes only results nothing reads."""
+    if not any(op.primitive == "shard_map" for op in prog.ops):
+        return []
+    live, outputs = _live_ops(prog), set(prog.outputs)
+    out = []
+    for op in prog.ops:
+        if op.primitive != "shard_map" or op.id not in live:
+            continue
+        used = [v in outputs or any(u in live for u in prog.users(v)) for v in op.results]
+        out.extend(ManualCollective(op.id, kind, axes, count * op.trip_count, nbytes)
+                   for kind, axes, count, nbytes in body_collectives(op.params["jaxpr"], used))
+    return out
