@@ -83,3 +83,30 @@ def test_the_body_collectives_are_the_same_under_every_plan():
             assert got == pytest.approx(c.bytes), key
     est = model.estimate(tl.Plan.replicated(an))
     assert {k: est.collective_bytes.get(k) for k in body} == body
+
+
+def test_a_shard_map_result_is_held_as_its_out_specs_shards():
+    """XLA writes a shard_map's results as their out_specs shards and keeps them so: the
+    residuals a differentiated kernel hands its backward pass ([64, 64] over data x model)
+    take an eighth of their size per device. Counted whole, the estimate's peak read 2.67x
+    XLA's here (temporaries 4.57x; /tmp/hunt/F f1 dp 1.51x); now 1.13x (temporaries 1.29x:
+    8 KiB more, the size of the weight gradient's out_specs shard, not traced yet)."""
+    def body(x, w):
+        h = jnp.tanh(x @ w)
+        return jax.lax.psum(h @ w.T, "model")
+
+    kernel = jax.shard_map(body, mesh=MESH.jax_mesh(), in_specs=(P("data"), P(None, "model")),
+                           out_specs=P("data"), check_vma=False)
+
+    def step(w, x):
+        g = jax.grad(lambda w: (kernel(x, w) ** 2).sum())(w)
+        return w - 0.1 * g
+
+    args = (jnp.ones((64, 64)), jnp.ones((64, 64)))
+    an = tl.analyze(tl.trace(step, *args))
+    plan = tl.Plan.replicated(an)
+    est = tl.estimate(an, plan, MESH)
+    jm = MESH.jax_mesh()
+    stats = read_compiled(plan.jit(step, jm).lower(*args).compile(), jm)
+    assert est.temp_bytes == pytest.approx(stats.temp_bytes, rel=0.3)
+    assert est.peak_memory_bytes == pytest.approx(stats.peak_bytes, rel=0.2)

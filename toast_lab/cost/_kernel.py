@@ -798,7 +798,7 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
                     reshards)
     totals[T_SCHEDULED] = step
     totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
-    held = held_masks(vmask, tables.held_type)
+    held = held_masks(vmask, tables.held_type) | memory.fixed_held
     if fresh:
         delta = np.zeros(tables.num_ops + 2)
         add_temps(delta, held, mesh, memory)
@@ -815,7 +815,8 @@ def run(plan, tables, mesh, device, memory, sched, delta, old_vmask, fresh):
 @njit(cache=True, inline="always")
 def held_masks(vmask, held_type):
     """[T] the axes each value type's buffers are divided over: its own, or those of the type
-    that sizes them (TypeTables.held_type). Read after the masks are resolved, so that the
+    that sizes them (TypeTables.held_type); `run` adds the axes a shard_map's results are
+    held over (MemoryTables.fixed_held). Read after the masks are resolved, so that the
     layout (eff, what plan.jit exports) stays the classes'."""
     return vmask[held_type]
 

@@ -254,7 +254,7 @@ class CostModel:
             num_computations=int(computation.max(initial=0)) + 1,
             iteration_copies=self.st.op_iteration_copies,
             sliced_read=_sliced_reads(prog, position), temp_slices=temp_slices,
-            slice_reads=slice_reads, **_readers(prog))
+            slice_reads=slice_reads, fixed_held=self._out_spec_masks(prog), **_readers(prog))
         self._memory = tuple(self.memory)
         self._schedule = tuple(ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
@@ -262,6 +262,21 @@ class CostModel:
             event=_events(st, ty.tables.shared_reads),
             reads_in_order=np.argsort(ty.tables.shared_reads["position"],
                                       kind="stable").astype(np.int64)))
+
+    def _out_spec_masks(self, prog) -> np.ndarray:
+        """[T] per value type, the mesh axes a shard_map's out_specs shard its result over
+        (XLA writes each device's shard and keeps it so; each result is a type of its own,
+        build_types), 0 for other types."""
+        fixed = np.zeros(len(self.ty.tables.value_classes), np.int64)
+        for op in prog.ops:
+            if op.primitive != "shard_map":
+                continue
+            for r, spec in zip(op.results, op.params["out_specs"]):
+                for entry in tuple(spec):
+                    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+                    for a in axes:
+                        fixed[self.ty.value_type[r]] |= self.axis_bit.get(a, 0)
+        return fixed
 
     def _manual_tables(self, prog):
         """The collectives shard_map bodies run whatever the plan (_manual.py), as rows of

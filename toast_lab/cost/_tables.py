@@ -195,3 +195,6 @@ class MemoryTables(NamedTuple):
     # each op as soon as it can) and SLICE_READ records: see _kernel.early_slices
     temp_slices: np.ndarray
     slice_reads: np.ndarray
+    # [T] mesh axes each value type's buffers are divided over whatever the plan: a shard_map's
+    # results, written as their out_specs shards (0 elsewhere)
+    fixed_held: np.ndarray

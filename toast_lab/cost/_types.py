@@ -106,11 +106,17 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     keys = [(tuple(int(c) for c in st.slot_class[v]),
              tuple(slot_tag.get((v, d), -1) for d in range(st.width))) for v in range(V)]
     for v in range(V):
-        value_type[v] = vtypes.id((*keys[v], -1))
+        value_type[v] = vtypes.id((*keys[v], -1, -1))
     # A value held like another (Static.held_like) is a type apart, in bytes only: its masks
     # are its classes', its buffers sized by that value's type's
     for v in np.nonzero(st.held_like >= 0)[0]:
-        value_type[v] = vtypes.id((*keys[v], int(value_type[st.held_like[v]])))
+        value_type[v] = vtypes.id((*keys[v], int(value_type[st.held_like[v]]), -1))
+    # So is a shard_map's result: XLA holds it as its out_specs shards (CostModel's
+    # MemoryTables.fixed_held), whatever layout its classes take
+    for op in an.program.ops:
+        if op.primitive == "shard_map":
+            for v in op.results:
+                value_type[v] = vtypes.id((*keys[v], -1, v))
     T = len(vtypes)
     value_classes = np.array([k[0] for k in vtypes], _I).reshape(T, st.width)
     value_tags = np.array([k[1] for k in vtypes], _I).reshape(T, st.width)
