@@ -58,8 +58,11 @@ class Analysis:
         self.fallback_ops: tuple[int, ...] = tuple(fallback_ops)
         self.grouped = grouped
         self._by_name = {c.name: c for c in self.classes}
-        self._former = {c.formerly: c for c in self.classes
-                        if c.formerly and c.formerly not in self._by_name}
+        self._former: dict[str, DimClass] = {}
+        for c in self.classes:
+            for name in c.formerly:
+                if name not in self._by_name:
+                    self._former.setdefault(name, c)
         self._derived: dict = {}
         self._derived_lock = threading.RLock()
 
@@ -74,7 +77,8 @@ class Analysis:
 
     def class_named(self, name: str) -> DimClass:
         """The class called `name`, or formerly called so (plan files saved before classes
-        that share a dim name were told apart: `head_dim_1`)."""
+        that share a dim name were told apart: `head_dim_1`; before flax's annotations named
+        them: `up/kernel[0]` for `embed`)."""
         try:
             return self._by_name[name] if name in self._by_name else self._former[name]
         except (KeyError, TypeError):
@@ -242,19 +246,21 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             sizes[r] = part_size[node]
             first_part[r] = key
         compound[r] += 1
-    names, former = class_names(program, list(members.values()),
-                                [first_part.get(r) for r in members])
-    classes, root_to_class, taken, taken_before = [], {}, set(), set()
-    for (r, mem), (name, aliases, origin), old in zip(members.items(), names, former):
+    names, eras = class_names(program, list(members.values()),
+                              [first_part.get(r) for r in members])
+    classes, root_to_class, taken = [], {}, set()
+    taken_then = [set() for _ in eras]
+    for (r, mem), (name, aliases, origin) in zip(members.items(), names):
         cid = len(classes)
         root_to_class[r] = cid
-        # the name an older toast-lab gave it (`head_dim_1`), which plan files may hold
-        formerly = unique_name(old or name, taken_before)
+        # the names older toast-labs gave it (`head_dim_1`), made unique as they made them,
+        # which plan files may hold
+        then = [unique_name(era[cid], t) for era, t in zip(eras, taken_then)]
         name = unique_name(name, taken)
         vals = {v for v, _ in mem}
         classes.append(DimClass(
             id=cid, name=name, size=sizes[r], members=tuple(mem), compound_members=compound[r],
             bytes=sum(values[v].nbytes for v in vals), num_values=len(vals), aliases=aliases,
             layers=merged.get(r, 1), origin=origin,
-            formerly=formerly if old and formerly != name else ""))
+            formerly=tuple(n for n in dict.fromkeys(then) if n != name)))
     return classes, root_to_class

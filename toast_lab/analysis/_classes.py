@@ -25,8 +25,9 @@ class DimClass:
     members: (value id, dim) pairs, in program order. compound_members: how many reshape-made
     compound dims have a factor in this class. bytes: total bytes of the values it touches (what
     is at stake when deciding it). layers: how many repeated layers it covers when grouped.
-    origin: where it first appears (an argument path and dim, or an op). formerly: the name an
-    older toast-lab gave it, still accepted by `Analysis.class_named` ('' if the same).
+    origin: where it first appears (an argument path and dim, or an op). formerly: the names
+    older toast-labs gave it, newest first, still accepted by `Analysis.class_named` (none
+    where the same).
     """
 
     id: int
@@ -39,7 +40,7 @@ class DimClass:
     layers: int = 1
     origin: str = ""
     compound_members: int = 0
-    formerly: str = ""
+    formerly: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         also = f" aka {'/'.join(self.aliases)}" if self.aliases else ""

@@ -1,7 +1,10 @@
 """Readable, unique, deterministic class names (DESIGN.md §3), for any library's argument trees.
 
 A class is named, in order of preference:
-1. by the logical dim name given for an input in it (`dim_names`, the zoo's `batch`, `embed`);
+1. by the logical dim name given for an input in it (`dim_names`, the zoo's `batch`, `embed`),
+   else by the logical axis name flax keeps on a parameter in it (`nnx.with_partitioning`,
+   linen's `nn.Partitioned`: program/_annotations.py). A class named so was named by path
+   before toast-lab read those; that name stays in `DimClass.formerly` for old plan files;
 2. by the path of the first input in it and the dim: `attn/wq[1]`. Paths are cleaned of what
    says nothing — the argument's own name, haiku's `~` separators, flax.nnx's trailing `value`
    — and a long path is cut to its shortest suffix (two parts at least) that no other class
@@ -36,20 +39,33 @@ _MIN_PARTS = 2  # a shortened path keeps at least this many parts
 
 
 def class_names(program, members_by_class,
-                first_parts) -> tuple[list[tuple[str, tuple, str]], list[str]]:
+                first_parts) -> tuple[list[tuple[str, tuple, str]], list[list[str]]]:
     """(name, aliases, origin) per class, names not yet made unique across the analysis
-    (`unique_name` does that for the rare op-labelled duplicates); and per class the name an
-    earlier toast-lab gave it, before `_told_apart` and before ops were placed by their
-    function ('' where the same), which plan files saved then still hold."""
+    (`unique_name` does that for the rare op-labelled duplicates); and the names earlier
+    toast-labs gave the classes, which plan files saved then still hold: one list per era,
+    newest first, with a name per class — before flax's annotations were read, and before
+    `_told_apart` and before ops were placed by their function."""
     input_index = {v: i for i, v in enumerate(program.inputs)}
     state = state_inputs(program)
     drafts = [_draft(program, mem, input_index, first, state)
               for mem, first in zip(members_by_class, first_parts)]
-    earlier = [_unplaced(program, d, mem, first, input_index)
-               for d, mem, first in zip(drafts, members_by_class, first_parts)]
     names = _finish(_told_apart(program, drafts, members_by_class, input_index))
-    former = ["" if a == b else a[0] for a, b in zip(_finish(earlier), names)]
-    return names, former
+    plain, unannotated = drafts, names
+    if any(n is not None for n in program.annotated_names):
+        plain = [_draft(program, mem, input_index, first, state, annotated=False)
+                 for mem, first in zip(members_by_class, first_parts)]
+        unannotated = _finish(_told_apart(program, plain, members_by_class, input_index,
+                                          annotated=False))
+    earlier = [_unplaced(program, d, mem, first, input_index)
+               for d, mem, first in zip(plain, members_by_class, first_parts)]
+    eras = [[n for n, _, _ in unannotated], [n for n, _, _ in _finish(earlier)]]
+    return names, eras
+
+
+def _hint_tables(program, annotated: bool = True):
+    """Per input, the dim names that may name its classes, in order of precedence: the user's
+    `dim_names` first, then flax's annotations."""
+    return (program.dim_names, program.annotated_names) if annotated else (program.dim_names,)
 
 
 def _finish(drafts) -> list[tuple[str, tuple, str]]:
@@ -100,7 +116,7 @@ def _unplaced(program, draft, members, first_part, input_index):
     return kind, op_parts(program, v, placed=False), dim, aliases, origin
 
 
-def _told_apart(program, drafts, members_by_class, input_index):
+def _told_apart(program, drafts, members_by_class, input_index, annotated: bool = True):
     """Classes that share a dim name (v's head_dim, which passes to the output projection,
     and q's and k's, which are contracted) are named by the parameters they shard:
     `head_dim(wk,wq)` and `head_dim(wo,wv)` (in argument order), not `head_dim` and
@@ -114,7 +130,7 @@ def _told_apart(program, drafts, members_by_class, input_index):
     for hint, shared in by_hint.items():
         if len(shared) < 2:
             continue
-        paths = {i: _hinted_inputs(program, members_by_class[i], input_index, hint)
+        paths = {i: _hinted_inputs(program, members_by_class[i], input_index, hint, annotated)
                  for i in shared}
         leaves = {i: ",".join(dict.fromkeys(p[-1] for p in paths[i])) for i in shared}
         if len(set(leaves.values())) < len(shared) and all(paths[i] for i in shared):
@@ -126,13 +142,14 @@ def _told_apart(program, drafts, members_by_class, input_index):
     return out
 
 
-def _hinted_inputs(program, members, input_index, hint) -> list[list[str]]:
+def _hinted_inputs(program, members, input_index, hint, annotated) -> list[list[str]]:
     """The paths of the inputs whose dim named `hint` is in the class, in argument order."""
     found = set()
-    for v, d in members:
-        names = program.dim_names[input_index[v]] if v in input_index else None
-        if names is not None and names[d] == hint:
-            found.add((input_index[v], v))
+    for table in _hint_tables(program, annotated):
+        for v, d in members:
+            names = table[input_index[v]] if v in input_index else None
+            if names is not None and names[d] == hint:
+                found.add((input_index[v], v))
     return [program.values[v].name.split("/") for _, v in sorted(found)]
 
 
@@ -158,19 +175,16 @@ def _elide(parts: list[str]) -> str | None:
     return "/".join([parts[0], "..", *parts[-_MIN_PARTS:]])
 
 
-def _draft(program, members, input_index, first_part, state):
+def _draft(program, members, input_index, first_part, state, annotated: bool = True):
     """(kind, parts or name, dim, aliases, origin): kind "hint", "path" or "op"."""
     hints = []
-    first_input = None
-    for v, d in members:
-        i = input_index.get(v)
-        if i is None:
-            continue
-        names = program.dim_names[i]
-        if names is not None and names[d] is not None and names[d] not in hints:
-            hints.append(names[d])
-        if first_input is None:
-            first_input = (v, d)
+    inputs = [(input_index[v], d, v) for v, d in members if v in input_index]
+    for table in _hint_tables(program, annotated):
+        for i, d, _ in inputs:
+            names = table[i]
+            if names is not None and names[d] is not None and names[d] not in hints:
+                hints.append(names[d])
+    first_input = (inputs[0][2], inputs[0][1]) if inputs else None
     if first_input is not None:
         v, d = first_input
         origin = f"{program.values[v].name}[{d}]"

@@ -141,10 +141,8 @@ class Plan:
         items = conflicts.items() if isinstance(conflicts, Mapping) else conflicts
         for name, res in items:
             plan = plan.with_resolution(name, res)
-        pinned = frozenset(pinned)
-        for name in pinned:
-            plan._decision(name)
-        return replace(plan, pinned=pinned)
+        # pins are held by the decisions' names now (a file may hold a class's former name)
+        return replace(plan, pinned=frozenset(plan._current_name(name) for name in pinned))
 
     def with_axes(self, cls, axes, pin: bool = False, domain: str | None = None) -> "Plan":
         """A new plan with class `cls` (name, id or DimClass) sharded over `axes`.
@@ -493,6 +491,11 @@ class Plan:
         for c in an.conflicts:
             if c.name == conflict:
                 return c
+        # a plan file saved when the class had another name ("<old class>@<where>")
+        for c in an.conflicts:
+            where = c.name[len(c.class_name):]
+            if any(conflict == f"{old}{where}" for old in an.classes[c.class_id].formerly):
+                return c
         raise PlanError(f"no conflict named {conflict!r}; conflicts: "
                         f"{[c.name for c in an.conflicts]}")
 
@@ -511,6 +514,17 @@ class Plan:
             if override:
                 return self._class(override[0])  # an override's name: "<class>@<domain>"
             raise PlanError(_no_decision(self.analysis, name)) from None
+
+    def _current_name(self, name) -> str:
+        """The name this analysis gives the decision `name` names (a class's, a conflict's or
+        an override's), which may be a former one."""
+        decision = self._decision(name)
+        if isinstance(decision, Conflict):
+            return decision.name
+        override = override_name(name)
+        if override and name != decision.name and name not in decision.formerly:
+            return f"{decision.name}@{override[1]}"
+        return decision.name
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Plan):

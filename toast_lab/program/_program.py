@@ -122,7 +122,8 @@ class Program:
     """A traced function: values, ops in program order, and the argument/result structure."""
 
     def __init__(self, values, ops, inputs, outputs, in_tree, out_tree, input_names,
-                 dim_names, fn_name: str, constants=None, fn=None, elided=()):
+                 dim_names, fn_name: str, constants=None, fn=None, elided=(),
+                 annotated_names=None):
         self.values: tuple[Value, ...] = tuple(values)
         self.ops: tuple[Op, ...] = tuple(ops)
         self.inputs: tuple[int, ...] = tuple(inputs)
@@ -132,6 +133,11 @@ class Program:
         self.input_names: tuple[str, ...] = tuple(input_names)
         # Per input leaf: logical dim names the user (or the zoo) gave, or None.
         self.dim_names: tuple[tuple[str | None, ...] | None, ...] = tuple(dim_names)
+        # Per input leaf: the logical axis names flax keeps on it (program/_annotations.py),
+        # or None; the names above win where both name a class.
+        self.annotated_names: tuple[tuple[str | None, ...] | None, ...] = (
+            tuple(annotated_names) if annotated_names is not None
+            else (None,) * len(self.inputs))
         self.fn_name = fn_name
         self.fn = fn  # the traced function itself (plan.jit accepts it without re-tracing)
         # Literal and captured-constant values: value id -> array or scalar.

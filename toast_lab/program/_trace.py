@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from ._annotations import annotated_names
 from ._program import (BODY_INPUT, CONST, INLINED_PRIMITIVES, INPUT, LITERAL, NO_OP, RESULT, Op,
                        Program, Value)
 
@@ -28,7 +29,9 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     dims of each positional argument (a tuple with one entry per argument: None, or a pytree of
     the argument's structure whose leaves are tuples of str|None, one per dim); defaults to
     `fn.dim_names` when the function carries one (the zoo's functions do). Class names come
-    from these hints first, then from argument paths.
+    from these hints first, then from the logical axis names flax keeps on parameters
+    (`nnx.with_partitioning`, linen's `nn.Partitioned`; see _annotations.py), then from
+    argument paths.
     """
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
     closed = _dead_code_eliminated(closed)
@@ -49,7 +52,8 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
                    input_names, hints, getattr(fn, "__name__", type(fn).__name__),
-                   constants=builder.constants, fn=fn, elided=builder.elided)
+                   constants=builder.constants, fn=fn, elided=builder.elided,
+                   annotated_names=annotated_names((args, kwargs)))
 
 
 def _shapes(outvars) -> str:
