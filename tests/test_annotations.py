@@ -139,18 +139,31 @@ def test_the_users_dim_names_win_over_annotations():
     assert "embed" not in [c.name for c in an.classes]
 
 
+def test_a_module_or_variables_given_whole_are_read_too():
+    with nnx.use_eager_sharding(False):
+        model = _Residual(nnx.Rngs(0))
+    x = jnp.ones((BATCH, WIDTH), jnp.float32)
+    an = _analysed((lambda model, x: jnp.mean(model(x) ** 2), (model, x)))
+    assert [c.name for c in an.classes][:2] == ["embed", "mlp"]
+    variables = {"w": model.up.kernel, "b": model.up.bias}
+    an = _analysed((lambda v, x: jnp.sum(x @ v["w"][...] + v["b"][None]), (variables, x)))
+    assert an.dim_names(an.program.inputs[1]) == ("embed", "mlp")  # w, after b
+
+
+@pytest.mark.parametrize("tensor_parallel", ["mlp", "embed"])
 @pytest.mark.parametrize("make", [_nnx_case, _linen_case], ids=["nnx", "linen"])
-def test_a_plan_by_annotation_names_exports_and_verifies(make):
+def test_a_plan_by_annotation_names_exports_and_verifies(make, tensor_parallel):
     fn, args = case = make()
     an = _analysed(case)
     batch = an.class_of(an.program.inputs[-1], 0)
     plan = (tl.Plan.replicated(an).with_axes(batch.name, ("data",))
-            .with_axes("mlp", ("model",)))
+            .with_axes(tensor_parallel, ("model",), pin=True))
     in_shardings, _ = plan.shardings(MESH.jax_mesh())
-    kernel = next(i for i, v in enumerate(an.program.inputs)
-                  if "kernel" in an.program.values[v].name)
-    spec = jax.tree.leaves(in_shardings)[kernel].spec
-    assert "model" in tuple(spec), spec
+    for sharding, v in zip(jax.tree.leaves(in_shardings), an.program.inputs):
+        names = an.dim_names(v)
+        want = tuple("model" if n == tensor_parallel else "data" if n == batch.name else None
+                     for n in names)
+        assert tuple(sharding.spec) + (None,) * (len(names) - len(sharding.spec)) == want
     rep = tl.verify(fn, args, plan, MESH)
     assert rep.ok, str(rep)
     # the estimate holds each argument's bytes per device as XLA compiled them
