@@ -42,24 +42,18 @@ def annotated_names(tree) -> list[tuple[str | None, ...] | None]:
 
 
 def _box_types() -> tuple[type, ...]:
-    if "flax" not in sys.modules:
-        return ()
+    """flax's box types among the modules already imported (importing nnx for a linen user
+    would cost a second)."""
     types = []
-    try:
-        from flax.core.meta import Partitioned  # nn.LogicallyPartitioned is a subclass
-
-        types.append(Partitioned)
-    except ImportError:
-        pass
-    try:
-        from flax import nnx
-
+    meta = sys.modules.get("flax.core.meta")
+    if meta is not None and isinstance(getattr(meta, "Partitioned", None), type):
+        types.append(meta.Partitioned)  # nn.LogicallyPartitioned is a subclass
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None:
         # flax before 0.11 split Variable and VariableState; 0.12 keeps the old name as a
         # deprecated alias, which vars() reads without the warning
         found = (vars(nnx).get("Variable"), vars(nnx).get("VariableState"))
         types += [t for t in dict.fromkeys(found) if isinstance(t, type)]
-    except ImportError:
-        pass
     return tuple(types)
 
 
