@@ -165,6 +165,23 @@ def test_async_start_without_its_done():
     assert found["collective-permute-start"].result_bytes == 4 * 16 * 2
 
 
+def test_collective_permute_forms():
+    # a shard_map's ring shift in a scan (async, in a loop of 3), an in-place permute (it
+    # sends its first operand; the output buffer and offsets are not sent) and a combined
+    # one (it sends every operand)
+    found = parse("permute_forms.txt")
+    assert sorted(found) == ["combined", "in-place", "shift-start"]
+    shift = found["shift-start"]
+    assert shift.kind == "collective-permute" and shift.axes == ("data",)
+    assert (shift.bytes, shift.multiplier, shift.total_bytes) == (128, 3, 384)
+    assert found["in-place"].bytes == 8 * 4 * 4 and found["in-place"].axes == ("model",)
+    assert found["combined"].bytes == 8 * 4 * 4 + 2 * 4 * 2
+    assert found["combined"].dtypes == ("f32", "bf16")
+    totals = summarize_collectives(found.values())
+    assert totals[("collective-permute", ("data",))] == CollectiveTotal(3, 384)
+    assert totals[("collective-permute", ("model",))] == CollectiveTotal(2, 128 + 144)
+
+
 def test_async_wrapper_computations():
     # A generic async-start runs the collective inside its computation: count that one, at the
     # loop's multiplier, once (async-update / async-done name the computation again). A sugared

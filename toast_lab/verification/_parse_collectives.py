@@ -39,6 +39,9 @@ _SOURCE_TARGET_PAIRS = re.compile(
 )
 _PAIR = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
 
+# slice_sizes={{4}}: the attribute of an in-place collective-permute
+_SLICE_SIZES = re.compile(r"\bslice_sizes=")
+
 # metadata={op_name="jit(loss)/transpose(jvp())/dot_general" stack_frame_id=3}
 _OP_NAME = re.compile(r'\bop_name="(?P<op_name>(?:[^"\\]|\\.)*)"')
 
@@ -102,8 +105,11 @@ def _read_collective(
 ) -> Collective:
     line = instruction.line
     operands = instruction.operands
-    if kind == "collective-permute":
-        operands = operands[:1]  # in-place permutes also take an output buffer and offsets
+    attributes = _QUOTED.sub('""', instruction.attributes)
+    if kind == "collective-permute" and _SLICE_SIZES.search(attributes):
+        # an in-place permute also takes an output buffer and offsets: it sends its first
+        # operand (a combined one, CollectivePermuteCombiner's, sends every operand)
+        operands = operands[:1]
     operand_shapes = []
     for name, inline in operands:
         shape = inline if inline is not None else shapes.get(name)
@@ -114,7 +120,6 @@ def _read_collective(
             )
         operand_shapes.append(shape)
 
-    attributes = _QUOTED.sub('""', instruction.attributes)
     mode = _group_mode(attributes, kind)
     groups: list[list[int]] = []
     pairs: list[tuple[int, int]] = []
