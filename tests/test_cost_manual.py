@@ -1,6 +1,8 @@
 """The collectives a shard_map body runs (_manual.py): charged whatever the plan, as XLA runs
 them (compiled on 8 simulated CPU devices, jax 0.10.2)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +19,7 @@ MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
 def _measured(fn, args, plan):
     jm = MESH.jax_mesh()
     stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    return {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()
-            if k[0] != "collective-permute"}
+    return {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
 
 
 def _kernel(body, n_in=1):
@@ -27,6 +28,8 @@ def _kernel(body, n_in=1):
                          check_vma=False)
 
 
+RING = [(i, (i + 1) % 4) for i in range(4)]  # a shift along data (4 devices)
+
 BODIES = {
     "psum": lambda x: jax.lax.psum(x, "model"),
     "pmax over both axes": lambda x: jax.lax.pmax(x, ("data", "model")),
@@ -34,8 +37,17 @@ BODIES = {
     "all_gather stacked": lambda x: jax.lax.all_gather(x, "model", axis=1),
     "psum_scatter": lambda x: jax.lax.psum_scatter(x, "data", scatter_dimension=0, tiled=True),
     "all_to_all": lambda x: jax.lax.all_to_all(x, "data", 0, 1, tiled=True),
-    "ppermute (not charged)": lambda x: jax.lax.ppermute(x, "data", [(0, 1), (1, 0), (2, 3),
-                                                                    (3, 2)]),
+    "ppermute": lambda x: jax.lax.ppermute(x, "data", [(0, 1), (1, 0), (2, 3), (3, 2)]),
+    "ppermute ring shift": lambda x: jax.lax.ppermute(x, "data", RING),
+    # the last stage sends nothing: XLA's collective-permute is still its operand's size on
+    # every device, and so is the charge
+    "ppermute pipeline (no wraparound)": lambda x: jax.lax.ppermute(
+        x, "data", [(i, i + 1) for i in range(3)]),
+    "ppermute over both axes": lambda x: jax.lax.ppermute(
+        x, ("data", "model"), [(i, (i + 1) % 8) for i in range(8)]),
+    "ppermute in a scan": lambda x: jax.lax.scan(
+        lambda c, _: (jax.lax.ppermute(jnp.tanh(c), "data", RING), None), x, None,
+        length=3)[0],
     "unused psum (removed)": lambda x: (jax.lax.psum(x, "data"), x * 2.0)[1],
     "psum in a scan": lambda x: jax.lax.scan(
         lambda c, _: (jax.lax.psum(jnp.tanh(c), "model"), None), x, None, length=3)[0],
@@ -110,3 +122,84 @@ def test_a_shard_map_result_is_held_as_its_out_specs_shards():
     stats = read_compiled(plan.jit(step, jm).lower(*args).compile(), jm)
     assert est.temp_bytes == pytest.approx(stats.temp_bytes, rel=0.3)
     assert est.peak_memory_bytes == pytest.approx(stats.peak_bytes, rel=0.2)
+
+
+def _ring_attention(q, k, v):
+    """Blockwise attention with the keys and values passed round the data ring (ring
+    attention, Liu et al. 2023): each of 4 steps attends to the block at hand and sends it on
+    to the next device, a collective-permute of each block per step."""
+    def step(carry, _):
+        num, den, k, v = carry
+        w = jnp.exp(q @ k.T)
+        num, den = num + w @ v, den + w.sum(axis=1, keepdims=True)
+        return (num, den, jax.lax.ppermute(k, "data", RING),
+                jax.lax.ppermute(v, "data", RING)), None
+
+    zeros = jnp.zeros_like(q)
+    (num, den, _, _), _ = jax.lax.scan(step, (zeros, zeros[:, :1], k, v), None, length=4)
+    return num / den
+
+
+def test_a_ring_attention_kernel_pays_its_permutes_every_step():
+    """The keys' and values' shards (f32[8, 16] each: 32 tokens over data) move once per step
+    of the scan, forward, and their cotangents once per step of the backward scan (the
+    transpose of a ppermute is the inverse shift): as many collective-permutes, and bytes, as
+    XLA compiles; priced one hop each and on the step's critical path."""
+    kernel = jax.shard_map(_ring_attention, mesh=MESH.jax_mesh(), in_specs=(P("data"),) * 3,
+                           out_specs=P("data"), check_vma=False)
+
+    def loss(q, k, v):
+        return (kernel(q, k, v) ** 2).sum()
+
+    rng = np.random.default_rng(0)
+    args = tuple(jnp.asarray(rng.normal(size=(32, 16)) * 0.1, jnp.float32) for _ in range(3))
+    key = ("collective-permute", ("data",))
+    for fn, count in ((loss, 8), (jax.grad(loss, argnums=(0, 1, 2)), 16)):
+        an = tl.analyze(tl.trace(fn, *args))
+        plan = tl.Plan.replicated(an)
+        model = CostModel(an, MESH)
+        est = model.estimate(plan)
+        jm = MESH.jax_mesh()
+        stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+        measured = summarize_collectives(stats.collectives)[key]
+        assert (measured.count, measured.bytes) == (count, count * 8 * 16 * 4)
+        assert est.collectives[key].count == measured.count
+        assert est.collective_bytes[key] == pytest.approx(measured.bytes, rel=1e-9)
+        # one hop of 512 B over data: bytes / (link bandwidth x efficiency) + its latency
+        link, dev = MESH.link("data"), MESH.device
+        one = 512 / (link.bandwidth * dev.efficiency.collectives) + link.latency
+        assert est.collectives[key].time_s == pytest.approx(count * one, rel=1e-9)
+        assert est.breakdown["collective-permute"] == pytest.approx(count * one, rel=1e-9)
+        # on the critical path, with the body's other collectives (none here) and the plan's
+        assert est.exposed_communication_s >= count * one * (1 - 1e-9)
+        assert est.step_time_s == pytest.approx(est.compute_s + est.exposed_communication_s)
+        # read back to the shard_map that runs them
+        per_op = model.op_collectives(plan)
+        found = [(n, c) for n, cs in per_op.items() for c in cs if (c.kind, c.axes) == key]
+        assert {an.program.ops[n].primitive for n, _ in found} == {"shard_map"}
+        assert sum(c.bytes for _, c in found) == pytest.approx(measured.bytes)
+
+
+def test_a_permute_is_one_hop_over_the_slowest_link_it_crosses():
+    """Point to point: no ring of n - 1 steps, and no share of the bytes per device as an
+    all-gather has; where an axis spans nodes, the pairs on the network link finish last; on
+    a TPU a shift takes one of the two ICI links an axis's ring has."""
+    def body(x):
+        return jax.lax.ppermute(x, "model", [(i, (i + 1) % 4) for i in range(4)])
+
+    x = jnp.ones((1024, 1024))
+    nbytes = 1024 * 1024 * 4
+    h100 = tl.Mesh({"data": 2, "model": 4}, device="h100").device
+    two_per_node = dataclasses.replace(h100, devices_per_node=2)
+    for device, link, one_way in ((h100, h100.intra_node, 1.0),
+                                  (two_per_node, h100.inter_node, 1.0),
+                                  ("tpu-v5e", None, 0.5)):
+        mesh = tl.Mesh({"data": 2, "model": 4}, device=device)
+        kernel = jax.shard_map(body, mesh=mesh.jax_mesh(), in_specs=P(), out_specs=P(),
+                               check_vma=False)
+        an = tl.analyze(tl.trace(kernel, x))
+        link = link or mesh.device.intra_node
+        got = tl.estimate(an, tl.Plan.replicated(an), mesh).collectives[
+            ("collective-permute", ("model",))]
+        bandwidth = link.bandwidth * one_way * mesh.device.efficiency.collectives
+        assert got.time_s == pytest.approx(nbytes / bandwidth + link.latency, rel=1e-9)

@@ -23,6 +23,13 @@ A collective is priced by an alpha-beta model whose coefficients follow the netw
 gather_beta: seconds per byte of the whole gathered (or to-be-scattered) buffer for an
 all-gather or reduce-scatter; an all-reduce is a reduce-scatter and an all-gather.
 a2a_beta: seconds per byte of one device's shard for an all-to-all.
+permute_beta, permute_alpha: seconds per byte a device sends, and latency, of a
+collective-permute (a shard_map's ppermute: a ring shift of a pipelined or ring-attention
+kernel). It is point to point: each device sends its operand once, one hop, over one link in
+one direction, all pairs at once (an ICI axis's Link counts both of its links, the two ways
+round its ring: a shift takes one); the pair crossing the slowest link the axes span (another
+node, for an axis spanning nodes) finishes last. Not modelled: a shift around a torus side
+without wraparound, whose last pair crosses the whole line.
 """
 
 from __future__ import annotations
@@ -95,6 +102,13 @@ def _level_cost(mesh, link, members, efficiency, torus):
     return ways, bandwidth * efficiency, hops * link.latency
 
 
+def _one_way(mesh, link) -> float:
+    """B/s one device sends to one neighbour over `link`: half an ICI axis's Link, whose
+    bandwidth counts the links both ways round its ring (plan/_hardware._tpu)."""
+    dev = mesh.device
+    return link.bandwidth / 2.0 if link is dev.intra_node and dev.torus_dims else link.bandwidth
+
+
 def collective_costs(mesh) -> tuple[np.ndarray, list]:
     """(MESH records indexed by axis mask, per mask {axis: share of its bandwidth time})."""
     names = tuple(mesh.axis_names)
@@ -112,6 +126,10 @@ def collective_costs(mesh) -> tuple[np.ndarray, list]:
                          for link, members in _levels(parts, axes)), key=lambda x: -x[1])
         below = 1.0  # devices already reduced over by faster levels
         times, gather_alpha, a2a_beta = [], 0.0, 0.0
+        links = [link for link, _ in _levels(parts, axes)]
+        rec = table[m:m + 1]
+        rec["permute_beta"] = max(1.0 / (_one_way(mesh, link) * eff) for link in links)
+        rec["permute_alpha"] = max(link.latency for link in links)
         for ways, bandwidth, latency, members in levels:
             times.append(((ways - 1.0) / ways / below / bandwidth, members))
             gather_alpha += latency
@@ -119,7 +137,6 @@ def collective_costs(mesh) -> tuple[np.ndarray, list]:
             below *= ways
         betas = [t for t, _ in times]
         beta = max(betas) if pipelined else sum(betas)
-        rec = table[m:m + 1]
         rec["ways"] = below
         rec["gather_beta"] = beta
         rec["gather_alpha"] = gather_alpha

@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 from ..plan import format_bytes
 
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+# collective-permute: a shard_map body's ppermute (_manual.py), point to point; the plan's
+# own reshards are never priced as one
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
 
 
 @dataclass(frozen=True)
@@ -14,7 +17,8 @@ class CollectiveCost:
     """One kind of collective over one set of mesh axes: how often, how many bytes, how long."""
 
     count: float
-    bytes: float   # per device, by the convention of verify: all-gather counts its output
+    bytes: float   # per device, by the convention of verify: all-gather counts its output,
+                   # a collective-permute what each device sends (its operand)
     time_s: float
 
 
@@ -30,7 +34,8 @@ class Estimate:
     by mesh axis ({axis name: seconds}; a collective over several axes is split by the time
     each level of the network takes). peak_memory_bytes = argument + output + temporaries −
     aliased (donated) bytes, the way XLA's memory_analysis() adds them up. feasible: the peak
-    fits the device's memory. collectives: {(kind, mesh axes): CollectiveCost}.
+    fits the device's memory. collectives: {(kind, mesh axes): CollectiveCost}, kind one of
+    COLLECTIVE_KINDS.
     memory_breakdown: bytes by category at the peak, adding up to it (none negative: outputs
     in donated buffers are not counted again). by_scope: {top-level name scope:
     (compute_s, communication_s)}.

@@ -19,7 +19,10 @@ from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from ._static import DIM_BATCH, DIM_M, ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, ScheduleTables, TypeTables
 
-AR, AG, RS, A2A = 0, 1, 2, 3
+# collective kinds (COLLECTIVE_KINDS, in order); the kernel never charges CP itself (only a
+# shard_map body's ppermute is one: CostModel._manual_tables adds it)
+AR, AG, RS, A2A, CP = 0, 1, 2, 3, 4
+NUM_KINDS = 5
 # totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
 # them (see `schedule`), T_EXPOSED the communication it leaves on the critical path.
 T_COMPUTE, T_COMM, T_FLOPS, T_TEMP, T_ARG, T_OUT, T_ALIAS, T_STATE, T_SCHEDULED, T_EXPOSED, \
@@ -344,7 +347,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
-    coll = np.zeros((4, mesh.shape[0], 3))  # count, bytes, time
+    coll = np.zeros((NUM_KINDS, mesh.shape[0], 3))  # count, bytes, time
     # Contractions: the axes all operands of a factor share.
     groups, members = tables.groups, tables.group_members
     consensus = np.zeros(groups.shape[0], np.int64)

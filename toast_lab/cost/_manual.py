@@ -1,15 +1,17 @@
 """The collectives a `shard_map` body runs: fixed by the user's code, whatever the plan.
 
-Inside a shard_map the user partitions by hand: each psum, pmax, all_gather, psum_scatter
-and all_to_all over named mesh axes lowers to one XLA collective over those axes, on the
-shapes the body sees (one device's shard), and no plan changes it. The estimate charges them
-as they are (CostModel adds them to every plan's collectives), priced by verify's convention:
-an all-gather by its gathered result, the others by their operand (jax 0.10.2 on XLA:CPU: a
-psum of an f32[4, 8] shard over model is one all-reduce of 128 B over the model groups; a
-tiled all_gather of f32[4, 16] over data, one all-gather of 1024 B; tests/test_cost_manual.py).
+Inside a shard_map the user partitions by hand: each psum, pmax, all_gather, psum_scatter,
+all_to_all and ppermute over named mesh axes lowers to one XLA collective over those axes, on
+the shapes the body sees (one device's shard), and no plan changes it. The estimate charges
+them as they are (CostModel adds them to every plan's collectives), priced by verify's
+convention: an all-gather by its gathered result, the others by their operand (jax 0.10.2 on
+XLA:CPU: a psum of an f32[4, 8] shard over model is one all-reduce of 128 B over the model
+groups; a tiled all_gather of f32[4, 16] over data, one all-gather of 1024 B; a ring shift
+of f32[16, 8] over data, one collective-permute of 512 B, whatever pairs its perm lists:
+XLA sizes it by its operand on every device, those that send nothing too;
+tests/test_cost_manual.py).
 
-Not charged: ppermute (a collective-permute, which the estimate has no kind for; verify
-counts it apart), collectives over axes the toast_lab Mesh lacks or of size 1 (XLA drops a
+Not charged: collectives over axes the toast_lab Mesh lacks or of size 1 (XLA drops a
 one-device group), and those whose results nothing reads (XLA removes them). Charged but
 not run: a psum XLA proves to sum a value every device holds alike (AllReduceSimplifier makes
 it a multiply; seen on the cotangent of `kernel(x).sum()`, a broadcast constant).
@@ -31,6 +33,7 @@ _MANUAL_COLLECTIVES = {
     "all_gather_invariant": ("all-gather", "axis_name", True),
     "reduce_scatter": ("reduce-scatter", "axis_name", False),
     "all_to_all": ("all-to-all", "axis_name", False),
+    "ppermute": ("collective-permute", "axis_name", False),
 }
 
 

@@ -35,7 +35,7 @@ from ..plan import Plan, donated_arguments
 from ..program import NO_OP, state_inputs
 from . import _kernel
 from ._collectives import collective_costs
-from ._estimate import CollectiveCost, Estimate
+from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_arrays, split_classes
 from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
@@ -283,7 +283,8 @@ class CostModel:
         fixed charges: op, kernel kind, mesh-axis mask, count, bytes and seconds of one run;
         and their sum as the kernel's collectives array."""
         kinds = {"all-reduce": _kernel.AR, "all-gather": _kernel.AG,
-                 "reduce-scatter": _kernel.RS, "all-to-all": _kernel.A2A}
+                 "reduce-scatter": _kernel.RS, "all-to-all": _kernel.A2A,
+                 "collective-permute": _kernel.CP}
         rows = []
         for c in manual_collectives(prog):
             mask = sum(self.axis_bit.get(a, 0) for a in set(c.axes))
@@ -295,9 +296,11 @@ class CostModel:
                 one *= 2.0
             elif c.kind == "all-to-all":
                 one = c.nbytes * cost["a2a_beta"] + cost["gather_alpha"]
+            elif c.kind == "collective-permute":  # point to point, one hop (_collectives.py)
+                one = c.nbytes * cost["permute_beta"] + cost["permute_alpha"]
             rows.append((c.op, kinds[c.kind], mask, c.count, c.nbytes, one))
         self._fixed = np.array(rows, np.float64).reshape(-1, 6)
-        self._fixed_coll = np.zeros((4, len(self.ways), 3))
+        self._fixed_coll = np.zeros((_kernel.NUM_KINDS, len(self.ways), 3))
         op, kind, mask = (self._fixed[:, i].astype(np.int64) for i in range(3))
         count, nbytes, seconds = self._fixed[:, 3], self._fixed[:, 4], self._fixed[:, 5]
         for col, w in enumerate((count, count * nbytes, count * seconds)):
@@ -339,8 +342,7 @@ class CostModel:
         else:
             exposed = comm_s
         if details:
-            for kind_index, kind in ((_kernel.AR, "all-reduce"), (_kernel.AG, "all-gather"),
-                                     (_kernel.RS, "reduce-scatter"), (_kernel.A2A, "all-to-all")):
+            for kind_index, kind in enumerate(COLLECTIVE_KINDS):  # _kernel.AR, AG, ... CP
                 for m in np.nonzero(coll[kind_index, :, 0])[0]:
                     c = coll[kind_index, m]
                     collectives[(kind, self.mask_axes[m])] = CollectiveCost(

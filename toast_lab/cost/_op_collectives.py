@@ -20,8 +20,10 @@ from ._estimate import COLLECTIVE_KINDS
 
 # the kernel's kind indices (_kernel.AR ...) -> COLLECTIVE_KINDS
 _KIND_NAMES = {_kernel.AR: "all-reduce", _kernel.AG: "all-gather",
-               _kernel.RS: "reduce-scatter", _kernel.A2A: "all-to-all"}
-assert set(_KIND_NAMES.values()) == set(COLLECTIVE_KINDS)
+               _kernel.RS: "reduce-scatter", _kernel.A2A: "all-to-all",
+               _kernel.CP: "collective-permute"}
+# (CostModel.evaluate reads the kernel's kinds in COLLECTIVE_KINDS order)
+assert tuple(_KIND_NAMES[k] for k in range(_kernel.NUM_KINDS)) == COLLECTIVE_KINDS
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class OpCollective:
 
 class Charges(NamedTuple):
     """Every collective charge of one plan, one row per (op, place it is charged): [K] arrays.
-    operand: the operand position (-1: partial sums); kind: _kernel.AR/AG/RS/A2A; mask: mesh
+    operand: the operand position (-1: partial sums); kind: _kernel.AR/AG/RS/A2A/CP; mask: mesh
     axes as bits; count, bytes and seconds: per step, all the op's runs."""
 
     op: np.ndarray

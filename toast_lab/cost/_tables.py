@@ -121,8 +121,10 @@ class TypeTables(NamedTuple):
 
 # One record per mesh-axis mask: its devices, and what a collective over its axes costs
 # (_collectives.py): seconds per byte of the whole buffer of an all-gather or reduce-scatter,
-# their latency (s), and seconds per byte of a device's shard in an all-to-all.
-MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F)
+# their latency (s), seconds per byte of a device's shard in an all-to-all, and seconds per
+# byte and latency of a collective-permute (one hop over the slowest link it may cross).
+MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F, permute_beta=_F,
+              permute_alpha=_F)
 # The device, one record: its Efficiency (plan/_hardware.py), HBM bandwidth (B/s), and
 # whether its compiler emits real reduce-scatters (XLA:CPU all-reduces the whole buffer and
 # slices it: ReduceScatterDecomposer).

@@ -8,8 +8,10 @@ from typing import Iterable
 
 from ..cost import COLLECTIVE_KINDS as MODELED_KINDS
 
-# What XLA emits: the kinds the cost model prices, and the point-to-point ones it does not.
-XLA_COLLECTIVE_KINDS = MODELED_KINDS + ("collective-permute", "collective-broadcast")
+# What XLA emits: the kinds the cost model prices (collective-permute only where a shard_map
+# body runs a ppermute, not where XLA picks one to reshard), and the one it does not.
+XLA_COLLECTIVE_KINDS = MODELED_KINDS + ("collective-broadcast",)
+assert "collective-permute" in XLA_COLLECTIVE_KINDS
 
 # Which size `Collective.bytes` reports: the whole buffer the collective works on, per device.
 # all-gather's input is one shard of it, so it is priced by its result; the others by their input.
