@@ -30,6 +30,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from toast_lab.program import REGION_PRIMITIVES
+
+from . import newer_jax
 from toast_lab.rules import RULES, FactorKind, OpRule, conservative_rule, rule_for
 
 GOLDEN = Path(__file__).parent / "data" / "rules_golden.txt"
@@ -50,6 +52,10 @@ def u32(*shape):
 
 def c64(*shape):
     return jax.ShapeDtypeStruct(shape, jnp.complex64)
+
+
+def bf16(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.bfloat16)
 
 
 def pred(*shape):
@@ -428,6 +434,14 @@ LIBRARIES = [
     case("select_if_vmap", "select_if_vmap",
          lambda p, x, y: __import__("equinox").internal.select_if_vmap_p.bind(p, x, y),
          pred(), f32(8, 16), f32(8, 16)),
+    # cuDNN's flash attention as a GPU traces it (grouped-query: 4 q heads over 2 kv heads)
+    case("cudnn_attention_fwd", "dot_product_attention_fwd_wrapper", newer_jax.cudnn_attention,
+         bf16(2, 128, 4, 64), bf16(2, 128, 2, 64), bf16(2, 128, 2, 64)),
+    case("cudnn_attention_bwd", "dot_product_attention_bwd_wrapper",
+         newer_jax.cudnn_attention_step, bf16(2, 128, 4, 64), bf16(2, 128, 2, 64),
+         bf16(2, 128, 2, 64)),
+    # JAX 0.11's tanh derivative
+    case("one_minus_square", "one_minus_square", newer_jax.one_minus_square, f32(8, 16)),
     case("maybe_set", "maybe_set", _eqx_loop, f32(4, 3)),
     case("vprim", "vprim", jax.vmap(_eqx_loop), f32(2, 4, 3)),
 ]

@@ -162,3 +162,31 @@ def test_fingerprint_depends_on_structure_only():
     b = tl.trace(f, np.zeros((4,), np.float32))
     c = tl.trace(f, jax.ShapeDtypeStruct((8,), jnp.float32))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_scan_counts_are_read_from_jax_0_11s_flat_tree():
+    """JAX 0.11 dropped scan's num_consts / num_carry for `ft_in`, a flat tree of (consts,
+    carry, xs); the trace gives region ops the counts under their old names either way (the
+    whole suite also ran on jax 0.11.2: benchmarks/device_rates.py's notes)."""
+    from types import SimpleNamespace
+
+    from toast_lab.program._trace import region_params
+
+    class FlatTree:  # the part of jax._src.flattree.FlatTree that region_params reads
+        def __init__(self, *groups):
+            self.groups = groups
+
+        def unpack(self):
+            return tuple((None,) * g for g in self.groups)
+
+    scan = SimpleNamespace(name="scan")
+    new = SimpleNamespace(primitive=scan, params={"ft_in": FlatTree(2, 1, 3), "length": 4})
+    assert region_params(new) == {"ft_in": new.params["ft_in"], "length": 4,
+                                  "num_consts": 2, "num_carry": 1}
+    old = SimpleNamespace(primitive=scan, params={"num_consts": 0, "num_carry": 2})
+    assert region_params(old) is old.params
+    # and a scan traced on this JAX keeps its counts
+    prog = tl.trace(lambda c, xs: jax.lax.scan(lambda c, x: (c + x, c), c, xs),
+                    jnp.zeros(3), jnp.zeros((5, 3)))
+    (op,) = [op for op in prog.ops if op.primitive == "scan"]
+    assert (op.params["num_consts"], op.params["num_carry"]) == (0, 1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..program import CONST, LITERAL, NO_OP
+from ..rules._attention import is_causal
 
 # Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
 MOVEMENT = frozenset({
@@ -38,7 +39,15 @@ NOT_FUSIBLE = frozenset({
     # a shard_map body is a computation of its own (its ops fuse among themselves), and a
     # host callback a custom call: neither is cloned into its readers
     "shard_map", "pure_callback", "io_callback", "debug_callback",
+    # cuDNN's fused attention: a custom call
+    "dot_product_attention_fwd_wrapper", "dot_product_attention_bwd_wrapper",
 })
+
+# cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
+# each way, its scores never in memory (rules/_attention.py).
+CUDNN_FORWARD = frozenset({"dot_product_attention_fwd_wrapper"})
+CUDNN_BACKWARD = frozenset({"dot_product_attention_bwd_wrapper"})
+CUDNN_ATTENTION = CUDNN_FORWARD | CUDNN_BACKWARD
 
 # The einsums of jax.nn.dot_product_attention's XLA implementation (jax/_src/nn/functions.py,
 # _dot_product_attention_core), which jnp.einsum records as the name scope of their ops: the
@@ -93,6 +102,10 @@ def attention_kernels(prog):
     kernel = np.zeros(N, np.int8)
     flop_scale = np.ones(N)
     kernel[[op.id for op in ops if op.primitive == "shard_map"]] = KERNEL_MANUAL
+    for op in ops:
+        if op.primitive in CUDNN_ATTENTION:
+            kernel[op.id] = KERNEL_ATTENTION
+            flop_scale[op.id] = 0.5 if is_causal(op.params) else 1.0
     dots = [op for op in ops if op.primitive == "dot_general"
             and op.name_scope.rsplit("/", 1)[-1] in ATTENTION_EINSUMS]
     if not dots:

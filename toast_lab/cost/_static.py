@@ -23,7 +23,8 @@ import numpy as np
 
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
-from ._fusion import MOVEMENT, attention_kernels, fused_values, fusion_copies
+from ._fusion import (CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels,
+                      fused_values, fusion_copies)
 from ._plan_arrays import split_classes
 from ._unroll import unrolled_copies
 
@@ -149,6 +150,8 @@ _EXPANDED_FLOPS = {
     "erfc": 60.0, "erf_inv": 37.0, "lgamma": 52.0, "digamma": 73.0, "asin": 5.0, "acos": 3.0,
     "sinh": 10.0, "cosh": 3.0, "asinh": 11.0, "acosh": 7.0, "atanh": 6.0, "logistic": 3.0,
     "exp2": 1.0,
+    # JAX >= 0.11's tanh derivative: 1 - x * x, a multiply and a subtract
+    "one_minus_square": 2.0,
 }
 # Of those, the flops of each further copy where XLA:CPU's fusion clones the op into several
 # consumer fusions: the expansion's cheap tail after its last expensive op (a log, a sqrt, an
@@ -230,6 +233,8 @@ def _flops(op, values) -> float:
         return 0.0
     if name == "shard_map":
         return _manual_body_flops(op.params["jaxpr"])
+    if name in CUDNN_ATTENTION:
+        return _cudnn_attention_flops(op, values)
     if name in _COMPLEX_FLOPS and op.operands and np.issubdtype(
             values[op.operands[0]].dtype, np.complexfloating):
         return size(out[0]) * _COMPLEX_FLOPS[name]
@@ -275,6 +280,19 @@ def _flops(op, values) -> float:
         return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
             op.params.get("dimension", 0)])))
     return size(out[0]) * len(out)  # elementwise: one flop per element and result
+
+
+def _cudnn_attention_flops(op, values) -> float:
+    """cuDNN's fused attention by FlashAttention's count (Dao et al. 2022): the forward's two
+    matmuls, q k^T and p v, 4 B N T S H; the backward's five, 2.5 times that. Whole: a causal
+    kernel's skipped half is its flop_scale (_fusion.attention_kernels)."""
+    q, k = (values[v].shape for v in op.operands[:2])
+    t_ax, _, h_ax = (len(q) - 2, len(q) - 3, len(q) - 1) if int(getattr(
+        op.params.get("layout", 0), "value", op.params.get("layout", 0))) == 1 \
+        else (len(q) - 3, len(q) - 2, len(q) - 1)
+    rows = float(np.prod(q, dtype=np.float64)) / q[h_ax]  # B N T
+    forward = 4.0 * rows * k[t_ax] * q[h_ax]
+    return forward * (2.5 if op.primitive in CUDNN_BACKWARD else 1.0)
 
 
 @dataclass(frozen=True)

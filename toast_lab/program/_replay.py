@@ -111,6 +111,8 @@ class _Runner:
         params: Mapping = op.params
         if op.id in self.rebuild:
             params = dict(params, **self._rebuilt_bodies(op))
+        if "ft_in" in params:  # JAX >= 0.11's scan: drop the counts the trace added
+            params = {k: v for k, v in params.items() if k not in ("num_consts", "num_carry")}
         return _bind(op.jax_primitive, args, params)
 
     def _rebuilt_bodies(self, op) -> dict:

@@ -201,7 +201,7 @@ class _ProgramBuilder:
                 if outputs_of is None or k in outputs_of:
                     boundary_out += outs
         results = [self.new_value(v.aval, RESULT, op_id) for v in eqn.outvars]
-        self.ops[op_id] = Op(op_id, eqn.primitive.name, eqn.params, tuple(operands),
+        self.ops[op_id] = Op(op_id, eqn.primitive.name, region_params(eqn), tuple(operands),
                              tuple(results), scope, source, region, trip,
                              body=tuple(boundary_in + boundary_out),
                              body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
@@ -376,3 +376,17 @@ def _flatten_dim_names(dim_names, args, kwargs):
             hints.append(nm)
     hints += [None] * len(jax.tree_util.tree_leaves(kwargs))
     return hints
+
+
+def region_params(eqn) -> dict:
+    """A region op's params, with a scan's `num_consts` and `num_carry` on every JAX version.
+
+    JAX 0.11 dropped them from scan's params (and `linear`): its `ft_in` is a flat tree of
+    three groups, (consts, carry, xs), whose lengths are those counts
+    (jax/_src/lax/control_flow/loops.py, `ft_in.update(args).unpack()`). The rules, the domains
+    and the cost model read the counts by their old names."""
+    params = eqn.params
+    if eqn.primitive.name != "scan" or "num_consts" in params:
+        return params
+    consts, carry, _ = params["ft_in"].unpack()
+    return {**params, "num_consts": len(consts), "num_carry": len(carry)}

@@ -9,8 +9,8 @@ from ._core import (NEED_REPLICATION, PASS_THROUGH, REDUCTION, FactorKind, OpRul
 from ._table import RULES, has_rule, register, rule_for
 
 # Importing a module registers its rules.
-from . import (_control, _elementwise, _equinox, _identity, _indexing,  # noqa: F401,E402
-               _linalg, _opaque, _random, _reduce, _shape)
+from . import (_attention, _control, _elementwise, _equinox, _identity,  # noqa: F401,E402
+               _indexing, _linalg, _opaque, _random, _reduce, _shape)
 
 __all__ = [
     "FactorKind", "OpRule", "RuleBuilder", "PASS_THROUGH", "REDUCTION", "NEED_REPLICATION",

@@ -21,6 +21,8 @@ UNARY = (
     "expm1", "floor", "imag", "integer_pow", "is_finite", "lgamma", "log", "log1p", "logistic",
     "neg", "not", "population_count", "real", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",
     "square", "tan", "tanh",
+    # JAX >= 0.11: tanh's derivative, 1 - x^2 of its result
+    "one_minus_square",
     # not math, but elementwise all the same
     "convert_element_type", "reduce_precision",
 )

@@ -23,6 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ._cudnn import causal_attention
 from ._common import Model, TrainConfig, cross_entropy, normal, trailing
 
 
@@ -40,6 +41,10 @@ class LlamaConfig(TrainConfig):
     rope_theta: float = 10000.0
     compute_dtype: str | None = None  # None: dtype
     remat: bool = False
+    # jax.nn.dot_product_attention's implementation: None (XLA's ops, as JAX picks by default),
+    # "xla", or "cudnn": cuDNN's flash kernel (runs on a GPU; elsewhere it traces as on a GPU,
+    # for estimates, and does not run)
+    attention: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,7 +122,11 @@ def _layer(p: dict, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
         q = rope(jnp.einsum("bsd,dhe->bshe", y, w["wq"]), cfg.rope_theta)
         k = rope(jnp.einsum("bsd,dke->bske", y, w["wk"]), cfg.rope_theta)
         v = jnp.einsum("bsd,dke->bske", y, w["wv"])
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        if cfg.attention == "cudnn" and jax.default_backend() != "gpu":
+            o = causal_attention(q, k, v)  # the kernel a GPU trace holds (traced only)
+        else:
+            o = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                             implementation=cfg.attention)
         x = x + jnp.einsum("bshe,hed->bsd", o, w["wo"])
     with jax.named_scope("mlp"):
         y = rms_norm(w["mlp_norm"], x)
