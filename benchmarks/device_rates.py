@@ -46,6 +46,12 @@ MATMUL_SHAPES = ((8192, 8192, 8192), (4096, 11008, 4096), (4096, 4096, 128),
                  (1024, 1024, 1024), (128, 4096, 4096))
 MATMUL_SHAPES_CPU = ((2048, 2048, 2048), (1024, 2752, 1024), (1024, 1024, 128),
                      (512, 512, 512), (64, 1024, 1024))
+# --grid: the matmul efficiency curve, by M (tokens), N and K (Llama-3-8B's projections, a
+# GPT-2-sized layer, a head dim) in bf16, then float32 (TF32 where the backend uses it).
+GRID_M = (128, 512, 2048, 8192, 32768)
+GRID_NK = ((1024, 1024), (4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (128, 4096),
+           (4096, 128), (3072, 768), (768, 3072))
+GRID_F32 = ((8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048))
 # (batch, seq, heads, head dim) of causal attention, forward and backward.
 ATTENTION_SHAPES = ((4, 4096, 32, 128), (8, 2048, 16, 128))
 ATTENTION_SHAPES_CPU = ((1, 512, 4, 64),)
@@ -60,7 +66,15 @@ STEPS = {
     "accelerator": (("gpt", dict(size="gpt2-small", batch=8, dtype="bfloat16")),
                     ("gpt", dict(size="gpt2-medium", batch=8, dtype="bfloat16", remat=True)),
                     ("llama", dict(batch=4, seq=2048, vocab=32000, embed=2048, heads=16,
-                                   kv_heads=8, mlp=5632, layers=8, dtype="bfloat16"))),
+                                   kv_heads=8, mlp=5632, layers=8, dtype="bfloat16")),
+                    # the same with cuDNN's flash attention (a GPU only)
+                    ("llama", dict(batch=4, seq=2048, vocab=32000, embed=2048, heads=16,
+                                   kv_heads=8, mlp=5632, layers=8, dtype="bfloat16",
+                                   attention="cudnn")),
+                    # about 1.1B parameters, float32 master weights, bf16 compute, remat
+                    ("llama", dict(batch=8, seq=2048, vocab=32000, embed=2048, heads=16,
+                                   kv_heads=8, mlp=5632, layers=22, compute_dtype="bfloat16",
+                                   remat=True, attention="cudnn"))),
 }
 
 
@@ -93,6 +107,21 @@ def timed(fn, *args, reps: int) -> list[float]:
     return out
 
 
+def kernel_seconds(fn, arg_sets, reps: int) -> float:
+    """Seconds one call of `fn` takes on the device: `fn` on each of `arg_sets` (distinct
+    inputs, so no run reads another's cached data or result) back to back in one executable,
+    the fastest of `reps` runs over the number of sets. One call per dispatch would time the
+    host (about 0.1 ms a call), not a 5 us kernel; a step's kernels also run back to back."""
+    many = jax.jit(lambda sets: [fn(*args) for args in sets])
+    return min(timed(many, arg_sets, reps=reps)) / len(arg_sets)
+
+
+def _sets(make, nbytes: int, budget: int = 2 << 30, most: int = 16) -> list:
+    """As many input sets as fit in `budget` bytes (2 to `most`), drawn by `make(seed)`."""
+    count = int(max(2, min(most, budget // max(nbytes, 1))))
+    return [make(seed) for seed in range(count)]
+
+
 def compute_s(an, spec) -> float:
     """The cost model's compute time for an analysed step on one device described by `spec`."""
     return tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=spec)).compute_s
@@ -108,12 +137,14 @@ def _random(shape, dtype, seed):
 
 
 def matmuls(spec, shapes, dtype, reps) -> list[Row]:
-    mm = jax.jit(lambda a, b: a @ b)
+    mm = lambda a, b: a @ b  # noqa: E731
     rows = []
     for m, n, k in shapes:
-        a, b = _random((m, k), dtype, 0), _random((k, n), dtype, 1)
+        size = (m * k + k * n + m * n) * np.dtype(dtype).itemsize
+        sets = _sets(lambda seed: (_random((m, k), dtype, 2 * seed),
+                                   _random((k, n), dtype, 2 * seed + 1)), size)
         rows.append(Row(f"matmul {m}x{n}x{k} {dtype}", 2.0 * m * n * k,
-                        model_time(mm, (a, b), spec), min(timed(mm, a, b, reps=reps))))
+                        model_time(jax.jit(mm), sets[0], spec), kernel_seconds(mm, sets, reps)))
     return rows
 
 
@@ -127,13 +158,16 @@ def attention(spec, shapes, dtype, reps) -> list[Row]:
         o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
         return o.astype(jnp.float32).sum()
 
-    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    step = jax.grad(loss, argnums=(0, 1, 2))
     rows = []
     for b, s, h, d in shapes:
-        q, k, v = (_random((b, s, h, d), dtype, i) for i in range(3))
+        sets = _sets(lambda seed: tuple(_random((b, s, h, d), dtype, 3 * seed + i)
+                                        for i in range(3)),
+                     3 * b * s * h * d * np.dtype(dtype).itemsize * 3, most=4)
         flops = 3.5 * 4.0 * b * s * s * h * d / 2
         rows.append(Row(f"attention b{b} s{s} h{h} d{d} {dtype} fwd+bwd", flops,
-                        model_time(step, (q, k, v), spec), min(timed(step, q, k, v, reps=reps))))
+                        model_time(jax.jit(step), sets[0], spec),
+                        kernel_seconds(step, sets, reps)))
     return rows
 
 
@@ -142,13 +176,13 @@ def memory(spec, nbytes, reps) -> list[Row]:
     then the same with an `exp` in it: the model costs both by their bytes, which holds where
     transcendentals run on units of their own faster than memory feeds them (a GPU's SFUs, a
     TPU's EUP) and not where they are a polynomial on the vector units (a CPU)."""
-    x = _random((nbytes // 4,), jnp.float32, 0)
+    sets = _sets(lambda seed: (_random((nbytes // 4,), jnp.float32, seed),), 2 * nbytes,
+                 most=4)
     rows = []
     for what, f in (("elementwise", lambda x: x * 1.5 + 1.0),
                     ("exp", lambda x: jnp.exp(x * 0.5))):
-        f = jax.jit(f)
         rows.append(Row(f"{what} {nbytes / 2**20:.0f} MiB f32 (read + write)", 2.0 * nbytes,
-                        model_time(f, (x,), spec), min(timed(f, x, reps=reps))))
+                        model_time(jax.jit(f), sets[0], spec), kernel_seconds(f, sets, reps)))
     return rows
 
 
@@ -181,15 +215,20 @@ def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
     """The preset with its rates replaced by the measured ones: peak = the preset's, or the
     fastest matmul where that is faster; matmul and attention efficiencies = measured / peak;
     memory bandwidth = the plain elementwise kernel's."""
-    best = max(r.rate for r in rows_mm)
+    # (of the matmuls in `dtype`: --grid adds float32 ones, which run at another rate)
+    others = tuple(d for d in MATMUL_DTYPE.values() if d != dtype)
+    best = max(r.rate for r in rows_mm if not r.what.endswith(others))
     peak = max(spec.peak_flops[dtype], best)
     scale = peak / spec.peak_flops[dtype]
     flops = {k: v * scale for k, v in spec.peak_flops.items()}
     eff = spec.efficiency
-    # (where attention is not fused, the model costs its ops one by one: nothing to replace)
+    # (the rows time cuDNN's kernel on a GPU; elsewhere XLA's ops, which the model costs one by
+    # one: nothing to replace)
     attention = min(1.0, max(r.rate for r in rows_attn) / peak) \
-        if rows_attn and spec.fuses_attention else eff.attention
-    efficiency = dataclasses.replace(eff, matmul=min(1.0, best / peak), attention=attention)
+        if rows_attn and spec.platform == "gpu" else eff.attention
+    # the measured bandwidth replaces the datasheet's, whole (Efficiency.memory 1)
+    efficiency = dataclasses.replace(eff, matmul=min(1.0, best / peak), attention=attention,
+                                     memory=1.0)
     bandwidth = rows_mem[0].rate if rows_mem else spec.memory_bandwidth  # the plain kernel
     return dataclasses.replace(spec, name=spec.name + "-measured", peak_flops=flops,
                                memory_bandwidth=bandwidth, efficiency=efficiency,
@@ -198,15 +237,28 @@ def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
 
 
 def steps(spec, measured, cases, reps) -> list[tuple]:
+    """Each case's estimate (compute time and peak memory, under the preset and under the
+    measured rates) beside its measured median step and what XLA compiled for it (argument +
+    output + temp - alias bytes per device). Nothing is donated on either side."""
     out = []
     for name, cfg in cases:
-        fn, fargs = tl.zoo.get(name, **cfg)
-        sample = tl.zoo.sample(name, **cfg)
-        an = tl.analyze(tl.trace(fn, *fargs))
-        took = statistics.median(timed(jax.jit(fn), *sample, reps=reps))
-        label = ", ".join(f"{k}={v}" for k, v in cfg.items())
-        out.append((f"{name} ({label})", len(an.program.ops), compute_s(an, spec),
-                    compute_s(an, measured), took))
+        label = f"{name} ({', '.join(f'{k}={v}' for k, v in cfg.items())})"
+        try:
+            fn, fargs = tl.zoo.get(name, **cfg)
+            sample = tl.zoo.sample(name, **cfg)
+            an = tl.analyze(tl.trace(fn, *fargs))
+            mesh = tl.Mesh({"data": 1}, device=spec)
+            est = tl.estimate(an, tl.Plan.replicated(an), mesh, donate=False)
+            step = jax.jit(fn)
+            took = statistics.median(timed(step, *sample, reps=reps))
+            mem = step.lower(*sample).compile().memory_analysis()
+            compiled = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                        + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+        except Exception as err:  # noqa: BLE001 -- one case's failure must not hide the rest
+            print(f"{label}: failed: {type(err).__name__}: {err}")
+            continue
+        out.append((label, len(an.program.ops), est.compute_s, compute_s(an, measured), took,
+                    est.peak_memory_bytes, compiled))
     return out
 
 
@@ -226,6 +278,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="one small shape of each kind and one step (a smoke run)")
     parser.add_argument("--json", default=None, help="also write the measurements here")
+    parser.add_argument("--grid", action="store_true",
+                        help="also measure the matmul efficiency curve (GRID_M x GRID_NK)")
+    parser.add_argument("--no-steps", action="store_true", help="skip the training steps")
     args = parser.parse_args()
 
     platform = jax.default_backend()
@@ -246,12 +301,17 @@ def main() -> None:
           f"TFLOP/s {dtype}, {spec.memory_bandwidth / 1e9:g} GB/s, efficiency "
           f"{spec.efficiency}\n")
 
+    if args.grid and not on_cpu:
+        grid = [(m, n, k) for m in GRID_M for n, k in GRID_NK]
+        mm_shapes = tuple(dict.fromkeys((*mm_shapes, *grid)))
     rows_mm = matmuls(spec, mm_shapes, dtype, args.reps)
+    if args.grid and not on_cpu:
+        rows_mm += matmuls(spec, GRID_F32, "float32", args.reps)
     rows_attn = attention(spec, attn_shapes, dtype, args.reps)
     rows_mem = memory(spec, mem_bytes, args.reps)
     rows_coll = collectives(spec, coll_bytes, args.reps)
     unit, scale = ("GFLOP/s", 1e9) if on_cpu else ("TFLOP/s", 1e12)
-    print(f"Matmuls and {'' if spec.fuses_attention else 'un'}fused attention:")
+    print(f"Matmuls and {'cuDNN' if platform == 'gpu' else 'XLA'} attention:")
     _table(rows_mm + rows_attn, unit, scale)
     print("\nMemory and collectives (collectives: bus bandwidth; the model's time = bytes sent "
           "÷ the preset's link × its collective efficiency):")
@@ -262,20 +322,24 @@ def main() -> None:
     eff = measured.efficiency
     print(f"\nMeasured: peak {peak / scale:,.4g} {unit} {dtype} (the preset's, or the fastest "
           f"matmul where faster); Efficiency(matmul={eff.matmul:.3f}, attention="
-          f"{eff.attention:.3f}); memory {measured.memory_bandwidth / 1e9:,.4g} GB/s")
+          f"{eff.attention:.3f}); memory {measured.memory_bandwidth / 1e9:,.4g} GB/s, "
+          f"Efficiency.memory={measured.memory_bandwidth / spec.memory_bandwidth:.3f} of the "
+          "preset's")
     if rows_coll:
         print("collective efficiency measured: "
               + ", ".join(f"{r.what.split()[0]} {r.rate / spec.intra_node.bandwidth:.2f}"
                           for r in rows_coll) + " of the preset's link")
 
-    results = steps(spec, measured, cases, max(3, args.reps // 2))
-    print("\nTraining steps on one device (estimate ÷ measured; compute only, nothing sharded):")
+    results = [] if args.no_steps else steps(spec, measured, cases, max(3, args.reps // 2))
+    print("\nTraining steps on one device (estimate ÷ measured; compute only, nothing sharded; "
+          "memory: the estimate's peak ÷ what XLA compiled):")
     print("| step | ops | estimate, preset (ms) | estimate, measured rates (ms) | measured (ms) "
-          "| preset ÷ measured | measured rates ÷ measured |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for what, ops, by_preset, by_measured, took in results:
+          "| preset ÷ measured | measured rates ÷ measured | peak est. ÷ XLA |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for what, ops, by_preset, by_measured, took, peak_est, compiled in results:
         print(f"| {what} | {ops} | {by_preset * 1e3:.1f} | {by_measured * 1e3:.1f} | "
-              f"{took * 1e3:.1f} | {by_preset / took:.2f} | {by_measured / took:.2f} |")
+              f"{took * 1e3:.1f} | {by_preset / took:.2f} | {by_measured / took:.2f} | "
+              f"{peak_est / compiled:.2f} |")
 
     if args.json:
         doc = {"device": device.device_kind, "platform": platform, "jax": jax.__version__,
@@ -284,8 +348,9 @@ def main() -> None:
                         for r in rows_mm + rows_attn + rows_mem + rows_coll],
                "measured": {"peak_flops": peak, "memory_bandwidth": measured.memory_bandwidth,
                             **dataclasses.asdict(measured.efficiency)},
-               "steps": [dict(step=w, estimate_preset_s=a, estimate_measured_s=b, measured_s=t)
-                         for w, _, a, b, t in results]}
+               "steps": [dict(step=w, estimate_preset_s=a, estimate_measured_s=b, measured_s=t,
+                              peak_estimate_bytes=pk, compiled_bytes=c)
+                         for w, _, a, b, t, pk, c in results]}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
 

@@ -49,18 +49,23 @@ def fsdp(*axes):
 
 
 RECIPES = (
-    Recipe("llama2-7b-h100x8", "llama", dict(size="llama2-7b", batch=8, remat=True),
+    # (the H100 recipes run flash attention: cuDNN's kernel, traced as a GPU traces it)
+    Recipe("llama2-7b-h100x8", "llama", dict(size="llama2-7b", batch=8, remat=True,
+                                             attention="cudnn"),
            {"data": 8}, "h100", "FSDP", fsdp("data"),
            "Llama-2-7B, seq 4096, 1 sequence per GPU, FSDP over one 8xH100 node with full "
            "activation checkpointing (PyTorch FSDP / torchtitan recipes)"),
-    Recipe("llama3.1-8b-h100x8", "llama", dict(size="llama3.1-8b", batch=8, remat=True),
+    Recipe("llama3.1-8b-h100x8", "llama", dict(size="llama3.1-8b", batch=8, remat=True,
+                                                attention="cudnn"),
            {"data": 8}, "h100", "FSDP", fsdp("data"),
            "Llama-3.1-8B, seq 8192, local batch 1, FSDP on 8 H100s, full activation "
            "checkpointing (torchtitan llama3_8b.toml)"),
-    Recipe("llama3.1-8b-h100x64", "llama", dict(size="llama3.1-8b", batch=64, remat=True),
+    Recipe("llama3.1-8b-h100x64", "llama", dict(size="llama3.1-8b", batch=64, remat=True,
+                                                 attention="cudnn"),
            {"data": 64}, "h100", "FSDP", fsdp("data"),
            "the same on 8 nodes (64 H100s, one 400 Gb/s InfiniBand NIC per GPU), FSDP over all"),
-    Recipe("llama2-7b-h100x256", "llama", dict(size="llama2-7b", batch=256, remat=True),
+    Recipe("llama2-7b-h100x256", "llama", dict(size="llama2-7b", batch=256, remat=True,
+                                               attention="cudnn"),
            {"data": 256}, "h100", "FSDP", fsdp("data"),
            "Llama-2-7B on 32 nodes (256 H100s), FSDP over all, 1 sequence of 4096 per GPU"),
     Recipe("llama2-7b-v5p-128", "llama", dict(size="llama2-7b", batch=512, seq=2048,

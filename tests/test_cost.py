@@ -917,3 +917,68 @@ def test_a_shard_map_counts_one_devices_run_of_its_body():
         est = tl.estimate(an, plan, mesh)
         stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
         assert est.flops_loop_bodies_once == pytest.approx(stats.flops, rel=0.1), plan
+
+
+def test_float32_matmuls_run_as_tf32_on_a_gpu_unless_highest():
+    """JAX's default precision lets XLA:GPU run float32 dots on the tensor cores as TF32 (an
+    H100 ran 8192^3 float32 at 384 TFLOP/s, 5.7x its float32 peak: benchmarks/device_rates.py
+    --grid); precision HIGHEST keeps float32. A TPU or CPU preset has no TF32 rate."""
+    h100 = tl.get_device("h100")
+    default = _matmul_compute_s(4096, 4096, 4096, "h100", "float32")
+    an = tl.analyze(tl.trace(lambda a, b: jnp.dot(a, b, precision="highest"),
+                             jnp.zeros((4096, 4096)), jnp.zeros((4096, 4096))))
+    highest = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=h100)).compute_s
+    assert highest / default == pytest.approx(
+        h100.peak_flops["tensorfloat32"] / h100.peak_flops["float32"], rel=1e-6)
+
+
+def test_streaming_kernels_run_at_the_measured_share_of_memory_bandwidth():
+    h100 = tl.get_device("h100")
+    assert h100.efficiency.memory == pytest.approx(0.73)
+    x = jnp.zeros((1 << 24,), jnp.float32)
+    an = tl.analyze(tl.trace(lambda x: x * 1.5 + 1.0, x))
+    est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=h100))
+    # one read and one write of 64 MiB at 73% of 3.35 TB/s
+    assert est.compute_s == pytest.approx(2 * x.nbytes / (0.73 * 3.35e12), rel=1e-6)
+    whole = dataclasses.replace(h100, efficiency=dataclasses.replace(h100.efficiency,
+                                                                     memory=1.0))
+    assert tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=whole)
+                       ).compute_s == pytest.approx(0.73 * est.compute_s)
+    # a plan file written before the field loads with the bandwidth whole
+    numbers = tl.plan._hardware.device_numbers(h100)
+    del numbers["efficiency"]["memory"]
+    assert tl.plan._hardware.device_from_numbers("old", numbers).efficiency.memory == 1.0
+
+
+def test_cudnn_attention_is_one_fused_kernel_sharded_over_batch_and_heads():
+    """cuDNN's flash attention as a GPU traces it (tests/newer_jax.py binds its primitives):
+    FlashAttention's flop count (4 B N T S H forward, 2.5 times that backward) at the measured
+    attention efficiency, the causal half skipped; its batch and heads shard with no
+    collective, its sequence needs gathering."""
+    from tests.newer_jax import cudnn_attention_step
+
+    b, t, n, k, h = 2, 1024, 8, 4, 64
+    q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((b, t, k, h), jnp.bfloat16)
+    an = tl.analyze(tl.trace(cudnn_attention_step, q, kv, kv))
+    assert an.fallback_ops == ()  # a rule of its own, not the conservative one
+    h100 = tl.get_device("h100")
+    model = tl.cost_model(an, tl.Mesh({"data": 1}, device=h100))
+    est = model.estimate(tl.Plan.replicated(an))
+    flops = 4.0 * b * n * t * t * h * (1 + 2.5)
+    assert est.flops == pytest.approx(flops, rel=0.01)  # the extras and the ones_like: ~0
+    rate = h100.peak_flops["bfloat16"] * h100.efficiency.attention / 0.5
+    # (beside it: the extras' and the cotangent's small elementwise kernels)
+    assert flops / rate <= est.compute_s <= 1.1 * flops / rate
+    # batch and heads over 8 devices: no collective; the sequence: gathered (multi-head
+    # attention here: with grouped queries q's heads are a compound of the key/value heads)
+    q = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16)
+    an = tl.analyze(tl.trace(cudnn_attention_step, q, q, q))
+    mesh = tl.Mesh({"data": 2, "model": 4}, device=h100)
+    whole = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=h100))
+    plan = tl.Plan.replicated(an).with_axes("q[0]", "data").with_axes("q[2]", "model")
+    sharded = tl.estimate(an, plan, mesh)
+    assert sharded.communication_s == 0.0
+    assert sharded.compute_s == pytest.approx(whole.compute_s / 8, rel=0.1)
+    gathered = tl.estimate(an, tl.Plan.replicated(an).with_axes("q[1]", "model"), mesh)
+    assert any(kind == "all-gather" for kind, _ in gathered.collectives)

@@ -62,6 +62,7 @@ def test_measured_spec_replaces_rates_not_structure(device_rates):
     assert spec.efficiency.attention == pytest.approx(0.5)
     assert spec.efficiency.tile == h100.efficiency.tile
     assert spec.memory_bandwidth == pytest.approx(3e12)
+    assert spec.efficiency.memory == 1.0  # the measured bandwidth, whole
     assert spec.intra_node == h100.intra_node and spec.platform == h100.platform
     # faster than the datasheet (a CPU preset is a stand-in): the peak rises to the measurement
     cpu = tl.get_device("cpu")

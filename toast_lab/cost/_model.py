@@ -41,8 +41,8 @@ from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
                       static_tables)
 from ._manual import manual_collectives
-from ._fusion import (KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends, library_inputs, memory_traffic,
-                      own_fusions)
+from ._fusion import (CUDNN_ATTENTION, KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends,
+                      library_inputs, memory_traffic, own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
                       TEMP_SLICES, MemoryTables, ScheduleTables)
@@ -60,6 +60,20 @@ def overlap_mode(overlap) -> str:
     if overlap not in OVERLAP_MODES:
         raise ValueError(f"overlap={overlap!r}: choose one of {OVERLAP_MODES}")
     return overlap
+
+
+def _tensor_float32(op, dtype, dev) -> bool:
+    """Whether a float32 matmul runs on the tensor cores as TF32: JAX's default precision
+    lets XLA:GPU do so (an 8192^3 float32 dot ran at 384 TFLOP/s on an H100, 78% of the TF32
+    peak and 5.7x the float32 one; benchmarks/device_rates.py --grid, jax 0.11.2); precision
+    HIGHEST (or jax_default_matmul_precision="highest") keeps float32."""
+    if dev.platform != "gpu" or "tensorfloat32" not in dev.peak_flops:
+        return False
+    if op.primitive not in ("dot_general", "conv_general_dilated") or dtype != np.float32:
+        return False
+    precision = op.params.get("precision")
+    names = [str(p) for p in (precision if isinstance(precision, tuple) else (precision,))]
+    return not any(k in n for n in names for k in ("HIGHEST", "FLOAT32", "F32_F32_F32"))
 
 
 def cost_model(analysis, mesh, donate: bool = True, overlap="scheduled") -> "CostModel":
@@ -106,14 +120,18 @@ class CostModel:
         cache = {}
         for op in prog.ops:
             dt = prog.values[op.operands[0]].dtype if op.operands else np.dtype("float32")
-            if dt not in cache:
+            key = dt
+            if _tensor_float32(op, dt, dev):
+                key = dt = "tensorfloat32"
+            if key not in cache:
                 try:
-                    cache[dt] = dev.peak_flops_for(dt)
+                    cache[key] = dev.peak_flops_for(dt)
                 except (ValueError, TypeError):  # PRNG keys and other extended dtypes
-                    cache[dt] = dev.peak_flops_for("float32")
-            peak[op.id] = cache[dt]
-        self.memory_bandwidth = float(dev.memory_bandwidth)
+                    cache[key] = dev.peak_flops_for("float32")
+            peak[op.id] = cache[key]
         e = dev.efficiency
+        # what a streaming kernel reaches of the datasheet bandwidth (Efficiency.memory)
+        self.memory_bandwidth = float(dev.memory_bandwidth) * e.memory
         self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
                                        self.memory_bandwidth, dev.reduce_scatters)], DEVICE)
         self.capacity = float(dev.memory_bytes)
@@ -127,7 +145,10 @@ class CostModel:
         # Fusion follows the device's compiler: attention kernels fuse on GPUs and TPUs.
         # (a shard_map runs its body per device on every compiler)
         fused = st.fused
-        kernel = np.where(st.op_kernel == KERNEL_MANUAL, KERNEL_MANUAL, 0).astype(np.int8)
+        # (and cuDNN's attention is its own kernel on any device: a custom call)
+        custom = np.array([op.primitive in CUDNN_ATTENTION for op in prog.ops], bool)
+        kernel = np.where((st.op_kernel == KERNEL_MANUAL) | custom, st.op_kernel,
+                          0).astype(np.int8)
         if dev.fuses_attention:
             fused, kernel = st.fused | st.attention_inside, st.op_kernel
         self.fused = fused

@@ -131,6 +131,7 @@ class Efficiency:
         stream); a matmul's tiles run in ceil(tiles / units) waves.
     attention: fraction of peak a fused (flash) attention kernel reaches.
     collectives: fraction of link bandwidth collectives reach on large messages.
+    memory: fraction of the datasheet memory bandwidth a streaming (elementwise) kernel reaches.
     """
 
     matmul: float = 1.0
@@ -138,9 +139,10 @@ class Efficiency:
     units: int = 1
     attention: float = 1.0
     collectives: float = 1.0
+    memory: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("matmul", "attention", "collectives"):
+        for name in ("matmul", "attention", "collectives", "memory"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(
                     value, (int, float, np.integer, np.floating)) or not 0 < value <= 1:
@@ -287,9 +289,12 @@ class DeviceSpec:
 
     @property
     def fuses_attention(self) -> bool:
-        """jax.nn.dot_product_attention runs as one flash-attention kernel (cuDNN on GPUs; a
-        Pallas kernel such as splash on TPUs); XLA:CPU runs its ops unfused."""
-        return self.platform != "cpu"
+        """jax.nn.dot_product_attention's XLA implementation (JAX's default) runs as one
+        flash-attention kernel: assumed on TPUs (unmeasured); not on GPUs, where XLA runs its
+        ops as written (measured on an H100, jax 0.11.2: a Llama step with it took 137 ms,
+        61 ms with implementation="cudnn", whose custom call is costed as a flash kernel on
+        every device: benchmarks/device_rates.py); nor on XLA:CPU."""
+        return self.platform == "tpu"
 
     # What XLA:CPU's pipeline does that the GPU and TPU ones do not, as the cost model follows
     # it (each measured against what XLA:CPU compiles: benchmarks/fidelity.py).
@@ -487,7 +492,11 @@ def _nvidia(
     sms: int,
     matmul: float,
     source: str,
+    measured: str | None = None,
 ) -> DeviceSpec:
+    """measured: where the efficiencies were measured ([H100-MEASURED]); without it, large
+    matmuls at `matmul` [MAMF], flash attention at FA3's forward rate and the datasheet
+    bandwidth."""
     flops = {
         "bfloat16": bf16,
         "float16": bf16,
@@ -507,13 +516,35 @@ def _nvidia(
         inter_node=Link(bandwidth=nic_bits_per_s / 8, latency=5e-6),
         devices_per_node=8,
         source=source
-        + " float32 is the non-tensor-core rate; tensorfloat32 the TF32 tensor-core rate."
-        f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms} SMs"
-        " [MAMF, CUTLASS], flash attention at 75% [FA3], collectives at 82% of link bandwidth"
-        " [SB-GPU].",
-        efficiency=Efficiency(matmul=matmul, tile=(128, 128, 64), units=sms, attention=0.75,
-                              collectives=0.82),
+        + " float32 is the non-tensor-core rate; tensorfloat32 the TF32 tensor-core rate (which"
+        " float32 matmuls run at under JAX's default precision)."
+        + (f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
+           f" SMs [CUTLASS], cuDNN flash attention (forward and backward) at"
+           f" {HOPPER_ATTENTION:.0%}, elementwise kernels at {HOPPER_MEMORY:.0%} of the HBM"
+           f" bandwidth, {measured} [H100-MEASURED]; collectives at 82% of link bandwidth"
+           " [SB-GPU]." if measured else
+           f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
+           " SMs [MAMF, CUTLASS], flash attention at 75% [FA3], the datasheet bandwidth,"
+           " collectives at 82% of link bandwidth [SB-GPU]."),
+        efficiency=Efficiency(matmul=matmul, tile=(128, 128, 64), units=sms,
+                              attention=HOPPER_ATTENTION if measured else 0.75,
+                              collectives=0.82, memory=HOPPER_MEMORY if measured else 1.0),
     )
+
+
+# [H100-MEASURED] benchmarks/device_rates.py --grid on one H100 80GB HBM3 SXM (driver
+#   580.159.04, jax 0.11.2 with its CUDA 13 plugin, 2026-11-24), each kernel timed back to back
+#   on distinct inputs in one executable, the fastest of 5 runs:
+#   - bf16 matmuls of M x 4096..14336 x 4096..14336 with M >= 8192 at 764-778 TFLOP/s, 78% of
+#     989 (8192^3: 746-756; mamf-finder's best on another H100 was 80.1% [MAMF]);
+#   - cuDNN causal attention, forward and backward (FlashAttention's flop count, masked half
+#     skipped), b4 s4096 h32 d128 at 478-489 TFLOP/s, 48% (b8 s2048 h16: 363-373, 37%);
+#   - an elementwise float32 kernel over 1 GiB (read + write) at 2306-2629 GB/s, 69-78% of
+#     3350: 73% taken (a plain device-to-device copy reaches about 90%, KINDS.md).
+#   Hopper siblings (H100 96GB, H200) share the chip: the same fractions.
+HOPPER_MATMUL = 0.78
+HOPPER_ATTENTION = 0.48
+HOPPER_MEMORY = 0.73
 
 
 TPU_V4 = _tpu(
@@ -621,7 +652,8 @@ H100_80GB = _nvidia(
     nvlink_bidirectional=900e9,
     nic_bits_per_s=400e9,
     sms=132,
-    matmul=0.801,
+    matmul=HOPPER_MATMUL,
+    measured="measured on an H100 80GB",
     source="NVIDIA H100 datasheet (SXM5): dense 989 TFLOP/s bf16/fp16, 1979 fp8, 494.5 tf32, "
     "67 fp32, 67 fp64 tensor core; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s; 132 SMs; one "
     "400 Gb/s ConnectX-7 NIC per GPU (DGX H100).",
@@ -640,7 +672,8 @@ H100_96GB = _nvidia(
     nvlink_bidirectional=900e9,
     nic_bits_per_s=400e9,
     sms=132,
-    matmul=0.801,
+    matmul=HOPPER_MATMUL,
+    measured="measured on an H100 80GB",
     source="H100 with 96 GB of HBM2e at 2.4 TB/s, as issue #12 describes it (we found no NVIDIA "
     "datasheet for this part: the SXM5 datasheet lists 80 GB HBM3 at 3.35 TB/s, the NVL 94 GB "
     "HBM3 at 3.9 TB/s); compute, NVLink and NIC as the H100 SXM5.",
@@ -659,7 +692,8 @@ H200 = _nvidia(
     nvlink_bidirectional=900e9,
     nic_bits_per_s=400e9,
     sms=132,
-    matmul=0.801,
+    matmul=HOPPER_MATMUL,
+    measured="measured on an H100 80GB",
     source="NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink "
     "900 GB/s, one 400 Gb/s NIC per GPU; the H100 SXM's matmul ceiling [MAMF].",
 )
@@ -764,7 +798,7 @@ def device_numbers(spec: DeviceSpec) -> dict[str, Any]:
         "devices_per_node": spec.devices_per_node,
         "efficiency": {"matmul": _plain(eff.matmul), "tile": list(eff.tile), "units": eff.units,
                        "attention": _plain(eff.attention),
-                       "collectives": _plain(eff.collectives)},
+                       "collectives": _plain(eff.collectives), "memory": _plain(eff.memory)},
         "torus_dims": spec.torus_dims,
         "torus_wrap": spec.torus_wrap,
         "platform": spec.platform,
@@ -779,7 +813,8 @@ def device_from_numbers(name: str, numbers: Any) -> DeviceSpec:
     missing, unknown or bad field."""
     _fields_of("", numbers, _DEVICE_FIELDS, optional=("source",))
     links = {key: link_from_numbers(key, numbers[key]) for key in ("intra_node", "inter_node")}
-    _fields_of("efficiency", numbers["efficiency"], _EFFICIENCY_FIELDS)
+    # (plan files written before Efficiency.memory have none: the bandwidth whole)
+    _fields_of("efficiency", numbers["efficiency"], _EFFICIENCY_FIELDS, optional=("memory",))
     eff = dict(numbers["efficiency"])
     source = numbers.get("source", "")
     if not isinstance(source, str):
