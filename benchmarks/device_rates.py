@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import time
 
@@ -211,6 +212,30 @@ def collectives(spec, nbytes, reps) -> list[Row]:
     return rows
 
 
+def launch_floor(spec, reps) -> list[Row]:
+    """What a kernel costs beyond its work, run among others in one executable: a chain of
+    dependent 128 x 128 x 128 matmuls (each needs the last one's result; 4 MFLOP, under a
+    microsecond at peak), timed at two lengths, the difference over the extra kernels (so the
+    executable's own dispatch cancels)."""
+    w = [_random((128, 128), "bfloat16", seed) for seed in range(256)]
+    x = _random((128, 128), "bfloat16", 999)
+
+    def chain(n):
+        def f(x, *w):
+            for i in range(n):
+                x = x @ w[i]
+            return x
+        return jax.jit(f)
+
+    short, long = 64, 256
+    t_short = min(timed(chain(short), x, *w[:short], reps=reps))
+    t_long = min(timed(chain(long), x, *w[:long], reps=reps))
+    per = (t_long - t_short) / (long - short)
+    one = jax.jit(lambda a, b: a @ b)
+    return [Row("kernel floor: one of 256 dependent 128x128x128 bf16 matmuls",
+                2.0 * 128 ** 3, model_time(one, (x, w[0]), spec), per)]
+
+
 def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
     """The preset with its rates replaced by the measured ones: peak = the preset's, or the
     fastest matmul where that is faster; matmul and attention efficiencies = measured / peak;
@@ -236,6 +261,27 @@ def measured_spec(spec, rows_mm, rows_attn, rows_mem, dtype):
                                "benchmarks/device_rates.py")
 
 
+_NO_KERNEL = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant",
+                        "while", "conditional", "call", "after-all", "opt-barrier",
+                        "partition-id", "replica-id"})
+
+
+def kernel_count(hlo_text: str) -> int:
+    """Instructions of a compiled module's own computations (not fusion bodies) that launch a
+    kernel, each loop body counted once: fusions, library calls (cuBLAS, cuDNN), copies."""
+    count, inside = 0, False
+    for line in hlo_text.splitlines():
+        head = line.lstrip()
+        if line.endswith("{") and not line.startswith(" "):  # a computation's header
+            inside = not head.startswith(("%fused", "fused", "%wrapped", "wrapped",
+                                          "%region", "region", "%add", "%max", "%min"))
+            continue
+        match = re.search(r"=\s.*?\s([a-z][a-z0-9-]*)\(", head) if inside else None
+        if match and match.group(1) not in _NO_KERNEL:
+            count += 1
+    return count
+
+
 def steps(spec, measured, cases, reps) -> list[tuple]:
     """Each case's estimate (compute time and peak memory, under the preset and under the
     measured rates) beside its measured median step and what XLA compiled for it (argument +
@@ -251,7 +297,10 @@ def steps(spec, measured, cases, reps) -> list[tuple]:
             est = tl.estimate(an, tl.Plan.replicated(an), mesh, donate=False)
             step = jax.jit(fn)
             took = statistics.median(timed(step, *sample, reps=reps))
-            mem = step.lower(*sample).compile().memory_analysis()
+            exe = step.lower(*sample).compile()
+            mem = exe.memory_analysis()
+            print(f"{label}: {kernel_count(exe.as_text())} kernel launches in the compiled "
+                  "module (loop bodies once)")
             compiled = (mem.argument_size_in_bytes + mem.output_size_in_bytes
                         + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
         except Exception as err:  # noqa: BLE001 -- one case's failure must not hide the rest
@@ -309,10 +358,14 @@ def main() -> None:
         rows_mm += matmuls(spec, GRID_F32, "float32", args.reps)
     rows_attn = attention(spec, attn_shapes, dtype, args.reps)
     rows_mem = memory(spec, mem_bytes, args.reps)
+    rows_floor = launch_floor(spec, args.reps) if not on_cpu else []
     rows_coll = collectives(spec, coll_bytes, args.reps)
     unit, scale = ("GFLOP/s", 1e9) if on_cpu else ("TFLOP/s", 1e12)
     print(f"Matmuls and {'cuDNN' if platform == 'gpu' else 'XLA'} attention:")
     _table(rows_mm + rows_attn, unit, scale)
+    if rows_floor:
+        print(f"\nKernel floor: {rows_floor[0].measured_s * 1e6:.2f} us per kernel "
+              f"(model without a floor: {rows_floor[0].model_s * 1e6:.2f} us)")
     print("\nMemory and collectives (collectives: bus bandwidth; the model's time = bytes sent "
           "÷ the preset's link × its collective efficiency):")
     _table(rows_mem + rows_coll, "GB/s", 1e9)
@@ -345,7 +398,7 @@ def main() -> None:
         doc = {"device": device.device_kind, "platform": platform, "jax": jax.__version__,
                "preset": spec.name, "dtype": dtype,
                "rows": [dict(dataclasses.asdict(r), rate=r.rate)
-                        for r in rows_mm + rows_attn + rows_mem + rows_coll],
+                        for r in rows_mm + rows_attn + rows_mem + rows_coll + rows_floor],
                "measured": {"peak_flops": peak, "memory_bandwidth": measured.memory_bandwidth,
                             **dataclasses.asdict(measured.efficiency)},
                "steps": [dict(step=w, estimate_preset_s=a, estimate_measured_s=b, measured_s=t,

@@ -400,3 +400,21 @@ def common_values(prog) -> np.ndarray:
         else:
             seen[key] = r
     return canon
+
+
+# Ops XLA compiles to a bitcast or to nothing (a change of shape, a sharding annotation).
+NO_KERNEL = frozenset({"reshape", "squeeze", "expand_dims", "sharding_constraint",
+                       "stop_gradient", "optimization_barrier"})
+
+
+def launches(prog, fused: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """[N] the kernels each op launches: one where it writes a result to memory (the root of a
+    fusion, a matmul, a library call), none where its results stay inside a fusion or a fused
+    attention kernel, for a bitcast, or for a region op (its body's ops launch their own)."""
+    out = np.zeros(len(prog.ops))
+    for op in prog.ops:
+        if op.body or op.primitive in NO_KERNEL or kernel[op.id] == KERNEL_INSIDE:
+            continue
+        if any(not fused[r] for r in op.results):
+            out[op.id] = 1.0
+    return out

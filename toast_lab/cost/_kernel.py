@@ -563,7 +563,9 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         traffic = 0.0
         for i in range(op.io_start, op.io_end):
             traffic += tables.op_io[i].nbytes / mesh[vmask[tables.op_io[i].value_type]].ways
-        compute = max(flops / rate, traffic / dev.memory_bandwidth) * w
+        # no kernel runs faster than the device's floor (launch and ramp: Efficiency.launch_s)
+        compute = max(flops / rate, traffic / dev.memory_bandwidth,
+                      op.launches * dev.launch_s) * w
         op_compute[p] = compute
         ptime += after
         op_comm[p] = (gtime + ptime) * w

@@ -42,7 +42,7 @@ from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pie
                       static_tables)
 from ._manual import manual_collectives
 from ._fusion import (CUDNN_ATTENTION, KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends,
-                      library_inputs, memory_traffic, own_fusions)
+                      launches, library_inputs, memory_traffic, own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
                       TEMP_SLICES, MemoryTables, ScheduleTables)
@@ -133,7 +133,8 @@ class CostModel:
         # what a streaming kernel reaches of the datasheet bandwidth (Efficiency.memory)
         self.memory_bandwidth = float(dev.memory_bandwidth) * e.memory
         self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
-                                       self.memory_bandwidth, dev.reduce_scatters)], DEVICE)
+                                       self.memory_bandwidth, dev.reduce_scatters,
+                                       e.launch_s)], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
         self.is_state = np.zeros(st.num_values, bool)
@@ -170,7 +171,8 @@ class CostModel:
             whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
             row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
-                              st.op_flop_scale, leaders, workspace, flops, row_kind)
+                              st.op_flop_scale, leaders, workspace, flops, row_kind,
+                              launches(prog, fused, kernel))
         ty = self.ty
         self.op_count = ty.tables.ops["count"]
         # Memory: temporaries (not arguments, not outputs) with their live ranges, in the order

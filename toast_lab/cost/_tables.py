@@ -57,6 +57,7 @@ OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
 # gathered_partials: whole-tensor bytes of the partial results a variadic reduce (an argmax)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
 # copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).
+# launches: the kernels each instance launches (1 where it writes a result, _fusion.launches).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
             operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
@@ -64,7 +65,8 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             scatter_indices=_F, scatter_indices_type=_I, scatter_updates=_F,
             scatter_updates_type=_I, scatter_window=_I,
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
-            batch_indices_type=_I, batch_index_dims=_I, gathered_partials=_F, copies=_F)
+            batch_indices_type=_I, batch_index_dims=_I, gathered_partials=_F, copies=_F,
+            launches=_F)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
@@ -129,7 +131,7 @@ MESH = record(ways=_F, gather_beta=_F, gather_alpha=_F, a2a_beta=_F, permute_bet
 # whether its compiler emits real reduce-scatters (XLA:CPU all-reduces the whole buffer and
 # slices it: ReduceScatterDecomposer).
 DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=_F,
-                memory_bandwidth=_F, reduce_scatter=np.bool_)
+                memory_bandwidth=_F, reduce_scatter=np.bool_, launch_s=_F)
 # Temporaries: live over positions [start, end) of the sweep's order, written only from
 # min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
 # large enough, see _fusion.library_inputs).

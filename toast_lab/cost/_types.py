@@ -66,12 +66,14 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
 
 def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                 flop_scale: np.ndarray, sum_leader: np.ndarray,
-                workspace: np.ndarray, flops: np.ndarray, row_kind: np.ndarray) -> Types:
+                workspace: np.ndarray, flops: np.ndarray, row_kind: np.ndarray,
+                launches: np.ndarray) -> Types:
     """The types of `an` for one device: `flops` and `peak` FLOP/s per op, `io` the (op, value)
     pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion),
     the op that reduces each op's partial sums (-1: itself; _static._sum_leaders), the bytes
     the compiler allocates inside each op (sharded like st.op_workspace_value), and `row_kind`
-    the kind of each of st's rows as the device's compiler partitions the op (_model.py)."""
+    the kind of each of st's rows as the device's compiler partitions the op (_model.py), and
+    the kernels each op launches (_fusion.launches)."""
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
     tags = _Interner()
@@ -224,7 +226,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n),
-               float(st.op_gathered_partials[n]), float(st.op_copies[n]))
+               float(st.op_gathered_partials[n]), float(st.op_copies[n]),
+               float(launches[n]))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -255,7 +258,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    batch_type=column(19, _I), batch_dims=column(20, _I),
                    batch_indexed=column(21, _I), batch_indices_type=column(22, _I),
                    batch_index_dims=column(23, _I), gathered_partials=column(24),
-                   copies=column(25))
+                   copies=column(25), launches=column(26))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):

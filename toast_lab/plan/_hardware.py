@@ -132,6 +132,8 @@ class Efficiency:
     attention: fraction of peak a fused (flash) attention kernel reaches.
     collectives: fraction of link bandwidth collectives reach on large messages.
     memory: fraction of the datasheet memory bandwidth a streaming (elementwise) kernel reaches.
+    launch_s: the least time a kernel takes among others in a step (launch, ramp up and
+        drain): a kernel with less work than that still costs it.
     """
 
     matmul: float = 1.0
@@ -140,8 +142,13 @@ class Efficiency:
     attention: float = 1.0
     collectives: float = 1.0
     memory: float = 1.0
+    launch_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.launch_s, bool) or not isinstance(
+                self.launch_s, (int, float, np.integer, np.floating)) or not (
+                0 <= self.launch_s < 1):
+            raise ValueError(f"Efficiency.launch_s is seconds in [0, 1), got {self.launch_s!r}.")
         for name in ("matmul", "attention", "collectives", "memory"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(
@@ -521,14 +528,16 @@ def _nvidia(
         + (f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
            f" SMs [CUTLASS], cuDNN flash attention (forward and backward) at"
            f" {HOPPER_ATTENTION:.0%}, elementwise kernels at {HOPPER_MEMORY:.0%} of the HBM"
-           f" bandwidth, {measured} [H100-MEASURED]; collectives at 82% of link bandwidth"
+           f" bandwidth, no kernel under {HOPPER_LAUNCH_S * 1e6:.1f} us, {measured}"
+           " [H100-MEASURED]; collectives at 82% of link bandwidth"
            " [SB-GPU]." if measured else
            f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
            " SMs [MAMF, CUTLASS], flash attention at 75% [FA3], the datasheet bandwidth,"
            " collectives at 82% of link bandwidth [SB-GPU]."),
         efficiency=Efficiency(matmul=matmul, tile=(128, 128, 64), units=sms,
                               attention=HOPPER_ATTENTION if measured else 0.75,
-                              collectives=0.82, memory=HOPPER_MEMORY if measured else 1.0),
+                              collectives=0.82, memory=HOPPER_MEMORY if measured else 1.0,
+                              launch_s=HOPPER_LAUNCH_S if measured else 0.0),
     )
 
 
@@ -541,10 +550,13 @@ def _nvidia(
 #     skipped), b4 s4096 h32 d128 at 478-489 TFLOP/s, 48% (b8 s2048 h16: 363-373, 37%);
 #   - an elementwise float32 kernel over 1 GiB (read + write) at 2306-2629 GB/s, 69-78% of
 #     3350: 73% taken (a plain device-to-device copy reaches about 90%, KINDS.md).
+#   - a chain of dependent 128x128x128 bf16 matmuls (0.36 us of work each at the model's rate)
+#     at 4.84 us a kernel: 256 of them less 64, over the 192 more (the dispatch cancels).
 #   Hopper siblings (H100 96GB, H200) share the chip: the same fractions.
 HOPPER_MATMUL = 0.78
 HOPPER_ATTENTION = 0.48
 HOPPER_MEMORY = 0.73
+HOPPER_LAUNCH_S = 4.8e-6
 
 
 TPU_V4 = _tpu(
@@ -798,7 +810,8 @@ def device_numbers(spec: DeviceSpec) -> dict[str, Any]:
         "devices_per_node": spec.devices_per_node,
         "efficiency": {"matmul": _plain(eff.matmul), "tile": list(eff.tile), "units": eff.units,
                        "attention": _plain(eff.attention),
-                       "collectives": _plain(eff.collectives), "memory": _plain(eff.memory)},
+                       "collectives": _plain(eff.collectives), "memory": _plain(eff.memory),
+                       "launch_s": _plain(eff.launch_s)},
         "torus_dims": spec.torus_dims,
         "torus_wrap": spec.torus_wrap,
         "platform": spec.platform,
@@ -814,7 +827,8 @@ def device_from_numbers(name: str, numbers: Any) -> DeviceSpec:
     _fields_of("", numbers, _DEVICE_FIELDS, optional=("source",))
     links = {key: link_from_numbers(key, numbers[key]) for key in ("intra_node", "inter_node")}
     # (plan files written before Efficiency.memory have none: the bandwidth whole)
-    _fields_of("efficiency", numbers["efficiency"], _EFFICIENCY_FIELDS, optional=("memory",))
+    _fields_of("efficiency", numbers["efficiency"], _EFFICIENCY_FIELDS,
+               optional=("memory", "launch_s"))
     eff = dict(numbers["efficiency"])
     source = numbers.get("source", "")
     if not isinstance(source, str):
