@@ -987,11 +987,11 @@ def test_cudnn_attention_is_one_fused_kernel_sharded_over_batch_and_heads():
 
 
 def test_no_kernel_runs_under_the_devices_floor():
-    """A kernel with little work still takes the device's floor (launch, ramp up, drain: 4.8 us
-    measured on an H100 for a chain of dependent 128^3 matmuls, plan/_hardware.py); ops fused
+    """A kernel with little work still takes the device's floor (launch, ramp up, drain: 4.2-4.8
+    us measured on an H100 for a chain of dependent 128^3 matmuls, plan/_hardware.py); ops fused
     into a kernel and bitcasts launch none."""
     h100 = tl.get_device("h100")
-    assert h100.efficiency.launch_s == pytest.approx(4.8e-6)
+    assert h100.efficiency.launch_s == pytest.approx(4.5e-6)
     w = [jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)] * 10
 
     def chain(x, *w):
@@ -1003,7 +1003,7 @@ def test_no_kernel_runs_under_the_devices_floor():
     est = tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=h100))
     # ten matmul kernels and ten tanh kernels (XLA:GPU writes a dot's result before an
     # elementwise consumer), each at the floor
-    assert est.compute_s == pytest.approx(20 * 4.8e-6, rel=1e-6)
+    assert est.compute_s == pytest.approx(20 * 4.5e-6, rel=1e-6)
     none = dataclasses.replace(h100, efficiency=dataclasses.replace(h100.efficiency,
                                                                     launch_s=0.0))
     assert tl.estimate(an, tl.Plan.replicated(an), tl.Mesh({"data": 1}, device=none)

@@ -548,15 +548,17 @@ def _nvidia(
 #     989 (8192^3: 746-756; mamf-finder's best on another H100 was 80.1% [MAMF]);
 #   - cuDNN causal attention, forward and backward (FlashAttention's flop count, masked half
 #     skipped), b4 s4096 h32 d128 at 478-489 TFLOP/s, 48% (b8 s2048 h16: 363-373, 37%);
-#   - an elementwise float32 kernel over 1 GiB (read + write) at 2306-2629 GB/s, 69-78% of
-#     3350: 73% taken (a plain device-to-device copy reaches about 90%, KINDS.md).
+#   - an elementwise float32 kernel over 1 GiB (read + write) at 2306-2909 GB/s over six runs,
+#     69-87% of 3350, median 2,487: 73% taken;
 #   - a chain of dependent 128x128x128 bf16 matmuls (0.36 us of work each at the model's rate)
-#     at 4.84 us a kernel: 256 of them less 64, over the 192 more (the dispatch cancels).
+#     at 4.84 and 4.17 us a kernel in two runs: 256 of them less 64, over the 192 more (the
+#     dispatch cancels); 4.5 taken.
+#   The runs' outputs: benchmarks/results/h100-2026-11-24/.
 #   Hopper siblings (H100 96GB, H200) share the chip: the same fractions.
 HOPPER_MATMUL = 0.78
 HOPPER_ATTENTION = 0.48
 HOPPER_MEMORY = 0.73
-HOPPER_LAUNCH_S = 4.8e-6
+HOPPER_LAUNCH_S = 4.5e-6
 
 
 TPU_V4 = _tpu(
