@@ -194,7 +194,10 @@ def test_partition_out_writes_a_plan_file_with_its_view(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["version"] == 2 and doc["view"]["format"] == "toast-lab-view"
     assert doc["view"]["estimate"]["step_time_s"] == pytest.approx(doc["estimate"]["step_time_s"])
-    assert {c["name"]: c["axes"] for c in doc["view"]["classes"] if c["axes"]} == doc["classes"]
+    # (the file also records the classes decided replicated: a tiny GPT on H100s, where each
+    # kernel costs at least the device's floor, keeps most of them whole)
+    sharded = {name: axes for name, axes in doc["classes"].items() if axes}
+    assert {c["name"]: c["axes"] for c in doc["view"]["classes"] if c["axes"]} == sharded
     assert doc["experts"]
 
 
