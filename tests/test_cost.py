@@ -324,6 +324,64 @@ def test_xla_cpu_all_reduces_only_the_slice_its_reduce_scatter_leaves():
     assert measured == {("all-reduce", ("data",)): whole, ("all-reduce", ("model",)): whole / 4}
 
 
+@pytest.mark.parametrize("axes, pins, permuted", [
+    ({"data": 4, "model": 2}, {"h[1]": "model", "w[1]": "model"}, True),
+    ({"data": 4, "model": 2}, {"h[1]": "model", "h[0]": "model"}, True),  # a row of the lhs
+    ({"data": 4, "model": 2}, {"h[1]": "model", "w[1]": "model", "h[0]": "data"}, False),
+    ({"data": 2, "model": 4}, {"h[1]": "model", "w[1]": "model"}, False),
+    ({"data": 4, "model": 2}, {"h[1]": "data", "w[1]": "data"}, False),
+])
+def test_a_matmul_reduced_onto_its_result_axes_all_reduces_a_shard_and_permutes_it(
+        axes, pins, permuted):
+    """A matmul contracted over `model` whose result is sharded on `model` (a reduce-scatter)
+    and replicated over axes of at least as many ways: XLA slices each device's result over
+    part of those axes, all-reduces the shard and collective-permutes it into place (gpt
+    random1's value projection: 4 permutes the model missed). With no such free axes (the
+    rows on `data`; data=2 < model=4; data=4 over model=2) it stays a reduce-scatter, which
+    XLA:CPU writes as an all-reduce of the whole partial result."""
+    def fn(h, w):
+        return jnp.tanh(h @ w)
+
+    args = (jax.ShapeDtypeStruct((64, 128), jnp.float32),
+            jax.ShapeDtypeStruct((128, 32), jnp.float32))
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh(axes, device="cpu")
+    plan = tl.Plan.replicated(an)
+    for name, axis in pins.items():
+        plan = plan.with_axes(name, axis)
+    est = tl.estimate(an, plan, mesh)
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {(c.kind, c.axes): c.operand_bytes for c in stats.collectives}
+    estimated = {("all-reduce" if kind == "reduce-scatter" else kind, ax): c.bytes
+                 for (kind, ax), c in est.collectives.items()}
+    assert estimated == measured
+    assert any(kind == "collective-permute" for kind, _ in measured) == permuted
+
+
+def test_a_convolution_reduced_onto_its_feature_axis_permutes_its_shard_like_a_matmul():
+    """XLA partitions a convolution by its dot handler: input features on `model`, output
+    features on `model`, the rest replicated over data=4: an all-reduce of the shard and a
+    collective-permute of it, as for a matmul."""
+    def fn(x, k):
+        return jnp.tanh(jax.lax.conv_general_dilated(
+            x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+
+    args = (jax.ShapeDtypeStruct((4, 8, 8, 32), jnp.float32),
+            jax.ShapeDtypeStruct((3, 3, 32, 16), jnp.float32))
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = tl.Plan.replicated(an).with_axes("x[3]", "model").with_axes("k[3]", "model")
+    est = tl.estimate(an, plan, mesh)
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    shard = 4 * 8 * 8 * 16 * 4 // 2
+    assert {(c.kind, c.axes): c.operand_bytes for c in stats.collectives} == {
+        ("all-reduce", ("model",)): shard, ("collective-permute", ("data", "model")): shard}
+    assert {k: c.bytes for k, c in est.collectives.items()} == {
+        ("all-reduce", ("model",)): shard, ("collective-permute", ("data", "model")): shard}
+
+
 def test_partial_sums_of_one_gradient_are_added_before_reducing(gpt):
     """Megatron: the input gradients of q, k and v (and of the MLP's input) are partial sums
     over `model`; XLA on GPUs adds them and all-reduces once, XLA:CPU reduces each."""

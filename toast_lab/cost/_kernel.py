@@ -19,8 +19,9 @@ from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from ._static import DIM_BATCH, DIM_M, ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, ScheduleTables, TypeTables
 
-# collective kinds (COLLECTIVE_KINDS, in order); the kernel never charges CP itself (only a
-# shard_map body's ppermute is one: CostModel._manual_tables adds it)
+# collective kinds (COLLECTIVE_KINDS, in order); the kernel charges CP only where XLA's dot
+# partitioner moves a matmul's reduced shard (evaluate_types); a shard_map body's ppermute is
+# one too (CostModel._manual_tables adds it)
 AR, AG, RS, A2A, CP = 0, 1, 2, 3, 4
 NUM_KINDS = 5
 # totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
@@ -39,7 +40,8 @@ MAX_SHARDINGS = 16
 # 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
 # 2M + 2G + 2S + 4p and + 1 the all-to-all of the updates and the all-gather of the indices of
 # op type p when it is a scatter partitioned by operand passthrough, + 2 the all-to-all of an
-# explicitly batched gather's operand or scatter's result (_batched_indexing), + 3 spare.
+# explicitly batched gather's operand or scatter's result (_batched_indexing), + 3 the
+# collective-permute of a matmul's reduced shard (evaluate_types).
 # Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
 # and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
@@ -538,7 +540,33 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                     if m == 0:
                         continue
                     done |= m
-                    if scatter:
+                    free = (mesh.shape[0] - 1) & ~res_mask & ~psum
+                    if (scatter and m == psum and op.matmul_k > 0.0 and free != 0
+                            and mesh[free].ways % mesh[m].ways == 0.0):
+                        # A matmul whose partial sums all go to the axes its result is
+                        # sharded on, with mesh axes its result is replicated over (`free`)
+                        # of a multiple of their ways: XLA's dot partitioner computes each
+                        # device's result already sliced over part of `free` (a local slice
+                        # of the operand), all-reduces that shard over `m`, and moves it to
+                        # the device that holds it in the result's sharding: a
+                        # collective-permute of the shard (x: P(None, None, "model") @ w:
+                        # P("model") to P(None, None, "model") on data=4 x model=2: an
+                        # all-reduce of 1/2 of the result over model, a permute of the same
+                        # 1/2, no reduce-scatter; free axes of too few ways, or none, keep
+                        # the reduce-scatter; jax 0.10.2, tests/test_cost.py). It comes from
+                        # the SPMD partitioner, so every platform's XLA emits it.
+                        size /= mesh[m].ways
+                        t = 2.0 * _gather_time(size, m, mesh)
+                        _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
+                        hop = mesh[m | free]
+                        tp = size * hop.permute_beta + hop.permute_alpha
+                        _charge(coll, CP, m | free, w, size, tp, ledger,
+                                scatter_rows + 4 * p + 3)
+                        t += tp
+                        # the partial sums are never whole: no temporary beyond the shard
+                        gathered[p] -= partial - result_bytes
+                        reduced[p] = max(reduced[p], size)
+                    elif scatter:
                         t = _gather_time(size, m, mesh)
                         _charge(coll, RS, m, w, size, t, ledger, group_rows + 2 * i)
                         if not dev.reduce_scatter:  # XLA:CPU: an all-reduce of it all,

@@ -108,13 +108,14 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
                       2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
     # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + 4p and on: + 0 the
     # all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
-    # (operand 1) in operand passthrough; + 2 and + 3 the all-to-all of a gather's operand or
-    # of a scatter's result (operand 0, the buffer it updates)
+    # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
+    # scatter's result (operand 0, the buffer it updates); + 3 the collective-permute of a
+    # matmul's reduced shard (its partial sums: -1)
     first = 2 * (members + groups + len(tables.shared_reads))
     row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
     if len(row):
         at_every_instance(row, (row - first) // 4,
-                          np.array([2, 1, 0, 0])[(row - first) % 4])
+                          np.array([2, 1, 0, -1])[(row - first) % 4])
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
