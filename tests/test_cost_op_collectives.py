@@ -69,6 +69,11 @@ def test_op_collectives_add_up_to_the_estimate(analysis, shape):
                         b for n, _, b in prog.handed_on_stacks() if n == o]
                     held = {a for v in moved for axes in plan.value_axes(v) for a in axes}
                     assert set(c.axes) <= held, (name, o, c)
+                elif c.kind == "collective-permute" and c.operand is not None:
+                    # an operand's dim handed from axes it holds to others: both in its axes
+                    held = {a for axes in plan.value_axes(prog.ops[o].operands[c.operand])
+                            for a in axes}
+                    assert held & set(c.axes) and not set(c.axes) <= held, (name, o, c)
                 else:
                     assert c.operand is None
     assert charged_any

@@ -83,10 +83,19 @@ def _charge(coll, kind, mask, weight, nbytes, seconds, ledger, row):
 
 
 @njit(cache=True, inline="always")
-def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
+def _reshard(coll, gather, a2a, onto, nbytes, weight, mesh, ledger, row):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
-    those in `a2a` moved between dims; nbytes is the operand's per-device size. Charges
-    `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of one.
+    those in `a2a` moved between dims, or, where `onto` is set, the one dim that `gather`
+    shards handed to the axes of `onto` instead; nbytes is the operand's per-device size.
+    Charges `weight` of each (ledger rows `row` and `row + 1`); returns (seconds, bytes) of
+    one.
+
+    A dim that leaves its axes for others (P("data") to P("model"), `onto` the new axes) is not
+    gathered whole: XLA's partitioner collective-permutes each device's shard to the device
+    that needs it, after a local slice where the new axes have more ways, before an
+    all-gather over part of the old axes where they have more (data=4 x model=2: P("data") to
+    P("model") a permute of the 1/4 shard and an all-gather to 1/2; P("model") to P("data") a
+    permute of a 1/4 slice of the 1/2 shard; jax 0.10.2, tests/test_cost.py).
 
     Where it does both, XLA's partitioner gathers first (to the target's partially replicated
     form, ReshardToPartialReplicateWithAllGather) and then moves the gathered buffer: the
@@ -95,6 +104,22 @@ def _reshard(coll, gather, a2a, nbytes, weight, mesh, ledger, row):
     worth; jax 0.10.2)."""
     seconds = 0.0
     moved = 0.0
+    if onto != 0:
+        old, new = mesh[gather].ways, mesh[onto].ways
+        if new > old:
+            nbytes = nbytes * old / new  # the local slice the device sends
+        hop = mesh[gather | onto]
+        t = nbytes * hop.permute_beta + hop.permute_alpha
+        _charge(coll, CP, gather | onto, weight, nbytes, t, ledger, row + 1)
+        seconds += t
+        moved += nbytes
+        if old > new:  # the gather's group: part of `gather`, priced as those axes
+            b = nbytes * old / new
+            t = _gather_time(b, gather, mesh)
+            _charge(coll, AG, gather, weight, b, t, ledger, row)
+            seconds += t
+            moved = b
+        return seconds, moved
     if gather != 0:
         b = nbytes * mesh[gather].ways
         t = _gather_time(b, gather, mesh)
@@ -386,6 +411,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     gather = np.zeros(operands.shape[0], np.int64)
     a2a = np.zeros(operands.shape[0], np.int64)
     sliced = np.zeros(operands.shape[0], np.int64)
+    onto = np.zeros(operands.shape[0], np.int64)  # a dim's new axes, where it is permuted
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
@@ -422,6 +448,31 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             # parameter under ZeRO-1): XLA all-gathers nothing, the gathered form is the same
             # broadcast of the scalar; an all-to-all of it stays (jax 0.10.2).
             gather[o] = 0
+        elif gather[o] != 0 and a2a[o] == 0 and sliced[o] == 0:
+            # One dim whose axes all leave for axes the operand does not hold, nothing else
+            # changing: permuted, not gathered whole (_reshard), where one axis group's ways
+            # divide the other's.
+            dim = -1
+            new = 0
+            held = 0
+            for i in range(operands[o].start, operands[o].end):
+                r = operand_rows[i]
+                if removed[r] != 0:
+                    if dim >= 0 and rows[r].dim != dim:
+                        dim = -2
+                        break
+                    dim = rows[r].dim
+                    held = eff[rows[r].value_type, dim]
+            if dim >= 0:
+                for i in range(operands[o].start, operands[o].end):
+                    r = operand_rows[i]
+                    if rows[r].dim == dim:
+                        new |= added[r]
+                old = gather[o]
+                a, b = mesh[old].ways, mesh[new].ways
+                if (new != 0 and held == old and new & vmask[operands[o].value_type] == 0
+                        and (a % b == 0.0 or b % a == 0.0)):
+                    onto[o] = new
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
@@ -470,7 +521,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         b = op.result_nbytes
                         t = _gather_time(b, held, mesh)
                         _charge(coll, AG, held, w, b, t, ledger, 2 * i)
-            tg, bg = _reshard(coll, g, a2a[ot], resliced, w, mesh, ledger, 2 * i)
+            tg, bg = _reshard(coll, g, a2a[ot], onto[ot], resliced, w, mesh, ledger, 2 * i)
             t += tg
             b += bg
             gtime += t
@@ -621,6 +672,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     kept_a2a = np.empty(MAX_SHARDINGS, np.int64)
     kept_pin = np.empty(MAX_SHARDINGS, np.int64)
     kept_sliced = np.empty(MAX_SHARDINGS, np.int64)
+    kept_onto = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -644,7 +696,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             found = -1
             for k in range(nk):
                 if (kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin
-                        and kept_sliced[k] == sl):
+                        and kept_sliced[k] == sl and kept_onto[k] == onto[ot]):
                     found = k
                     break
             if found < 0 and g != 0 and a != 0:
@@ -657,13 +709,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 whole = vmask[operands[ot].value_type]
                 for k in range(nk):
                     if (kept_gather[k] == whole and kept_a2a[k] == 0 and kept_pin[k] == pin
-                            and kept_sliced[k] == 0):
+                            and kept_sliced[k] == 0 and kept_onto[k] == 0):
                         found = k
                         break
             at = read.memory_position
             if found < 0:
                 pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways / mesh[sl].ways
-                t, b = _reshard(coll, g, a, pdb, read.trip, mesh, ledger, read_rows + 2 * j)
+                t, b = _reshard(coll, g, a, onto[ot], pdb, read.trip, mesh, ledger,
+                                read_rows + 2 * j)
                 op_comm[read.op_type] += t * read.trip
                 totals[T_COMM] += t * read.trip
                 read_time[j] = t
@@ -675,6 +728,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_a2a[found] = a
                 kept_pin[found] = pin
                 kept_sliced[found] = sl
+                kept_onto[found] = onto[ot]
                 kept_bytes[found] = b
                 kept_start[found] = tables.num_ops + 1  # empty until a direct read
                 kept_end[found] = 0

@@ -31,8 +31,9 @@ class OpCollective:
     """One collective one op pays under a plan, per device per step.
 
     kind: one of COLLECTIVE_KINDS; axes: mesh axes, in mesh order; operand: the position among
-    the op's operands of the value it moves (all-gather, all-to-all), None for the op's
-    partial sums (all-reduce, reduce-scatter; the all-gather of an argmax's partial results),
+    the op's operands of the value it moves (all-gather, all-to-all, the collective-permute of
+    a dim handed to other axes), None for the op's partial sums (all-reduce, reduce-scatter,
+    a matmul's permuted shard; the all-gather of an argmax's partial results),
     for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
     it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
