@@ -15,12 +15,21 @@ Known differences, reported rather than tuned away:
 - XLA:CPU emits a reduce-scatter as an all-reduce of the whole buffer (GPU and TPU do not), so
   "all-reduce" below compares the model's all-reduce + reduce-scatter bytes with XLA's
   all-reduce bytes.
-- The collective-permutes the model predicts are a shard_map body's ppermutes (a ring shift,
-  once per scan step: tests/test_cost_manual.py); XLA adds collective-permutes of its own
-  choosing (resharding between its fusions), which the model does not predict: 0.00 in the
-  collective-permute column where a plan has only those (gpt fsdp+tp, zero1+tp, fsdp+tp+sp,
-  maxtext, random1). "XLA other" is what XLA runs that no column compares (a
-  collective-broadcast). The all-to-alls the model predicts: those
+- The collective-permutes the model predicts: a shard_map body's ppermutes (a ring shift,
+  once per scan step: tests/test_cost_manual.py); a dim handed from its axes to others
+  (P("data") to P("model"): the shard permuted, then all-gathered over part of the old axes
+  where they have more ways; gpt maxtext's layer-norm parameters and position table,
+  collective-permute 0.00 -> 0.92); and a matmul reduced onto its result's axes while
+  replicated over axes of a multiple of their ways, which XLA slices over those, all-reduces
+  as a shard and permutes into place instead of reduce-scattering (gpt random1's value
+  projection: collective-permute 0.00 -> 1.00, all-reduce 1.11 -> 1.00). Still missed: the
+  FSDP embedding gradient's index reshard (gpt fsdp+tp, zero1+tp, maxtext: 256 B, batch
+  from data=4 to model=2 for an index passthrough over model that XLA's scatter partitioner
+  stacks on the operand passthrough over data, with an all-reduce over model of the
+  vocabulary-whole gradient the model does not charge either: the 0.97 all-reduce), and
+  sequence parallelism's loss gather and scatter re-tiled over part of an axis (gpt
+  fsdp+tp+sp: three of 128 B): 0.00 in the column where a plan has only those. "XLA
+  other" is what XLA runs that no column compares (a collective-broadcast). The all-to-alls the model predicts: those
   XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
   gradient); the re-tiling of the logits around a take_along_axis whose labels shard the
   sequence while the logits' vocabulary holds that axis (sequence parallelism's loss, and

@@ -25,7 +25,7 @@ all-gather or reduce-scatter; an all-reduce is a reduce-scatter and an all-gathe
 a2a_beta: seconds per byte of one device's shard for an all-to-all.
 permute_beta, permute_alpha: seconds per byte a device sends, and latency, of a
 collective-permute (a shard_map's ppermute: a ring shift of a pipelined or ring-attention
-kernel). It is point to point: each device sends its operand once, one hop, over one link in
+kernel; a reshard XLA writes as one). It is point to point: each device sends its operand once, one hop, over one link in
 one direction, all pairs at once (an ICI axis's Link counts both of its links, the two ways
 round its ring: a shift takes one); the pair crossing the slowest link the axes span (another
 node, for an axis spanning nodes) finishes last. Not modelled: a shift around a torus side

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from ..plan import format_bytes
 
-# collective-permute: a shard_map body's ppermute (_manual.py), point to point; the plan's
-# own reshards are never priced as one
+# collective-permute: point to point: a shard_map body's ppermute (_manual.py), and the
+# reshards XLA's partitioner writes as one (a dim handed to other axes, a matmul's reduced
+# shard moved into place: _kernel.py)
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
 
