@@ -22,6 +22,12 @@ import numpy as np
 from ..program import CONST, LITERAL, NO_OP
 from ..rules._attention import is_causal
 
+# cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
+# each way, its scores never in memory (rules/_attention.py).
+CUDNN_FORWARD = frozenset({"dot_product_attention_fwd_wrapper"})
+CUDNN_BACKWARD = frozenset({"dot_product_attention_bwd_wrapper"})
+CUDNN_ATTENTION = CUDNN_FORWARD | CUDNN_BACKWARD
+
 # Ops XLA fuses into their neighbours (loop fusion): their results need not reach memory.
 MOVEMENT = frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "convert_element_type",
@@ -39,15 +45,7 @@ NOT_FUSIBLE = frozenset({
     # a shard_map body is a computation of its own (its ops fuse among themselves), and a
     # host callback a custom call: neither is cloned into its readers
     "shard_map", "pure_callback", "io_callback", "debug_callback",
-    # cuDNN's fused attention: a custom call
-    "dot_product_attention_fwd_wrapper", "dot_product_attention_bwd_wrapper",
-})
-
-# cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
-# each way, its scores never in memory (rules/_attention.py).
-CUDNN_FORWARD = frozenset({"dot_product_attention_fwd_wrapper"})
-CUDNN_BACKWARD = frozenset({"dot_product_attention_bwd_wrapper"})
-CUDNN_ATTENTION = CUDNN_FORWARD | CUDNN_BACKWARD
+}) | CUDNN_ATTENTION  # a custom call
 
 # The einsums of jax.nn.dot_product_attention's XLA implementation (jax/_src/nn/functions.py,
 # _dot_product_attention_core), which jnp.einsum records as the name scope of their ops: the
@@ -88,28 +86,31 @@ def fused_values(prog) -> np.ndarray:
 
 
 def attention_kernels(prog):
-    """(inside [V] bool, kernel [N] int8, flop_scale [N]) of the fused attention kernels.
+    """(inside [V] bool, own [N] int8, kernel [N] int8, flop_scale [N]) of the fused kernels.
 
-    inside: the score-shaped values of jax.nn.dot_product_attention (never written by a flash
-    kernel); kernel: KERNEL_ATTENTION for its matmuls, KERNEL_INSIDE for the ops that make
-    values inside it (run within the kernel), KERNEL_MANUAL for a shard_map, KERNEL_OWN
-    otherwise; flop_scale: 0.5 for the
-    matmuls of causal attention (a flash kernel skips the masked half), 1 otherwise.
+    own: what each op is to the kernel that runs it on every compiler: KERNEL_MANUAL for a
+    shard_map, KERNEL_ATTENTION for cuDNN's attention (a custom call), KERNEL_OWN otherwise.
+    kernel: the same where XLA's own attention fuses too (CostModel picks by the device's
+    fuses_attention): KERNEL_ATTENTION for jax.nn.dot_product_attention's matmuls,
+    KERNEL_INSIDE for the ops that make values inside it (run within the kernel); inside: its
+    score-shaped values (never written by a flash kernel). flop_scale: 0.5 for the matmuls of
+    causal attention (a flash kernel skips the masked half), 1 otherwise.
     """
     values, ops = prog.values, prog.ops
     V, N = len(values), len(ops)
     inside = np.zeros(V, bool)
-    kernel = np.zeros(N, np.int8)
+    own = np.zeros(N, np.int8)
     flop_scale = np.ones(N)
-    kernel[[op.id for op in ops if op.primitive == "shard_map"]] = KERNEL_MANUAL
+    own[[op.id for op in ops if op.primitive == "shard_map"]] = KERNEL_MANUAL
     for op in ops:
         if op.primitive in CUDNN_ATTENTION:
-            kernel[op.id] = KERNEL_ATTENTION
+            own[op.id] = KERNEL_ATTENTION
             flop_scale[op.id] = 0.5 if is_causal(op.params) else 1.0
+    kernel = own.copy()
     dots = [op for op in ops if op.primitive == "dot_general"
             and op.name_scope.rsplit("/", 1)[-1] in ATTENTION_EINSUMS]
     if not dots:
-        return inside, kernel, flop_scale
+        return inside, own, kernel, flop_scale
     numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
     # The score tensor of each attention matmul is its largest operand or result.
     scores = {max((*op.operands, *op.results), key=numel) for op in dots}
@@ -138,7 +139,7 @@ def attention_kernels(prog):
         kernel[op.id] = KERNEL_ATTENTION
     if causal:
         flop_scale[[op.id for op in dots]] = 0.5
-    return inside, kernel, flop_scale
+    return inside, own, kernel, flop_scale
 
 
 def _from_tril(prog, v: int, depth: int = 3) -> bool:

@@ -41,8 +41,8 @@ from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
                       static_tables)
 from ._manual import manual_collectives
-from ._fusion import (CUDNN_ATTENTION, KERNEL_MANUAL, NOT_FUSIBLE, fused_live_ends,
-                      launches, library_inputs, memory_traffic, own_fusions)
+from ._fusion import (NOT_FUSIBLE, fused_live_ends, launches, library_inputs,
+                      memory_traffic, own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
                       TEMP_SLICES, MemoryTables, ScheduleTables)
@@ -66,7 +66,8 @@ def _tensor_float32(op, dtype, dev) -> bool:
     """Whether a float32 matmul runs on the tensor cores as TF32: JAX's default precision
     lets XLA:GPU do so (an 8192^3 float32 dot ran at 384 TFLOP/s on an H100, 78% of the TF32
     peak and 5.7x the float32 one; benchmarks/device_rates.py --grid, jax 0.11.2); precision
-    HIGHEST (or jax_default_matmul_precision="highest") keeps float32."""
+    HIGHEST keeps float32 (jax_default_matmul_precision="highest" too: the trace records it
+    in the dot's params)."""
     if dev.platform != "gpu" or "tensorfloat32" not in dev.peak_flops:
         return False
     if op.primitive not in ("dot_general", "conv_general_dilated") or dtype != np.float32:
@@ -143,13 +144,9 @@ class CostModel:
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-        # Fusion follows the device's compiler: attention kernels fuse on GPUs and TPUs.
-        # (a shard_map runs its body per device on every compiler)
-        fused = st.fused
-        # (and cuDNN's attention is its own kernel on any device: a custom call)
-        custom = np.array([op.primitive in CUDNN_ATTENTION for op in prog.ops], bool)
-        kernel = np.where((st.op_kernel == KERNEL_MANUAL) | custom, st.op_kernel,
-                          0).astype(np.int8)
+        # Fusion follows the device's compiler: XLA's attention fuses where the device says
+        # so (a shard_map's body and cuDNN's attention are kernels of their own everywhere)
+        fused, kernel = st.fused, st.op_kernel_own
         if dev.fuses_attention:
             fused, kernel = st.fused | st.attention_inside, st.op_kernel
         self.fused = fused

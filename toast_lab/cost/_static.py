@@ -23,6 +23,7 @@ import numpy as np
 
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+from ..rules._attention import qkv_axes
 from ._fusion import (CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels,
                       fused_values, fusion_copies)
 from ._plan_arrays import split_classes
@@ -127,7 +128,8 @@ class Static:
     # loop's carry in and out are its state buffer, updated in place; a branch's output is
     # the cond's result
     outside_buffer: np.ndarray
-    op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_* (fused attention)
+    op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_*, XLA's attention fused
+    op_kernel_own: np.ndarray   # [N] int8: the same where it is not (_fusion.attention_kernels)
     op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
 
 
@@ -287,9 +289,7 @@ def _cudnn_attention_flops(op, values) -> float:
     matmuls, q k^T and p v, 4 B N T S H; the backward's five, 2.5 times that. Whole: a causal
     kernel's skipped half is its flop_scale (_fusion.attention_kernels)."""
     q, k = (values[v].shape for v in op.operands[:2])
-    t_ax, _, h_ax = (len(q) - 2, len(q) - 3, len(q) - 1) if int(getattr(
-        op.params.get("layout", 0), "value", op.params.get("layout", 0))) == 1 \
-        else (len(q) - 3, len(q) - 2, len(q) - 1)
+    t_ax, _, h_ax = qkv_axes(q, op.params)
     rows = float(np.prod(q, dtype=np.float64)) / q[h_ax]  # B N T
     forward = 4.0 * rows * k[t_ax] * q[h_ax]
     return forward * (2.5 if op.primitive in CUDNN_BACKWARD else 1.0)
@@ -558,7 +558,7 @@ def build_static(an) -> Static:
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
     fused = fused_values(prog)
-    attention_inside, op_kernel, op_flop_scale = attention_kernels(prog)
+    attention_inside, op_kernel_own, op_kernel, op_flop_scale = attention_kernels(prog)
     gathered_partials = np.array([_gathered_partials(op, values) for op in ops], np.float64)
     leaders = _sum_leaders(prog, {n for g, n in enumerate(group_op)
                                   if group_is_reduction[g] and not gathered_partials[n]})
@@ -588,7 +588,8 @@ def build_static(an) -> Static:
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes, op_kernel=op_kernel, op_flop_scale=op_flop_scale,
+        value_classes=an.value_classes, op_kernel=op_kernel, op_kernel_own=op_kernel_own,
+        op_flop_scale=op_flop_scale,
         op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders),
         **_loop_invariants(prog))
 

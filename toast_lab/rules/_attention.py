@@ -28,26 +28,21 @@ BACKWARD = ("dot_product_attention_bwd_wrapper",)
 EXTRAS = 7
 
 
-def _axes(shape, layout) -> tuple[int, int, int]:
-    """(sequence, heads, head dim) positions of a q/k/v-shaped tensor."""
+def qkv_axes(shape, params) -> tuple[int, int, int]:
+    """(sequence, heads, head dim) positions in a q/k/v-shaped tensor of the op's layout."""
+    layout = params.get("layout", 0)
     rank = len(shape)
-    if layout == 1:  # BNTH
+    if int(getattr(layout, "value", layout)) == 1:  # BNTH
         return rank - 2, rank - 3, rank - 1
     return rank - 3, rank - 2, rank - 1  # BTNH
-
-
-def _layout(params) -> int:
-    layout = params.get("layout", 0)
-    return int(getattr(layout, "value", layout))
 
 
 @register(*FORWARD, *BACKWARD)
 @guarded
 def cudnn_attention_rule(ins, outs, params):
-    layout = _layout(params)
     q, k, v = ins[0], ins[1], ins[2]
     expect(len(q) >= 3 and len(k) == len(q) and len(v) == len(q))
-    t_ax, n_ax, h_ax = _axes(q, layout)
+    t_ax, n_ax, h_ax = qkv_axes(q, params)
     batch = len(q) - 3
     expect(q[:batch] == k[:batch] == v[:batch] and k[t_ax] == v[t_ax] and k[n_ax] == v[n_ax])
     forward = len(outs) <= 2

@@ -9,47 +9,61 @@ lowers and runs as cuDNN's kernel, elsewhere it only traces.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 
-def _module():
+@functools.cache
+def _cudnn():
     try:
-        from jax._src.cudnn import fused_attention_stablehlo as module
-    except ImportError as err:  # a JAX without cuDNN attention
-        raise NotImplementedError(f"this JAX has no cuDNN attention to trace ({err})") from None
-    return module
+        from jax._src.cudnn import fused_attention_stablehlo
+    except ImportError as err:
+        raise ImportError(f"attention='cudnn' binds JAX's cuDNN attention primitives "
+                          f"(jax._src.cudnn.fused_attention_stablehlo), which JAX "
+                          f"{jax.__version__} does not have ({err}); use attention=None") from None
+    return fused_attention_stablehlo
 
 
-def _params(head_dim: int) -> dict:
-    m = _module()
+def _params(head_dim: int, causal: bool) -> dict:
+    m = _cudnn()
     return dict(scale=head_dim ** -0.5, seed=0, dropout_rate=0.0, variadic_args=(False, False),
-                mask_type=m.MaskType.CAUSAL, layout=m.AttentionLayout.BTNH.value,
-                sliding_window_length=None)
+                mask_type=m.MaskType.CAUSAL if causal else m.MaskType.NO_MASK,
+                layout=m.AttentionLayout.BTNH.value, sliding_window_length=None)
 
 
-def _extras(dtype) -> list:
-    # bias, q_seqlen, kv_seqlen, q_offsets, kv_offsets, page_table_k, page_table_v: unused
+def _unused(dtype) -> list:
+    # bias, q_seqlen, kv_seqlen, q_offsets, kv_offsets, page_table_k, page_table_v
     return [jnp.zeros((0,), dtype)] * 7
 
 
-def _forward(q, k, v):
-    out, stats = _module()._dot_product_attention_fwd_p_wrapper.bind(
-        q, k, v, *_extras(q.dtype), **_params(q.shape[-1]), is_training=True)
-    return out, (q, k, v, stats, out)
+def forward(q, k, v, causal: bool = True):
+    """(output, softmax statistics) of cuDNN's forward: q [B, T, N, H], k and v [B, S, K, H]
+    (K divides N)."""
+    return _cudnn()._dot_product_attention_fwd_p_wrapper.bind(
+        q, k, v, *_unused(q.dtype), **_params(q.shape[-1], causal), is_training=True)
 
 
-def _backward(res, d_out):
-    q, k, v, stats, out = res
-    dq, dk, dv = _module()._dot_product_attention_bwd_p_wrapper.bind(
-        q, k, v, *_extras(q.dtype), stats, out, d_out, **_params(q.shape[-1]))
-    return dq, dk, dv
+def backward(q, k, v, stats, out, d_out, causal: bool = True):
+    """(dq, dk, dv) of cuDNN's backward."""
+    return _cudnn()._dot_product_attention_bwd_p_wrapper.bind(
+        q, k, v, *_unused(q.dtype), stats, out, d_out, **_params(q.shape[-1], causal))
 
 
 @jax.custom_vjp
 def causal_attention(q, k, v):
-    """Causal attention of q [B, T, N, H] over k, v [B, S, K, H] (K divides N) by cuDNN."""
-    return _forward(q, k, v)[0]
+    """Causal attention of q [B, T, N, H] over k, v [B, S, K, H] by cuDNN."""
+    return forward(q, k, v)[0]
 
 
-causal_attention.defvjp(_forward, _backward)
+def _fwd(q, k, v):
+    out, stats = forward(q, k, v)
+    return out, (q, k, v, stats, out)
+
+
+def _bwd(res, d_out):
+    return tuple(backward(*res, d_out))
+
+
+causal_attention.defvjp(_fwd, _bwd)
