@@ -186,6 +186,71 @@ def test_an_fsdp_embedding_gradient_is_partitioned_the_way_xla_picks(name, plan_
     assert _total(charged, "all-reduce", "reduce-scatter") == \
         pytest.approx(_total(measured, "all-reduce"), rel=0.1)
 
+def _by_kind(collectives: dict) -> dict:
+    """{kind: bytes} of {(kind, axes): bytes}; a reduce-scatter counted as the all-reduce
+    XLA:CPU writes for it."""
+    out: dict = {}
+    for (kind, _), b in collectives.items():
+        kind = "all-reduce" if kind == "reduce-scatter" else kind
+        out[kind] = out.get(kind, 0.0) + b
+    return {k: b for k, b in out.items() if b}
+
+
+@functools.cache
+def table_gradient(vocab: int):
+    """A table plus its gradient: the tokens' gradients (8 x 32 x 64, f32) scattered into the
+    rows of a zero table, as the gradient of an embedding lookup is."""
+    def step(table, tokens, updates):
+        return table + jnp.zeros_like(table).at[tokens].add(updates)
+
+    rng = np.random.default_rng(0)
+    args = (np.zeros((vocab, 64), np.float32), rng.integers(0, vocab, (8, 32)).astype(np.int32),
+            rng.normal(size=(8, 32, 64)).astype(np.float32))
+    return step, args, tl.analyze(tl.trace(step, *args))
+
+
+# (mesh data x model, vocabulary, the tokens' and the table's embed axis, the vocabulary's)
+REGROUP_CASES = {
+    # FSDP x TP: the tokens' 1/4 shard permuted and all-gathered to 1/2, each group's table
+    # whole but for data and all-reduced over model (index passthrough)
+    "fsdp_tp": ((4, 2), 256, "data", "model"),
+    # a larger vocabulary: the group's rows split over model instead, its indices gathered
+    "fsdp_tp_large_vocabulary": ((4, 2), 1024, "data", "model"),
+    # the vocabulary replicated: index passthrough is the group's only method
+    "fsdp_only": ((4, 2), 1024, "data", None),
+    # more replicated ways than groups: the indices keep their tiling, permuted, then gathered
+    "tokens_on_model": ((4, 2), 256, "model", "data"),
+    "wide_model_axis": ((2, 4), 256, "data", "model"),
+    # partitioning by the vocabulary first is cheaper: the indices are gathered whole over
+    # data, nothing is permuted
+    "vocabulary_first": ((2, 4), 2048, "data", "model"),
+}
+
+
+@pytest.mark.parametrize("case", list(REGROUP_CASES))
+def test_a_table_gradient_after_operand_passthrough_is_partitioned_as_xla_regroups_it(case):
+    """After moving the token gradients to the table's embed sharding (operand passthrough),
+    XLA partitions each group of devices that share an embed shard again: the tokens regrouped
+    over the replicated axes (a collective-permute of their shard, an all-gather where it
+    borrows their own ways), then the table's rows split over the vocabulary's axes or its
+    copy all-reduced, whichever its dry run finds smaller (_kernel._regrouped_indices). Every
+    kind's bytes are XLA's."""
+    (data, model), vocab, embed, rows = REGROUP_CASES[case]
+    mesh = tl.Mesh({"data": data, "model": model}, device="cpu")
+    fn, args, an = table_gradient(vocab)
+    plan = (tl.Plan.replicated(an).with_axes("tokens[0]", (embed,))
+            .with_axes("table[1]", (embed,)))
+    if rows:
+        plan = plan.with_axes("table[0]", (rows,))
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = _by_kind({k: v.bytes for k, v in summarize_collectives(stats.collectives).items()})
+    charged = _by_kind({k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()})
+    assert charged == pytest.approx(measured), (charged, measured)
+    permuted = "collective-permute" in measured
+    assert permuted == (case != "vocabulary_first")
+
+
 @functools.cache
 def segment_sum(edges: int, segments: int):
     def fn(x, w, ids):

@@ -38,14 +38,19 @@ MAX_SHARDINGS = 16
 # of group entry g (a contraction sharded on the result's axes and on others pays both; a
 # variadic reduce's all-gather of its partial results is in the first entry's first row);
 # 2M + 2G + 2s and + 1 the all-gather and all-to-all of shared read s; with S shared reads,
-# 2M + 2G + 2S + 4p and + 1 the all-to-all of the updates and the all-gather of the indices of
-# op type p when it is a scatter partitioned by operand passthrough, + 2 the all-to-all of an
-# explicitly batched gather's operand or scatter's result (_batched_indexing), + 3 the
-# collective-permute of a matmul's reduced shard (evaluate_types).
+# 2M + 2G + 2S + OP_ROWS p and + 1 the all-to-all of the updates and the all-gather of the
+# indices of op type p when it is a scatter partitioned by operand passthrough, + 2 the
+# all-to-all of an explicitly batched gather's operand or scatter's result (_batched_indexing),
+# + 3 the collective-permute of a matmul's reduced shard (evaluate_types), + 4, + 5 and + 6 the
+# collective-permute and all-gather of the scatter's indices regrouped after operand
+# passthrough and the all-reduce of its table there (_regrouped_indices).
 # Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
 # and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
 LEDGER_WIDTH = 5
+OP_ROWS = 7  # ledger rows per op type
+# the operand each of them is charged to (-1: the op's partial sums)
+OP_ROW_OPERANDS = (2, 1, 0, -1, 1, 1, -1)
 
 
 @njit(cache=True, inline="always")
@@ -157,7 +162,8 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, 
     (tests/test_gathers.py).
     Returns (the axes operand passthrough takes, seconds, bytes of the new buffers); no
     axes where index passthrough wins or nothing is contested. Ledger rows `row` (the
-    all-to-all) and `row + 1` (the all-gather)."""
+    all-to-all) and `row + 1` (the all-gather), and those of _regrouped_indices, which
+    partitions the rest of the mesh the way XLA does after it."""
     window = 0
     for d in range(eff.shape[1]):
         if op.scatter_window >> d & 1:
@@ -183,10 +189,99 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, 
         return 0, 0.0, 0.0
     t = _a2a_time(moved, contested, mesh)
     _charge(coll, A2A, contested, w, moved, t, ledger, row)
+    regrouped = _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh,
+                                   w, ledger, row)
+    if regrouped[0] >= 0.0:
+        return contested, t + regrouped[0], moved + regrouped[1]
     gathered = indices * mesh[contested].ways
     tg = _gather_time(gathered, contested, mesh)
     _charge(coll, AG, contested, w, gathered, tg, ledger, row + 1)
     return contested, t + tg, moved + gathered
+
+
+@njit(cache=True, inline="always")
+def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh, w, ledger,
+                       row):
+    """The indices and the rest of the mesh after operand passthrough over `contested`, where
+    the indices and the updates are sharded over exactly those axes and the mesh has others
+    (`rest`: an FSDP embedding gradient under FSDP x TP, tokens on `data`, the table's
+    vocabulary on `model`). XLA's partitioner groups the devices by the contested axes and
+    partitions each group's scatter again (gather_scatter_handler.cc):
+    - First it regroups the indices over the replicated rest (GroupShardingOnReplicatedDim): it
+      needs `n` = ways(contested) groups; with r = ways(rest) a multiple of n the indices keep
+      their n-way tiling inside each group, else (n a multiple of r) it borrows n / r of their
+      own ways and all-gathers them. Either way each device's shard is collective-permuted to
+      the device that now holds it (the groups are aligned with the updates', which lie across
+      the replicated axes): data=4 x model=2, tokens on data, a permute of the 1/4 shard and an
+      all-gather to 1/2 (jax 0.10.2, tests/test_gathers.py).
+    - It only does so where operand passthrough comes first among the methods: a dry run of
+      each, memory first (EvaluatePartitionCost: the largest of the scatter's operands and each
+      collective's operand + result, the method's inner group replicated), where partitioning
+      by the vocabulary first (trivially sliced, the indices replicated over its axes already)
+      can be cheaper: then the indices are all-gathered whole over the contested axes, as
+      without a rest.
+    - Inside each group, the table is sharded on its vocabulary over `R` (trivially sliced:
+      each device scatters the tokens of its rows, the indices all-gathered whole) or not, and
+      the indices `w` ways: index passthrough scatters each device's tokens into the group's
+      whole table and all-reduces it. By the same dry run, index passthrough wins where
+      table + updates / w + indices / w beats table / R + updates + indices (and the gather of
+      the table to whole, which XLA skips for the zeros a gradient scatter starts from).
+    Returns (seconds, bytes of the new buffers), or (-1, 0) where this does not apply (the
+    caller gathers the indices whole over the contested axes). Ledger rows `row + 4` (the
+    permute), `row + 1` (the borrowed gather), `row + 5` (the group's gather of the indices),
+    `row + 6` (the group's all-reduce of the table)."""
+    full = mesh.shape[0] - 1
+    rest = full & ~contested
+    if (rest == 0 or vmask[op.scatter_indices_type] != contested
+            or vmask[op.scatter_updates_type] != contested or window & rest != 0):
+        return -1.0, 0.0
+    n = mesh[contested].ways
+    r = mesh[rest].ways
+    if r % n == 0:
+        borrowed = 1.0
+    elif n % r == 0:
+        borrowed = n / r
+    else:
+        return -1.0, 0.0  # replicated: gathered whole
+    ways_in_group = n / borrowed
+    table = op.result_nbytes / n   # one group's table: whole but for the contested axes
+    vocab = mesh[res_mask & rest].ways
+    indices = op.scatter_indices
+    # which method comes first at the top: operand passthrough or the vocabulary's
+    if vocab > 1.0:
+        shard = op.result_nbytes / mesh[res_mask].ways
+        passthrough = max(table + moved + indices, 2.0 * moved, table / vocab + table)
+        by_vocab = max(op.result_nbytes / vocab + op.scatter_updates + indices,
+                       op.scatter_updates / n + op.scatter_updates, shard + op.result_nbytes / vocab)
+        if by_vocab < passthrough:
+            return -1.0, 0.0
+    seconds = 0.0
+    made = 0.0
+    piece = indices / n
+    hop = mesh[full]
+    t = piece * hop.permute_beta + hop.permute_alpha
+    _charge(coll, CP, full, w, piece, t, ledger, row + 4)
+    seconds += t
+    made += piece
+    if borrowed > 1.0:
+        b = piece * borrowed
+        t = _gather_time(b, contested, mesh)  # over part of the contested axes
+        _charge(coll, AG, contested, w, b, t, ledger, row + 1)
+        seconds += t
+        made += b
+    if ways_in_group <= 1.0:
+        return seconds, made
+    trivially_sliced = table / vocab + moved + indices
+    index_passthrough = table + moved / ways_in_group + indices / ways_in_group
+    if vocab > 1.0:
+        index_passthrough = max(index_passthrough, table / vocab + table)
+    if vocab > 1.0 and trivially_sliced <= index_passthrough:
+        t = _gather_time(indices, rest, mesh)
+        _charge(coll, AG, rest, w, indices, t, ledger, row + 5)
+        return seconds + t, made + indices
+    t = 2.0 * _gather_time(table, rest, mesh)  # an all-reduce: a reduce-scatter + all-gather
+    _charge(coll, AR, rest, w, table, t, ledger, row + 6)
+    return seconds + t, made
 
 
 @njit(cache=True, inline="always")
@@ -539,7 +634,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         ptime = 0.0
         if op.scatter_updates > 0.0 and psum != 0:
             taken, t, b = _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w,
-                                               ledger, scatter_rows + 4 * p)
+                                               ledger, scatter_rows + OP_ROWS * p)
             psum &= ~taken
             gtime += t
             gathered[p] += b
@@ -548,7 +643,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         after = 0.0
         if op.batch_index_dims != 0:
             t, b = _batched_indexing(coll, op, eff, vmask, mesh, w, ledger,
-                                     scatter_rows + 4 * p + 2)
+                                     scatter_rows + OP_ROWS * p + 2)
             gathered[p] += b
             if op.scatter_updates > 0.0:
                 after += t
@@ -612,7 +707,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         hop = mesh[m | free]
                         tp = size * hop.permute_beta + hop.permute_alpha
                         _charge(coll, CP, m | free, w, size, tp, ledger,
-                                scatter_rows + 4 * p + 3)
+                                scatter_rows + OP_ROWS * p + 3)
                         t += tp
                         # the partial sums are never whole: no temporary beyond the shard
                         gathered[p] -= partial - result_bytes
@@ -915,7 +1010,7 @@ def charges(plan, tables, mesh, device):
     totals without the ledger."""
     tables = TypeTables(*tables)
     rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
-                + tables.shared_reads.shape[0]) + 4 * tables.ops.shape[0]
+                + tables.shared_reads.shape[0]) + OP_ROWS * tables.ops.shape[0]
     ledger = np.zeros((rows, LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute

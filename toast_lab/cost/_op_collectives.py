@@ -107,16 +107,17 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     for r in (0, 1):
         parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
                       2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
-    # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + 4p and on: + 0 the
-    # all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
+    # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + OP_ROWS p and on: + 0
+    # the all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
     # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
     # scatter's result (operand 0, the buffer it updates); + 3 the collective-permute of a
-    # matmul's reduced shard (its partial sums: -1)
+    # matmul's reduced shard (its partial sums: -1); + 4 and + 5 the permute and the group's
+    # all-gather of a scatter's regrouped indices (operand 1), + 6 its table's all-reduce (-1)
     first = 2 * (members + groups + len(tables.shared_reads))
     row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
     if len(row):
-        at_every_instance(row, (row - first) // 4,
-                          np.array([2, 1, 0, -1])[(row - first) % 4])
+        at_every_instance(row, (row - first) // _kernel.OP_ROWS,
+                          np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
