@@ -205,7 +205,8 @@ def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh
     """The indices and the rest of the mesh after operand passthrough over `contested`, where
     the indices and the updates are sharded over exactly those axes and the mesh has others
     (`rest`: an FSDP embedding gradient under FSDP x TP, tokens on `data`, the table's
-    vocabulary on `model`). XLA's partitioner groups the devices by the contested axes and
+    vocabulary on `model`; the updates come from the all-to-all in the table's embed sharding,
+    whatever axes they held before). XLA's partitioner groups the devices by the contested axes and
     partitions each group's scatter again (gather_scatter_handler.cc):
     - First it regroups the indices over the replicated rest (GroupShardingOnReplicatedDim): it
       needs `n` = ways(contested) groups; with r = ways(rest) a multiple of n the indices keep
@@ -232,8 +233,7 @@ def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh
     `row + 6` (the group's all-reduce of the table)."""
     full = mesh.shape[0] - 1
     rest = full & ~contested
-    if (rest == 0 or vmask[op.scatter_indices_type] != contested
-            or vmask[op.scatter_updates_type] != contested or window & rest != 0):
+    if rest == 0 or vmask[op.scatter_indices_type] != contested or window & rest != 0:
         return -1.0, 0.0
     n = mesh[contested].ways
     r = mesh[rest].ways
