@@ -199,7 +199,7 @@ def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, 
     return contested, t + tg, moved + gathered
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)  # rare (a contested scatter): a call, not inlined into the sweep
 def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh, w, ledger,
                        row):
     """The indices and the rest of the mesh after operand passthrough over `contested`, where
