@@ -4,7 +4,8 @@ model charges for them (toast_lab/cost/_kernel.py: _batched_indexing).
 - take_along_axis of vocabulary-sharded logits by labels that shard the sequence (a
   sequence-parallel language model's loss), and its gradient: XLA re-tiles the logits' batch
   dims like the labels' before the masked gather, and the gradient's after the scatter, each
-  an all-to-all of a logits shard.
+  an all-to-all of a logits shard; the labels, a scatter's updates and a gather's picks
+  follow by collective-permutes.
 """
 
 from __future__ import annotations
@@ -104,4 +105,10 @@ def test_xla_moves_what_the_take_along_axis_rule_charges(picks):
     # bytes, not axes. With two picks per token it all-gathers the labels' sequence instead.
     expected = 2 * BATCH * SEQ * VOCAB * 4 / 8 if picks is None else 0.0
     assert measured.get("all-to-all", 0.0) == est.get("all-to-all", 0.0) == expected, rep
+    # and the labels follow, permuted to their new tiles, once for the gather and its
+    # gradient; the gather's picks are permuted back to the labels' tiling (a label-sized
+    # shard each); the gradient's updates are a constant, made in place
+    permuted = 2 * BATCH * SEQ * 4 / 8 if picks is None else 0.0
+    assert measured.get("collective-permute", 0.0) == est.get("collective-permute", 0.0) \
+        == permuted, rep
 

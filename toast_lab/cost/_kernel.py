@@ -43,14 +43,16 @@ MAX_SHARDINGS = 16
 # all-to-all of an explicitly batched gather's operand or scatter's result (_batched_indexing),
 # + 3 the collective-permute of a matmul's reduced shard (evaluate_types), + 4, + 5 and + 6 the
 # collective-permute and all-gather of the scatter's indices regrouped after operand
-# passthrough and the all-reduce of its table there (_regrouped_indices).
+# passthrough and the all-reduce of its table there (_regrouped_indices), + 7, + 8 and + 9 the
+# collective-permutes of a re-tiled batched gather's or scatter's indices, updates and result
+# (_batched_indexing).
 # Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
 # and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
 LEDGER_WIDTH = 5
-OP_ROWS = 7  # ledger rows per op type
-# the operand each of them is charged to (-1: the op's partial sums)
-OP_ROW_OPERANDS = (2, 1, 0, -1, 1, 1, -1)
+OP_ROWS = 10  # ledger rows per op type
+# the operand each of them is charged to (-1: the op's partial sums, or its result)
+OP_ROW_OPERANDS = (2, 1, 0, -1, 1, 1, -1, 1, 2, -1)
 
 
 @njit(cache=True, inline="always")
@@ -321,7 +323,7 @@ def _dims_mask(eff, t, dims):
 
 
 @njit(cache=True, inline="always")
-def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row):
+def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row, tables, retiled):
     """An explicitly batched gather or scatter (take_along_axis of the logits by the labels,
     and its gradient) whose indexed dim is sharded over axes M that the indices also shard.
     XLA partitions it as "trivially sliced operand" (xla/service/spmd/
@@ -332,8 +334,18 @@ def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row):
     (for a scatter, its result) is then tiled like them (GatherScatterOperandsShardedAcross
     ParallelDims): an all-to-all of its shard over the axes of its batching dims, where the
     tilings differ and have as many tiles (a vocabulary-sharded logits tensor whose labels
-    shard the sequence: measured on jax 0.10.2, tests/test_indexing_reshards.py). Returns
-    (seconds, bytes moved) of one; ledger row `row`."""
+    shard the sequence: measured on jax 0.10.2, tests/test_indexing_reshards.py).
+
+    The indices and what is tiled like them follow: each device's shard of the indices is
+    collective-permuted to the device whose new tile it is part of (before their all-gather
+    over M, charged where they are read), once per indices value however many ops re-tile by
+    it (XLA reshards a value once per sharding; `retiled` marks the indices types done); a
+    scatter's updates tiled like the indices the same way (unless uniform: a constant's copy
+    is made in place); and a gather's result, made in the new tiling, is permuted back to the
+    indices' tiling (data=4 x model=2, labels P("data", "model") of logits P("data", None,
+    "model"): three permutes of a label-sized shard in a training step, jax 0.10.2).
+    Returns (seconds, bytes moved) of one; ledger rows `row` (the all-to-all), `row + 5`,
+    `row + 6` and `row + 7` (the permutes of the indices, updates and result)."""
     bt = op.batch_type
     idx = op.batch_indices_type
     # the ways of M the indices must give up
@@ -373,7 +385,40 @@ def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row):
     nbytes = op.batch_nbytes / mesh[vmask[bt]].ways
     t = _a2a_time(nbytes, axes, mesh)
     _charge(coll, A2A, axes, w, nbytes, t, ledger, row)
+    held = vmask[idx]
+    hop = mesh[held | axes]
+    if not retiled[idx]:
+        retiled[idx] = True
+        piece = op.batch_indices_nbytes / mesh[held].ways
+        tp = piece * hop.permute_beta + hop.permute_alpha
+        _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 5)
+        t += tp
+        nbytes += piece
+    if op.scatter_updates > 0.0:
+        ut = op.scatter_updates_type
+        if vmask[ut] == held and not _uniform_operand(tables, op, ut):
+            piece = op.scatter_updates / mesh[held].ways
+            tp = piece * hop.permute_beta + hop.permute_alpha
+            _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 6)
+            t += tp
+            nbytes += piece
+    elif op.result_type >= 0 and vmask[op.result_type] == held:
+        piece = op.result_nbytes / mesh[held].ways
+        tp = piece * hop.permute_beta + hop.permute_alpha
+        _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 7)
+        t += tp
+        nbytes += piece
     return t, nbytes
+
+
+@njit(cache=True, inline="always")
+def _uniform_operand(tables, op, value_type):
+    """Whether op's operand of `value_type` is a constant of one number (OPERAND.uniform)."""
+    for i in range(op.operands_start, op.operands_end):
+        ot = tables.op_operands[i].operand_type
+        if tables.operands[ot].value_type == value_type:
+            return tables.operands[ot].uniform
+    return False
 
 
 @njit(cache=True, inline="always")
@@ -473,6 +518,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     # Contractions: the axes all operands of a factor share.
     groups, members = tables.groups, tables.group_members
     consensus = np.zeros(groups.shape[0], np.int64)
+    retiled = np.zeros(eff.shape[0], np.bool_)  # indices types a batched gather re-tiled
     for g in range(groups.shape[0]):
         c = -1
         for i in range(groups[g].start, groups[g].end):
@@ -643,7 +689,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         after = 0.0
         if op.batch_index_dims != 0:
             t, b = _batched_indexing(coll, op, eff, vmask, mesh, w, ledger,
-                                     scatter_rows + OP_ROWS * p + 2)
+                                     scatter_rows + OP_ROWS * p + 2, tables, retiled)
             gathered[p] += b
             if op.scatter_updates > 0.0:
                 after += t

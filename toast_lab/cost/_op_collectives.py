@@ -112,7 +112,9 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
     # scatter's result (operand 0, the buffer it updates); + 3 the collective-permute of a
     # matmul's reduced shard (its partial sums: -1); + 4 and + 5 the permute and the group's
-    # all-gather of a scatter's regrouped indices (operand 1), + 6 its table's all-reduce (-1)
+    # all-gather of a scatter's regrouped indices (operand 1), + 6 its table's all-reduce (-1);
+    # + 7, + 8, + 9 the permutes of a re-tiled batched gather's or scatter's indices (1),
+    # updates (2) and result (-1)
     first = 2 * (members + groups + len(tables.shared_reads))
     row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
     if len(row):

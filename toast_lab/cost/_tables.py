@@ -53,7 +53,7 @@ OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
 # a combining scatter's indices and updates (whole-tensor bytes and value types; bytes 0
 # for other ops) and its operand's pass-through dims (bit d: dim d of the result type); an
 # explicitly batched gather's operand or scatter's result (batch: bytes, value type, batching dims and
-# dims indexed one row at a time) and its indices (value type, batching dims; 0: none);
+# dims indexed one row at a time) and its indices (value type, batching dims, bytes; 0: none);
 # gathered_partials: whole-tensor bytes of the partial results a variadic reduce (an argmax)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
 # copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).
@@ -65,7 +65,8 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             scatter_indices=_F, scatter_indices_type=_I, scatter_updates=_F,
             scatter_updates_type=_I, scatter_window=_I,
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
-            batch_indices_type=_I, batch_index_dims=_I, gathered_partials=_F, copies=_F,
+            batch_indices_type=_I, batch_index_dims=_I, batch_indices_nbytes=_F,
+            gathered_partials=_F, copies=_F,
             launches=_F)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)

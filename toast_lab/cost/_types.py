@@ -257,8 +257,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    scatter_window=column(17, _I), batch_nbytes=column(18),
                    batch_type=column(19, _I), batch_dims=column(20, _I),
                    batch_indexed=column(21, _I), batch_indices_type=column(22, _I),
-                   batch_index_dims=column(23, _I), gathered_partials=column(24),
-                   copies=column(25), launches=column(26))
+                   batch_index_dims=column(23, _I), batch_indices_nbytes=column(24),
+                   gathered_partials=column(25), copies=column(26), launches=column(27))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):
@@ -373,10 +373,12 @@ def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
 
 
 def _batch_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
-    """(bytes, type, batching dims, indexed dims, indices type, indices batching dims) of an
-    explicitly batched gather or scatter (_static._batched_indexing); zeros for other ops."""
+    """(bytes, type, batching dims, indexed dims, indices type, indices batching dims, indices
+    bytes) of an explicitly batched gather or scatter (_static._batched_indexing); zeros for
+    other ops."""
     v, i = int(st.op_batch_value[n]), int(st.op_batch_indices[n])
     if v < 0 or i < 0:
-        return 0.0, 0, 0, 0, 0, 0
+        return 0.0, 0, 0, 0, 0, 0, 0.0
     return (float(st.nbytes[v]), int(value_type[v]), int(st.op_batch_dims[n]),
-            int(st.op_batch_indexed[n]), int(value_type[i]), int(st.op_batch_index_dims[n]))
+            int(st.op_batch_indexed[n]), int(value_type[i]), int(st.op_batch_index_dims[n]),
+            float(st.nbytes[i]))
