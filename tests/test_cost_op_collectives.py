@@ -70,10 +70,12 @@ def test_op_collectives_add_up_to_the_estimate(analysis, shape):
                     held = {a for v in moved for axes in plan.value_axes(v) for a in axes}
                     assert set(c.axes) <= held, (name, o, c)
                 elif c.kind == "collective-permute" and c.operand is not None:
-                    # an operand's dim handed from axes it holds to others: both in its axes
+                    # an operand's shard moved between devices: a dim handed from axes it
+                    # holds to others, or its tiles re-laid over the axes it holds (a
+                    # scatter's regrouped indices, a re-tiled batched gather's)
                     held = {a for axes in plan.value_axes(prog.ops[o].operands[c.operand])
                             for a in axes}
-                    assert held & set(c.axes) and not set(c.axes) <= held, (name, o, c)
+                    assert held & set(c.axes), (name, o, c)
                 else:
                     assert c.operand is None
     assert charged_any
