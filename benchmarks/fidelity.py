@@ -22,13 +22,13 @@ Known differences, reported rather than tuned away:
   collective-permute 0.00 -> 0.92); and a matmul reduced onto its result's axes while
   replicated over axes of a multiple of their ways, which XLA slices over those, all-reduces
   as a shard and permutes into place instead of reduce-scattering (gpt random1's value
-  projection: collective-permute 0.00 -> 1.00, all-reduce 1.11 -> 1.00). Still missed: the
-  FSDP embedding gradient's index reshard (gpt fsdp+tp, zero1+tp, maxtext: 256 B, batch
-  from data=4 to model=2 for an index passthrough over model that XLA's scatter partitioner
-  stacks on the operand passthrough over data, with an all-reduce over model of the
-  vocabulary-whole gradient the model does not charge either: the 0.97 all-reduce), and
-  sequence parallelism's loss gather and scatter re-tiled over part of an axis (gpt
-  fsdp+tp+sp: three of 128 B): 0.00 in the column where a plan has only those. "XLA
+  projection: collective-permute 0.00 -> 1.00, all-reduce 1.11 -> 1.00); an FSDP embedding
+  gradient's tokens regrouped after operand passthrough (the tokens' shard permuted and
+  all-gathered over part of data, then each group's table all-reduced over model or its rows
+  split there: every fsdp+tp, zero1+tp and maxtext row of the transformers, collective-permute
+  0.00 -> 1.00 and all-reduce 0.96-0.98 -> 1.00); and sequence parallelism's labels, token
+  gradients and picks permuted around the re-tiled loss (gpt, gpt_scan, llama fsdp+tp+sp:
+  three of 128 B, 0.00 -> 1.00). "XLA
   other" is what XLA runs that no column compares (a collective-broadcast). The all-to-alls the model predicts: those
   XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
   gradient); the re-tiling of the logits around a take_along_axis whose labels shard the

@@ -10,7 +10,8 @@ from ..cost import COLLECTIVE_KINDS as MODELED_KINDS
 
 # What XLA emits: the kinds the cost model prices (collective-permute where a shard_map body
 # runs a ppermute and where XLA picks one to reshard that the model knows: a dim handed to
-# other axes, a matmul's reduced shard), and the one it does not.
+# other axes, a matmul's reduced shard, a scatter's regrouped indices, a re-tiled batched
+# gather's labels), and the one it does not.
 XLA_COLLECTIVE_KINDS = MODELED_KINDS + ("collective-broadcast",)
 assert "collective-permute" in XLA_COLLECTIVE_KINDS
 
