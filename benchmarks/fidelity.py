@@ -26,9 +26,18 @@ Known differences, reported rather than tuned away:
   gradient's tokens regrouped after operand passthrough (the tokens' shard permuted and
   all-gathered over part of data, then each group's table all-reduced over model or its rows
   split there: every fsdp+tp, zero1+tp and maxtext row of the transformers, collective-permute
-  0.00 -> 1.00 and all-reduce 0.96-0.98 -> 1.00); and sequence parallelism's labels, token
+  0.00 -> 1.00 and all-reduce 0.96-0.98 -> 1.00); sequence parallelism's labels, token
   gradients and picks permuted around the re-tiled loss (gpt, gpt_scan, llama fsdp+tp+sp:
-  three of 128 B, 0.00 -> 1.00). "XLA
+  three of 128 B, 0.00 -> 1.00); and a reshard that
+  leaves a dim's axes out of the plan's order: XLA only subdivides a dim's tiles, so the axes
+  a reshard brings land minor to those the dim keeps, the locally sliced before those an
+  all-to-all brings, and where the plan lists them otherwise a permute of the shard (pairs
+  (0,0),(1,2),(2,4),...: the transpose of data=4 x model=2) puts the tiles in order. A
+  compound dim's axes tile its parts major first (tokens [32] on (data, model) split into 4
+  micro-batches: data tiles the micro-batches, model the examples), and a class's axes keep
+  the plan's order (("model", "data")): linen-accumulate dp, fsdp, zero1 0.00 -> 1.00 (the
+  labels: an all-to-all over data, not over both axes, and the permute), equinox-attention
+  random0 0.00 -> 1.00, random1 0.40 -> 0.60, haiku-transformer random1 0.00 -> 0.91. "XLA
   other" is what XLA runs that no column compares (a collective-broadcast). The all-to-alls the model predicts: those
   XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
   gradient); the re-tiling of the logits around a take_along_axis whose labels shard the
@@ -41,7 +50,10 @@ Known differences, reported rather than tuned away:
   model moves the expert weights: equal bytes until the weights' move counted the gathered
   buffer, now 2.4x), for a dynamic slice of a layer-sharded stack, and for a rotary
   concatenate (llama random1: XLA moves its halves over data, the model gathers them), and
-  XLA's resharding around an average pool (nnx-cnn random1, 1.9x). A
+  XLA's resharding around an average pool (nnx-cnn random1, 1.9x; and 3.6x its permute
+  bytes: XLA's propagation puts the conv bias's data axis on the pool input's features,
+  which the plan leaves whole, so data reaches the batch's (model, data) by another way and
+  no permute follows, where the model slices data, moves model and permutes). A
   reshard that would both gather and move axes of a value the step already gathered whole
   is a local slice of that copy, as XLA's partitioner takes it from its reshard cache
   (gpt_scan random0: the tied embedding table, gathered for the logits, sliced for the
@@ -57,9 +69,16 @@ Known differences, reported rather than tuned away:
   P(None, "model"), attention heads merged back by a reshape) XLA cannot split the reshard
   and all-gathers the operand whole ("involuntary full rematerialization"; equinox-attention
   random0 all-to-all 2.00 -> 1.00, haiku-transformer random0 all-gather 0.73 -> 0.80, random1
-  all-to-all 0.73 -> 0.82). Still missed: a class sharded over several axes
-  out of mesh order (("model", "data")), where XLA gathers what the plan slices before a
-  reduce-scatter (the model keeps masks, not axis order: mlp and equinox random1); values
+  all-to-all 0.73 -> 0.82). A compound dim's axes are split between its parts (above):
+  [8, 15, 32] on (data, model) read with the heads whole and the head dim on model is an
+  all-gather over data alone (haiku-transformer random0, whose all-to-all 1.20 -> 0.40: the
+  model's all-to-all over model there had matched, at the wrong op, the one XLA runs for an
+  attention matmul's operand in the backward, which the model misses). Still missed: XLA's
+  sub-axes, where a compound dim's leading axes do not make up its major part exactly
+  (tokens on (model, data) split into 4 micro-batches: XLA splits data 2 x 2 and permutes
+  after an all-to-all over half of it; the model moves both axes); a class sharded over
+  several axes out of mesh order (("model", "data")) where XLA gathers what the plan slices
+  before a reduce-scatter (mlp and equinox random1); values
   of random plans whose classes collide on one axis (several classes of one value on
   "model", some over both axes), where XLA gathers activations and resliced parameters more
   often than the model's one reshard per read, not yet traced to a rule (gpt_scan random0,

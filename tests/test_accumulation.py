@@ -87,8 +87,11 @@ def test_the_micro_batches_are_activations_and_the_weights_parameters():
 def test_a_batch_split_on_its_examples_is_moved_once_by_an_all_to_all():
     """Data parallelism shards the tokens' leading dim and, within each micro-batch, the
     examples. The reshape between them moves the micro-batches' rows to the devices that own
-    their examples: one all-to-all of the tokens' shard, which plan.jit pins there (unpinned,
-    XLA gathered the micro-batch inside the loop, every iteration)."""
+    their examples, once, which plan.jit pins there (unpinned, XLA gathered the micro-batch
+    inside the loop, every iteration): the tokens' dim on (data, model) holds the
+    micro-batches on data and each one's examples on model, so data moves by an all-to-all
+    of the tokens' shard, landing minor to model, and a collective-permute of the shard puts
+    the examples in (data, model) order (XLA: 256 B each, tests/test_cost.py)."""
     _, _, an = accumulate()
     prog = an.program
     plan = _experts(an)["dp"]
@@ -98,8 +101,9 @@ def test_a_batch_split_on_its_examples_is_moved_once_by_an_all_to_all():
     assert plan.value_axes(split.results[0])[:2] == ((), ("data", "model"))
     assert split.results[0] in constraint_values(plan)
     charged = cost_model(an, MESH).op_collectives(plan)[split.id]
+    shard = prog.values[tokens].nbytes / MESH.size
     assert [(c.kind, c.axes, c.bytes) for c in charged] == [
-        ("all-to-all", ("data", "model"), prog.values[tokens].nbytes / MESH.size)]
+        ("all-to-all", ("data",), shard), ("collective-permute", ("data", "model"), shard)]
 
 
 def test_a_replicated_batch_is_split_locally():

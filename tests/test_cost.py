@@ -410,6 +410,45 @@ def test_a_dim_handed_to_other_axes_is_permuted_not_gathered_whole(compute, stor
     assert measured["collective-permute"] > 0
 
 
+def _micro_batched_step(w, tokens):
+    """Tokens [32, 16] split into 4 micro-batches of 8 examples that a scan reads (a step
+    accumulating gradients)."""
+    def body(total, batch):
+        return total + jnp.sum(jnp.tanh(batch.astype(jnp.float32) * w[None, :])), None
+
+    return jax.lax.scan(body, 0.0, tokens.reshape(4, 8, 16))[0]
+
+
+@pytest.mark.parametrize("tokens, examples", [
+    (("data", "model"), ("data", "model")), (("data",), ("data", "model")),
+    (("model",), ("data", "model")), (("data", "model"), ("model",)),
+    (("data",), ("model", "data")), (("data", "model"), ("model", "data")),
+    (("model",), ("model", "data"))])
+def test_a_split_dims_axes_tile_its_parts_and_come_back_in_order(tokens, examples):
+    """The tokens' dim [32] is tiled major first by its axes: on (data, model), data tiles the
+    4 micro-batches and model halves each one's examples. Resharding to examples on (data,
+    model) moves data by an all-to-all, which lands it minor to model: a collective-permute
+    of the shard puts the tiles in order (XLA: 256 B each; the model charged one all-to-all
+    over both axes). Tokens on data alone slice model locally first, then receive data:
+    the same permute; tokens on model (which straddles the micro-batches) receive model after
+    slicing data, already in order: no permute; examples on model alone gather data. Where
+    the plan lists the examples' axes as (model, data), the same arrivals are in order
+    exactly where they were not, and the reverse (tokens on model: a permute)."""
+    args = (jnp.ones((16,), jnp.float32), jnp.ones((32, 16), jnp.int32))
+    an = tl.analyze(tl.trace(_micro_batched_step, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = (tl.Plan.replicated(an).with_axes("tokens[0]", tokens)
+            .with_axes("reshape[1]", examples))
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(_micro_batched_step, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = tl.estimate(an, plan, mesh)
+    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    assert (("collective-permute", ("data", "model")) in measured) == (
+        (examples == ("data", "model") and tokens != ("model",))
+        or (examples == ("model", "data") and tokens == ("model",)))
+
+
 def test_partial_sums_of_one_gradient_are_added_before_reducing(gpt):
     """Megatron: the input gradients of q, k and v (and of the MLP's input) are partial sums
     over `model`; XLA on GPUs adds them and all-reduces once, XLA:CPU reduces each."""

@@ -9,7 +9,7 @@ from ..plan import format_bytes
 # collective-permute: point to point: a shard_map body's ppermute (_manual.py), and the
 # reshards XLA's partitioner writes as one (a dim handed to other axes, a matmul's reduced
 # shard moved into place, a scatter's indices regrouped, a re-tiled batched gather's labels
-# and picks: _kernel.py)
+# and picks, a dim's axes put back in the plan's order: _kernel.py)
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                     "collective-permute")
 

@@ -14,14 +14,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._plan_arrays import PlanArrays
+from ._plan_arrays import AXES, ORDER_SHIFT, PlanArrays
 from ._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from ._static import DIM_BATCH, DIM_M, ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._tables import MemoryTables, ScheduleTables, TypeTables
 
-# collective kinds (COLLECTIVE_KINDS, in order); the kernel charges CP only where XLA's dot
-# partitioner moves a matmul's reduced shard (evaluate_types); a shard_map body's ppermute is
-# one too (CostModel._manual_tables adds it)
+# collective kinds (COLLECTIVE_KINDS, in order); the kernel charges CP where XLA's dot
+# partitioner moves a matmul's reduced shard, where a dim's axes all leave for others (_reshard)
+# and where a reshard leaves a dim's axes out of order (_out_of_order); a shard_map body's
+# ppermute is one too (CostModel._manual_tables adds it)
 AR, AG, RS, A2A, CP = 0, 1, 2, 3, 4
 NUM_KINDS = 5
 # totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
@@ -45,7 +46,8 @@ MAX_SHARDINGS = 16
 # collective-permute and all-gather of the scatter's indices regrouped after operand
 # passthrough and the all-reduce of its table there (_regrouped_indices), + 7, + 8 and + 9 the
 # collective-permutes of a re-tiled batched gather's or scatter's indices, updates and result
-# (_batched_indexing).
+# (_batched_indexing); with P op types, row
+# 2M + 2G + 2S + OP_ROWS P + m the collective-permute that puts operand m's axes in order.
 # Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
 # and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
@@ -140,6 +142,86 @@ def _reshard(coll, gather, a2a, onto, nbytes, weight, mesh, ledger, row):
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t, ledger, row + 1)
     return seconds, moved
+
+
+@njit(cache=True, inline="always")
+def _order_of(plan, tables, t, d):
+    """The order of the axes of dim d of value type t (ORDER_SHIFT: 0 for mesh order)."""
+    c = tables.value_classes[t, d]
+    return 0 if c < 0 else plan.mask[c] >> ORDER_SHIFT
+
+
+@njit(cache=True, inline="always")
+def _place(order, b):
+    """Where axis bit `b` (its index) comes among a dim's axes listed in `order` (_order_of):
+    smaller is more major."""
+    if order == 0:
+        return b
+    for p in range(ORDER_SHIFT // 4):
+        if (order >> (4 * p)) & 15 == b + 1:
+            return p
+    return 64 + b
+
+
+@njit(cache=True, inline="always")
+def _compound_split(held, order, size, mesh):
+    """The axes of `held` (listed in `order`) on the major part, of `size` elements, of a
+    compound dim: its axes tile the dim major first, so where the leading ones' ways make up
+    `size` exactly they tile the major part and the rest the minor one; otherwise all are the
+    major part's (an axis that straddles the two is not split)."""
+    prefix = 0
+    last = -1
+    while True:
+        nxt, at = 0, 1 << 30
+        b = 0
+        while (1 << b) < mesh.shape[0]:
+            if held & (1 << b) != 0:
+                p = _place(order, b)
+                if last < p < at:
+                    nxt, at = 1 << b, p
+            b += 1
+        if nxt == 0:
+            return held
+        prefix |= nxt
+        last = at
+        ways = mesh[prefix].ways
+        if ways == size:
+            return prefix
+        if ways > size:
+            return held
+
+
+@njit(cache=True, inline="always")
+def _out_of_order(kept, sliced, moved, held_order, want_order, mesh):
+    """Whether a dim that keeps the axes `kept` (listed in `held_order`), slices `sliced`
+    locally and receives `moved` by all-to-all ends up with its axes in another order than
+    the plan's (`want_order`).
+
+    XLA's reshard only ever subdivides a dim's tiles: a new axis lands minor to the axes the
+    dim already has, the locally sliced ones before those an all-to-all brings (it slices
+    first). Where the plan wants a new axis major to one the dim keeps (tokens on (data,
+    model) whose micro-batches held data and examples model: data comes back minor), the
+    devices hold the right tiles in the wrong order, and a collective-permute of the shard
+    puts them in place (pairs (0,0),(1,2),(2,4),...: the transpose of data=4 x model=2;
+    jax 0.10.2)."""
+    b = 0
+    while (1 << b) < mesh.shape[0]:
+        x = 1 << b
+        if (kept | sliced | moved) & x != 0:
+            gx = 0 if kept & x != 0 else (1 if sliced & x != 0 else 2)
+            c = 0
+            while (1 << c) < mesh.shape[0]:
+                y = 1 << c
+                if c != b and (kept | sliced | moved) & y != 0 \
+                        and _place(want_order, b) < _place(want_order, c):
+                    gy = 0 if kept & y != 0 else (1 if sliced & y != 0 else 2)
+                    # x is wanted before y: it must not arrive after it
+                    if gx > gy or (gx == gy == 0
+                                   and _place(held_order, b) > _place(held_order, c)):
+                        return True
+                c += 1
+        b += 1
+    return False
 
 
 @njit(cache=True, inline="always")
@@ -490,7 +572,7 @@ def type_masks(plan, tables):
         used = 0
         for i in range(n):
             d = dims[i]
-            m = mask[value_classes[t, d]]
+            m = mask[value_classes[t, d]] & AXES  # (the order: _order_of)
             if m & used == 0:
                 eff[t, d] = m
                 used |= m
@@ -512,6 +594,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     group_rows = 2 * tables.op_operands.shape[0]
     read_rows = group_rows + 2 * tables.op_groups.shape[0]
     scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
+    reorder_rows = scatter_rows + OP_ROWS * tables.ops.shape[0]
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((NUM_KINDS, mesh.shape[0], 3))  # count, bytes, time
@@ -529,9 +612,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     removed = np.zeros(rows.shape[0], np.int64)
     added = np.zeros(rows.shape[0], np.int64)
     onto_whole = np.zeros(rows.shape[0], np.int64)  # added on a dim that is whole now
+    held_rows = np.zeros(rows.shape[0], np.int64)  # the axes each row's part of its dim holds
     for r in range(rows.shape[0]):
         row = rows[r]
         actual = 0 if row.kind == ROW_FROM_WHOLE else eff[row.value_type, row.dim]
+        if row.compound > 0:  # a compound dim's axes, split between its parts
+            held = eff[row.value_type, row.dim]
+            major = _compound_split(held, _order_of(plan, tables, row.value_type, row.dim),
+                                    row.compound, mesh)
+            actual = held & ~major if row.kind == ROW_FROM_WHOLE else major
+        held_rows[r] = actual
         if row.kind == ROW_RESULT or row.kind == ROW_FROM_WHOLE:
             want = eff[row.source_type, row.source_dim]
         elif row.kind == ROW_GROUP:
@@ -553,6 +643,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     a2a = np.zeros(operands.shape[0], np.int64)
     sliced = np.zeros(operands.shape[0], np.int64)
     onto = np.zeros(operands.shape[0], np.int64)  # a dim's new axes, where it is permuted
+    reorder = np.zeros(operands.shape[0], np.int64)  # a dim's axes, where put back in order
+    reorder_reduced = np.zeros(operands.shape[0], np.bool_)  # ... as the op's result
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
@@ -614,6 +706,28 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 if (new != 0 and held == old and new & vmask[operands[o].value_type] == 0
                         and (a % b == 0.0 or b % a == 0.0)):
                     onto[o] = new
+        if onto[o] != 0 or (gather[o] != 0 and gather[o] == vmask[operands[o].value_type]):
+            continue  # permuted, or gathered whole and sliced as wanted: in order
+        # A dim whose axes arrive out of the plan's order (_out_of_order): one
+        # collective-permute over its axes, of the resharded operand's shard, or of the
+        # result's where the new axes are the op's partial sums (an all-reduce then a slice).
+        rem = gather[o] | a2a[o]
+        for i in range(operands[o].start, operands[o].end):
+            r = operand_rows[i]
+            if rows[r].kind != ROW_RESULT and rows[r].kind != ROW_FROM_WHOLE:
+                continue
+            kept = held_rows[r] & ~removed[r]
+            want = kept | added[r]
+            if want & (want - 1) == 0:
+                continue  # one axis or none: nothing to order
+            moved = added[r] & a2a[o]
+            if _out_of_order(kept, added[r] & ~moved, moved,
+                             _order_of(plan, tables, rows[r].value_type, rows[r].dim),
+                             _order_of(plan, tables, rows[r].source_type, rows[r].source_dim),
+                             mesh):
+                reorder[o] |= want
+                if added[r] & vmask[operands[o].value_type] & ~rem != 0:
+                    reorder_reduced[o] = True
     # Op types: the axes each computes partial sums over, and its result's axes.
     ops = tables.ops
     P = ops.shape[0]
@@ -665,6 +779,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             tg, bg = _reshard(coll, g, a2a[ot], onto[ot], resliced, w, mesh, ledger, 2 * i)
             t += tg
             b += bg
+            if reorder[ot] != 0:
+                if reorder_reduced[ot]:
+                    shard = op.result_nbytes / mesh[op_res[p]].ways
+                else:
+                    final = (vmask[operands[ot].value_type] & ~g) | sliced[ot] | reorder[ot]
+                    shard = member.nbytes / mesh[final].ways
+                hop = mesh[reorder[ot]]
+                tp = shard * hop.permute_beta + hop.permute_alpha
+                _charge(coll, CP, reorder[ot], w, shard, tp, ledger, reorder_rows + i)
+                t += tp  # (its buffer takes the place of the reshard's: no new bytes)
             gtime += t
             gbytes += b
             member_bytes[i] = b
@@ -1056,7 +1180,8 @@ def charges(plan, tables, mesh, device):
     totals without the ledger."""
     tables = TypeTables(*tables)
     rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
-                + tables.shared_reads.shape[0]) + OP_ROWS * tables.ops.shape[0]
+                + tables.shared_reads.shape[0]) + OP_ROWS * tables.ops.shape[0] \
+        + tables.op_operands.shape[0]
     ledger = np.zeros((rows, LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute

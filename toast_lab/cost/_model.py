@@ -36,7 +36,8 @@ from ..program import NO_OP, state_inputs
 from . import _kernel
 from ._collectives import collective_costs
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._plan_arrays import PlanArrays, as_plan_arrays, live_axis_bits, plan_arrays, split_classes
+from ._plan_arrays import (PlanArrays, as_plan_arrays, axes_mask, live_axis_bits, plan_arrays,
+                           split_classes)
 from ._order import memory_order, ready_positions, workspace_temps
 from ._static import (_LINEAR, ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces,
                       static_tables)
@@ -334,10 +335,10 @@ class CostModel:
     def plan_arrays(self, plan) -> PlanArrays:
         """(split-class masks, ranks, conflict resolution indices) of a Plan."""
         an = self.analysis
-        masks = ((k, sum(self.axis_bit[a] for a in axes)) for k, axes in plan.assignments)
+        masks = ((k, axes_mask(self.axis_bit, axes)) for k, axes in plan.assignments)
         resolutions = ((c.id, list(c.resolutions).index(plan.resolution_of(c)))
                        for c in an.conflicts)
-        overrides = ((k, d, sum(self.axis_bit[a] for a in axes))
+        overrides = ((k, d, axes_mask(self.axis_bit, axes))
                      for k, d, axes in plan.overrides)
         return plan_arrays(an, masks, resolutions, overrides)
 
@@ -486,7 +487,7 @@ class IncrementalEstimator:
         # of its split classes an override sets (they keep their mask when the class changes).
         self._own = np.zeros(len(an.classes), np.int64)
         for k, axes in plan.assignments:
-            self._own[k] = sum(model.axis_bit[a] for a in axes)
+            self._own[k] = axes_mask(model.axis_bit, axes)
         self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
                             if (k, d) in self._split.index}
         self._held = {k for k, _, _ in plan.overrides}
@@ -499,9 +500,7 @@ class IncrementalEstimator:
         """Shards class id `cls` over `axes` (names) — decided after every earlier decision
         if it was not decided yet — or, with `domain`, only that domain's values of it (an
         override; its class keeps or takes a place in the decision order)."""
-        m = 0
-        for a in axes:
-            m |= self.model.axis_bit[a]
+        m = axes_mask(self.model.axis_bit, axes)
         splits = self._split.splits_of[cls]
         was = bool(self._own[cls]) or cls in self._held
         if domain is None:

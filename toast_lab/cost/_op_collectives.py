@@ -32,8 +32,9 @@ class OpCollective:
 
     kind: one of COLLECTIVE_KINDS; axes: mesh axes, in mesh order; operand: the position among
     the op's operands of the value it moves (all-gather, all-to-all, the collective-permute of
-    a dim handed to other axes), None for the op's partial sums (all-reduce, reduce-scatter,
-    a matmul's permuted shard; the all-gather of an argmax's partial results),
+    a dim handed to other axes or of one whose axes a reshard left out of order), None for
+    the op's partial sums (all-reduce, reduce-scatter, a matmul's permuted shard; the
+    all-gather of an argmax's partial results),
     for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
     it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
@@ -80,9 +81,11 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
     o = np.nonzero(ty.operand_member >= 0)[0]
     op = st.operand_op[o].astype(np.int64)
-    for r in (0, 1):
-        parts.append((op, st.operand_slot[o], 2 * ty.operand_member[o] + r,
-                      per_instance[ty.op_type[op]]))
+    reorder = 2 * (members + groups + len(tables.shared_reads)) \
+        + _kernel.OP_ROWS * len(tables.ops)
+    for row in (2 * ty.operand_member[o], 2 * ty.operand_member[o] + 1,
+                reorder + ty.operand_member[o]):  # + the permute putting its axes in order
+        parts.append((op, st.operand_slot[o], row, per_instance[ty.op_type[op]]))
     def at_every_instance(row, of_type, operand):
         # a charge of op type `of_type[i]` in ledger row `row[i]`, shared by its instances
         spans = model.memory.instances_by_type[of_type]
@@ -116,7 +119,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     # + 7, + 8, + 9 the permutes of a re-tiled batched gather's or scatter's indices (1),
     # updates (2) and result (-1)
     first = 2 * (members + groups + len(tables.shared_reads))
-    row = first + np.nonzero(ledger[first:, _kernel.L_COUNT] > 0)[0]
+    row = first + np.nonzero(ledger[first:reorder, _kernel.L_COUNT] > 0)[0]
     if len(row):
         at_every_instance(row, (row - first) // _kernel.OP_ROWS,
                           np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])

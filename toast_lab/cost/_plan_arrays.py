@@ -27,12 +27,20 @@ from ..analysis import DOMAINS, NO_CLASS, domains
 
 # The rank of a class never decided: after every decided one.
 UNDECIDED = 1 << 30
+# A class's mask holds its mesh axes as bits below ORDER_SHIFT, and above it, where the plan
+# lists them out of mesh order (("model", "data")), that order: 4 bits per place, major first,
+# each the axis's bit index + 1 (0 above ORDER_SHIFT: mesh order). XLA tiles a dim in the
+# order its axes are listed, and reshards that leave them in another pay a collective-permute
+# (the kernel's _out_of_order); everything else reads `mask & AXES`.
+ORDER_SHIFT = 32
+AXES = (1 << ORDER_SHIFT) - 1
 
 
 class PlanArrays(NamedTuple):
-    """mask[class]: its mesh axes as bits (see `axis_bits`); rank[class]: its place in the
-    decision order (the class decided first keeps an axis two classes of one value want);
-    resolution[conflict]: the index of its resolution in `Conflict.resolutions`."""
+    """mask[class]: its mesh axes as bits (see `axis_bits`), and their order where it is not
+    mesh order (ORDER_SHIFT); rank[class]: its place in the decision order (the class decided
+    first keeps an axis two classes of one value want); resolution[conflict]: the index of its
+    resolution in `Conflict.resolutions`."""
 
     mask: np.ndarray
     rank: np.ndarray
@@ -42,6 +50,18 @@ class PlanArrays(NamedTuple):
 def axis_bits(mesh) -> dict[str, int]:
     """{mesh axis name: its bit}, in mesh order."""
     return {a: 1 << i for i, a in enumerate(mesh.axis_names)}
+
+
+def axes_mask(axis_bit: dict[str, int], axes) -> int:
+    """The mask of mesh axes `axes` (names, in the plan's order) under `axis_bit`: their bits,
+    and their order above ORDER_SHIFT where it is not mesh order (an axis of bit 0, a size-1
+    axis, takes no place)."""
+    bits = [axis_bit[a] for a in axes if axis_bit[a]]
+    mask = sum(bits)
+    if bits != sorted(bits):
+        for place, bit in enumerate(bits):
+            mask |= bit.bit_length() << (ORDER_SHIFT + 4 * place)
+    return mask
 
 
 def live_axis_bits(mesh) -> dict[str, int]:

@@ -61,6 +61,9 @@ class Static:
     row_src_value: np.ndarray   # [R] int32: result rows: the result value whose dim it follows
     row_src_dim: np.ndarray     # [R] int32
     row_group: np.ndarray       # [R] int32: group rows: their group (-1 otherwise)
+    # [R] int32: on a compound dim whose first minor part the result shards, the size of its
+    # major part, on the major part's row and the first minor part's (0 otherwise)
+    row_compound: np.ndarray
     group_is_reduction: np.ndarray  # [G] bool: partial sums when the group is sharded
     group_op: np.ndarray        # [G] int32
     # operands: one per (op, operand tensor); rows of one operand are contiguous
@@ -434,7 +437,7 @@ def build_static(an) -> Static:
     nbytes = np.array([v.nbytes for v in values], np.float64)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
-                            "operand")}
+                            "compound", "operand")}
     group_is_reduction, group_op = [], []
     operand_op, operand_value, operand_slot, operand_nbytes = [], [], [], []
     op_flops = np.zeros(N, np.float64)
@@ -447,12 +450,14 @@ def build_static(an) -> Static:
     def add_operand(op_id, value, slot, size, dims):
         """An operand `op_id` reshards (`value`, its position `slot` among the op's operands,
         -1 for none, and the whole-tensor bytes `size` it moves) with its rows, one per
-        (dim, row kind, source value, source dim, group) of `dims`; nothing without rows."""
+        (dim, row kind, source value, source dim, group[, compound]) of `dims` (compound: see
+        row_compound); nothing without rows."""
         if not dims:
             return
-        for d, kind, src_v, src_d, group in dims:
+        for d, kind, src_v, src_d, group, *compound in dims:
             for key, val in (("op", op_id), ("value", value), ("dim", d), ("kind", kind),
                              ("src_value", src_v), ("src_dim", src_d), ("group", group),
+                             ("compound", compound[0] if compound else 0),
                              ("operand", len(operand_op))):
                 rows[key].append(val)
         operand_op.append(op_id)
@@ -541,16 +546,24 @@ def build_static(an) -> Static:
                         group_op.append(op.id)
                         group_is_reduction.append(kind is REDUCTION)
                     row_kind, group = ROW_GROUP, groups[f]
-                wanted.append((d, row_kind, src_v, src_d, group))
                 # The minor parts of a compound dim (a batch split into micro-batches, [32] ->
-                # [4, 8]) hold no axes of their own: the operand's axes are its major part's.
-                # A minor part the result shards comes from other devices' blocks: with the
-                # major part's row losing those axes, an all-to-all (tokens on data to each
-                # micro-batch's examples on data: jax 0.10.2 moves the tokens' shard so).
-                for f2 in factors[1:]:
-                    if rule.kinds[f2] is PASS_THROUGH and on_result.get(f2, (0, 0, False))[2]:
-                        r, e, _ = on_result[f2]
-                        wanted.append((d, ROW_FROM_WHOLE, r, e, -1))
+                # [4, 8]) hold the axes left over once the major part is tiled whole: the
+                # dim's axes tile it major first, so where the leading axes' ways make up the
+                # major part's size exactly ([32] on (data=4, model=2): data tiles the 4
+                # micro-batches, model halves each one's 8 examples), the rest lie on the
+                # first minor part (row_compound, the kernel's _compound_split); otherwise all
+                # are the major part's. A minor part the result shards takes the axes it lacks
+                # from other devices' blocks: with the major part's row losing them, an
+                # all-to-all (tokens on data to each micro-batch's examples on data: jax
+                # 0.10.2 moves the tokens' shard so).
+                minor = [f2 for f2 in factors[1:] if rule.kinds[f2] is PASS_THROUGH
+                         and on_result.get(f2, (0, 0, False))[2]]
+                compound = rule.sizes[f] if minor and minor[0] == factors[1] else 0
+                wanted.append((d, row_kind, src_v, src_d, group, compound))
+                for f2 in minor:
+                    r, e, _ = on_result[f2]
+                    wanted.append((d, ROW_FROM_WHOLE, r, e, -1, compound if f2 == minor[0]
+                                   else 0))
             add_operand(op.id, u, t, nbytes[u], wanted)
 
     live_start, live_end = liveness(prog)
@@ -569,7 +582,7 @@ def build_static(an) -> Static:
         attention_inside=attention_inside,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
-        row_src_dim=arr("src_dim"), row_group=arr("group"),
+        row_src_dim=arr("src_dim"), row_group=arr("group"), row_compound=arr("compound"),
         group_is_reduction=np.array(group_is_reduction, bool),
         group_op=np.array(group_op, np.int32), row_operand=arr("operand"),
         operand_op=np.array(operand_op, np.int32),

@@ -35,8 +35,10 @@ GROUP = record(start=_I, end=_I, is_reduction=np.bool_)
 GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
-# dim the operand holds whole, wanted like `source` (_static.py).
-ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I)
+# dim the operand holds whole, wanted like `source` (_static.py); `compound`: on a compound dim,
+# the size of its major part (Static.row_compound; the kernel's _compound_split).
+ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I,
+             compound=_I)
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]);
 # uniform: a constant of one number throughout (a broadcast literal, optax.set_to_zero's update
 # of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by

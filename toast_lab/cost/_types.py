@@ -145,16 +145,18 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     for i in range(len(st.row_op)):
         kind = int(row_kind[i])
         vt, d = int(value_type[st.row_value[i]]), int(st.row_dim[i])
+        compound = int(st.row_compound[i])
         if kind in (ROW_RESULT, ROW_FROM_WHOLE):
-            key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1)
+            key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1,
+                   compound)
         elif kind == ROW_GROUP:
-            key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]))
+            key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]), compound)
         else:
-            key = (vt, d, ROW_REPLICATE, -1, 0, -1)
+            key = (vt, d, ROW_REPLICATE, -1, 0, -1, compound)
         row_type[i] = rtypes.id(key)
-    rk = np.array(list(rtypes), _I).reshape(-1, 6)
+    rk = np.array(list(rtypes), _I).reshape(-1, 7)
     rows = _records(ROW, value_type=rk[:, 0], dim=rk[:, 1], kind=rk[:, 2], source_type=rk[:, 3],
-                    source_dim=rk[:, 4], group=rk[:, 5])
+                    source_dim=rk[:, 4], group=rk[:, 5], compound=rk[:, 6])
 
     # --- operand types ------------------------------------------------------------------------
     num_operands = len(st.operand_op)
