@@ -37,7 +37,18 @@ Known differences, reported rather than tuned away:
   micro-batches: data tiles the micro-batches, model the examples), and a class's axes keep
   the plan's order (("model", "data")): linen-accumulate dp, fsdp, zero1 0.00 -> 1.00 (the
   labels: an all-to-all over data, not over both axes, and the permute), equinox-attention
-  random0 0.00 -> 1.00, random1 0.40 -> 0.60, haiku-transformer random1 0.00 -> 0.91. "XLA
+  random0 0.00 -> 1.00, random1 0.40 -> 0.60, haiku-transformer random1 0.00 -> 0.91; and a
+  convolution's halo exchanges where its result shards a windowed dim (the rows a window needs
+  from each neighbour's shard, one permute per side and hop, forward and input gradient, on
+  top of the input plan.jit gathers: haiku-resnet random0 0.00 -> 0.83, random1 0.00 -> 0.89,
+  nnx-cnn random0 0.00 -> 0.53, random1 0.00 -> 0.60, keras-cnn random1 0.00 -> 1.00, their
+  convolutions' permutes exact but for one of haiku-resnet random0's input gradients, whose
+  contracted features both operands shard over data x model: XLA gathers them and exchanges
+  halos of a 2x2 input, 4 permutes of 4 KiB, where the model has the contraction
+  partitioned). Still missed: the re-tilings around the CNNs' pools and flattening (nnx-cnn
+  random0 and random1, haiku-resnet random1: permutes at sharding constraints, a div, a
+  reduce_sum and a reshape, 8 B to 16 KiB each) and cnn random1's six 8-16 B permutes of a
+  reduce_sum (a channel class on (model, data) that plan.jit pins on data alone). "XLA
   other" is what XLA runs that no column compares (a collective-broadcast). The all-to-alls the model predicts: those
   XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
   gradient); the re-tiling of the logits around a take_along_axis whose labels shard the

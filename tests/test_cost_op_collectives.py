@@ -69,6 +69,10 @@ def test_op_collectives_add_up_to_the_estimate(analysis, shape):
                         b for n, _, b in prog.handed_on_stacks() if n == o]
                     held = {a for v in moved for axes in plan.value_axes(v) for a in axes}
                     assert set(c.axes) <= held, (name, o, c)
+                elif c.kind == "collective-permute" and op.primitive == "conv_general_dilated":
+                    # a halo exchange of the convolution's input, over its result's axes
+                    assert c.operand == 0 and set(c.axes) <= {
+                        a for axes in plan.value_axes(op.results[0]) for a in axes}, (name, o, c)
                 elif c.kind == "collective-permute" and c.operand is not None:
                     # an operand's shard moved between devices: a dim handed from axes it
                     # holds to others, or its tiles re-laid over the axes it holds (a

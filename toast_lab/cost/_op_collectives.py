@@ -123,6 +123,14 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     if len(row):
         at_every_instance(row, (row - first) // _kernel.OP_ROWS,
                           np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])
+    # a convolution's halo exchanges, rows 2M + 2G + 2S + OP_ROWS P + M + h of halo record h:
+    # of its input (operand 0), at every instance of the type
+    halos = reorder + members
+    row = halos + np.nonzero(ledger[halos:, _kernel.L_COUNT] > 0)[0]
+    if len(row):
+        ops = tables.ops
+        halo_type = np.repeat(np.arange(len(ops)), ops["halo_end"] - ops["halo_start"])
+        at_every_instance(row, halo_type[row - halos], np.zeros(len(row), np.int64))
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = ledger[row, _kernel.L_COUNT] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]

@@ -106,6 +106,11 @@ class Static:
     op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
     op_gathered_partials: np.ndarray  # [N] bytes of the partial results a variadic reduce
     #                                   all-gathers, whole-tensor (0: none; _gathered_partials)
+    # per op: None, or a convolution's halo geometry (_halos): (its input's whole-tensor
+    # bytes, its result's batch dim, ((result dim, input size, result size, window, stride,
+    # window dilation, input dilation, low padding), ...) per windowed dim in the input's dim
+    # order)
+    op_halo: tuple
     # liveness, in program order positions 0..N
     live_start: np.ndarray      # [V] int32
     live_end: np.ndarray        # [V] int32 (exclusive)
@@ -597,7 +602,7 @@ def build_static(an) -> Static:
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
         **_workspace(prog), **_scatters(prog), **_batched_indexing(prog),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
-        op_gathered_partials=gathered_partials,
+        op_gathered_partials=gathered_partials, op_halo=_halos(prog),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
@@ -998,6 +1003,34 @@ def _batched_indexing(prog) -> dict:
         index_dims[op.id] = sum(1 << k for k in index_batch)
     return dict(op_batch_value=value, op_batch_dims=dims, op_batch_indexed=indexed,
                 op_batch_indices=indices, op_batch_index_dims=index_dims)
+
+
+def _halos(prog) -> tuple:
+    """Per op: the geometry of a convolution's windowed dims (Static.op_halo), None for other
+    ops and for grouped convolutions (feature_group_count or batch_group_count > 1, depthwise
+    ones and their kernel gradients): XLA's convolution handler does not exchange halos for
+    those once their features are split (PartitionConvolutionTiledOutput gives up), and it
+    gathered instead on every sharding tried (3x3 convolutions of 2 and 4 groups with height,
+    width, batch or features sharded: no collective-permute; jax 0.10.2). Whether and how
+    much a convolution exchanges under a plan is _kernel._halo_exchange."""
+    values = prog.values
+    out = []
+    for op in prog.ops:
+        p = op.params
+        if op.primitive != "conv_general_dilated" or op.body or \
+                p.get("batch_group_count", 1) != 1 or p.get("feature_group_count", 1) != 1:
+            out.append(None)
+            continue
+        lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+        lhs, rhs = values[op.operands[0]].shape, values[op.operands[1]].shape
+        res = values[op.results[0]].shape
+        dims = sorted(
+            (ld, (od, lhs[ld], res[od], rhs[rd], p["window_strides"][j], p["rhs_dilation"][j],
+                  p["lhs_dilation"][j], p["padding"][j][0]))
+            for j, (ld, rd, od) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])))
+        out.append((float(values[op.operands[0]].nbytes), int(out_spec[0]),
+                    tuple(tuple(int(x) for x in d) for _, d in dims)))
+    return tuple(out)
 
 
 def _loop_made(prog, v: int) -> bool:

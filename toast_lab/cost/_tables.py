@@ -60,6 +60,10 @@ OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
 # copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).
 # launches: the kernels each instance launches (1 where it writes a result, _fusion.launches).
+# A convolution whose windowed dims its result may shard (halos[halo_start:halo_end], HALO
+# records in the order of the input's dims; an empty run for other ops) exchanges halos of its
+# input: halo_nbytes its input's whole-tensor bytes, halo_batch its result's batch dim, which
+# shards the rows it sends (_kernel._halo_exchange).
 OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbytes=_F,
             groups_start=_I, groups_end=_I, io_start=_I, io_end=_I, operands_start=_I,
             operands_end=_I, matmul_k=_F, dims_start=_I, dims_end=_I, kernel=_I,
@@ -69,7 +73,12 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
             batch_indices_type=_I, batch_index_dims=_I, batch_indices_nbytes=_F,
             gathered_partials=_F, copies=_F,
-            launches=_F)
+            launches=_F, halo_start=_I, halo_end=_I, halo_nbytes=_F, halo_batch=_I)
+# One windowed dim of a convolution (OP.halo_start): its result dim, the input's size and the
+# result's on it, and the window: size, stride, dilation of the window (rhs) and of the input
+# (lhs, a transposed convolution's), low padding.
+HALO = record(result_dim=_I, in_size=_I, out_size=_I, window=_I, stride=_I,
+              window_dilation=_I, base_dilation=_I, padding_low=_I)
 # A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
@@ -121,6 +130,7 @@ class TypeTables(NamedTuple):
     shared_values: np.ndarray   # SPAN records: the reads of each shared value
     shared_reads: np.ndarray    # SHARED_READ records
     split_base: np.ndarray      # [S] the class of each split class (_plan_arrays.py)
+    halos: np.ndarray           # HALO records: convolutions' windowed dims (OP.halo_start)
     num_ops: int
 
 

@@ -19,8 +19,8 @@ from ..analysis import domain_boundaries
 from ._plan_arrays import split_classes
 from ._static import ROW_FROM_WHOLE, ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
 from ._tables import (
-    GROUP, GROUP_MEMBER, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ, SPAN,
-    TypeTables,
+    GROUP, GROUP_MEMBER, HALO, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ,
+    SPAN, TypeTables,
 )
 
 _I, _F = np.int64, np.float64
@@ -229,7 +229,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n),
                float(st.op_gathered_partials[n]), float(st.op_copies[n]),
-               float(launches[n]))
+               float(launches[n]), st.op_halo[n] or (0.0, -1, ()))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -247,6 +247,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     io_start, io_end, io = _runs([k[6] for k in keys])
     o_start, o_end, opnds = _runs([k[7] for k in keys])
     d_start, d_end, dims = _runs([k[8][1] for k in keys])
+    h_start, h_end, halos = _runs([k[28][2] for k in keys])
     ops = _records(OP, weight=count * column(4), count=count, flops=column(3), peak=column(5),
                    result_type=column(0, _I), result_nbytes=column(1), groups_start=g_start,
                    groups_end=g_end, io_start=io_start, io_end=io_end,
@@ -260,7 +261,9 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    batch_type=column(19, _I), batch_dims=column(20, _I),
                    batch_indexed=column(21, _I), batch_indices_type=column(22, _I),
                    batch_index_dims=column(23, _I), batch_indices_nbytes=column(24),
-                   gathered_partials=column(25), copies=column(26), launches=column(27))
+                   gathered_partials=column(25), copies=column(26), launches=column(27),
+                   halo_start=h_start, halo_end=h_end, halo_nbytes=[k[28][0] for k in keys],
+                   halo_batch=[k[28][1] for k in keys])
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):
@@ -300,7 +303,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
-        shared_reads=shared_reads, split_base=split_classes(an).base, num_ops=N)
+        shared_reads=shared_reads, split_base=split_classes(an).base,
+        halos=np.array(halos, HALO).reshape(-1), num_ops=N)
     return Types(value_type, op_type, tables, operand_member, operand_read, read_loop)
 
 
