@@ -252,6 +252,49 @@ def test_a_table_gradient_after_operand_passthrough_is_partitioned_as_xla_regrou
 
 
 @functools.cache
+def row_gather():
+    """Rows of a table picked by indices (a GNN's messages from their nodes' features)."""
+    def step(x, idx):
+        return jnp.tanh(x[idx])
+
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=(64, 32)).astype(np.float32),
+            rng.integers(0, 64, 256).astype(np.int32))
+    return step, args, tl.analyze(tl.trace(step, *args))
+
+
+# (mesh data x model, the table rows' axis, the picked rows' features' axes): the rows decided
+# first, so the table keeps them and its features stay whole
+ROW_GATHER_CASES = {
+    "features_on_the_rows_axis": ((4, 2), "data", ("data",)),     # 1/2 reduced, 1/4 moved
+    "fewer_row_ways": ((4, 2), "model", ("model",)),             # 1/2 and 1/2
+    "wide_model_axis": ((2, 4), "data", ("data",)),               # 1/2 and 1/2
+    "features_on_both_axes": ((4, 2), "data", ("data", "model")),  # 1/2 and 1/8
+    "features_on_the_other_axis": ((4, 2), "data", ("model",)),   # the tile reduced, no move
+    "rows_on_model": ((4, 2), "model", ("data",)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROW_GATHER_CASES))
+def test_a_row_gather_reduces_a_slice_and_moves_the_tile_as_xla_does(case):
+    """A gather of rows sliced over some axes leaves partial results over them; XLA all-reduces
+    a slice of them and, where the result's features hold those axes too, collective-permutes
+    each device's tile from the device whose slice has it, never a reduce-scatter
+    (_kernel.evaluate_types). Every kind's bytes are XLA's."""
+    (data, model), rows, features = ROW_GATHER_CASES[case]
+    mesh = tl.Mesh({"data": data, "model": model}, device="cpu")
+    fn, args, an = row_gather()
+    plan = (tl.Plan.replicated(an).with_axes("x[0]", (rows,)).with_axes("x[1]", features)
+            .validate(mesh))
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = _by_kind({k: v.bytes for k, v in summarize_collectives(stats.collectives).items()})
+    charged = _by_kind({k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()})
+    assert charged == pytest.approx(measured), (charged, measured)
+    assert ("collective-permute" in measured) == (rows in features)
+
+
+@functools.cache
 def segment_sum(edges: int, segments: int):
     def fn(x, w, ids):
         return jnp.tanh(jax.ops.segment_sum(x @ w, ids, num_segments=segments))

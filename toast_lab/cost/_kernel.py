@@ -976,7 +976,31 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         continue
                     done |= m
                     free = (mesh.shape[0] - 1) & ~res_mask & ~psum
-                    if (scatter and m == psum and op.matmul_k > 0.0 and free != 0
+                    if scatter and m == psum and op.gather != 0 and op.batch_nbytes == 0.0:
+                        # A gather of rows sliced over `m` (trivially sliced operand), its
+                        # result sharded on other dims over `m` too: XLA's gather partitioner
+                        # all-reduces the masked partial result and reshards it, no
+                        # reduce-scatter. Before the all-reduce it slices the partial over the
+                        # axes that are the same within each `m` group (the result's other
+                        # axes, then `free` up to m's ways); a device then holds a piece of
+                        # the result that is not its own tile and a collective-permute of
+                        # the tile brings it (x: P("data") gathered to P(None, "data") on
+                        # data=4 x model=2: an all-reduce of 1/2 over data, a permute of 1/4;
+                        # x: P("model") to P(None, "model"): 1/2 and 1/2; jax 0.10.2,
+                        # tests/test_gathers.py).
+                        s = min(mesh[m].ways, mesh[free].ways)
+                        size /= s
+                        t = 2.0 * _gather_time(size, m, mesh)
+                        _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
+                        if size < op.result_nbytes:  # a piece: moved to its own tile
+                            hop = mesh[m | free | res_mask]
+                            tp = result_bytes * hop.permute_beta + hop.permute_alpha
+                            _charge(coll, CP, m | free | res_mask, w, result_bytes, tp, ledger,
+                                    scatter_rows + OP_ROWS * p + 3)
+                            t += tp
+                        gathered[p] -= partial - size
+                        reduced[p] = max(reduced[p], size)
+                    elif (scatter and m == psum and op.matmul_k > 0.0 and free != 0
                             and mesh[free].ways % mesh[m].ways == 0.0):
                         # A matmul whose partial sums all go to the axes its result is
                         # sharded on, with mesh axes its result is replicated over (`free`)

@@ -73,7 +73,7 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
             batch_indices_type=_I, batch_index_dims=_I, batch_indices_nbytes=_F,
             gathered_partials=_F, copies=_F,
-            launches=_F, halo_start=_I, halo_end=_I, halo_nbytes=_F, halo_batch=_I)
+            launches=_F, halo_start=_I, halo_end=_I, halo_nbytes=_F, halo_batch=_I, gather=_I)
 # One windowed dim of a convolution (OP.halo_start): its result dim, the input's size and the
 # result's on it, and the window: size, stride, dilation of the window (rhs) and of the input
 # (lhs, a transposed convolution's), low padding.
