@@ -147,6 +147,30 @@ def test_rows_on_the_axis_of_the_contraction_stay_whole():
     assert measured == estimated == {("data",): (2, 2 * 4 * 18 * 1 * 4 * 4)}
 
 
+@pytest.mark.parametrize("k, stride, padding", [(4, 4, "VALID"), (4, 1, "SAME")])
+@pytest.mark.parametrize("axis", ["model", "data"])
+def test_a_kernel_gradient_sharded_on_the_kernels_rows(k, stride, padding, axis):
+    """An SGD step with the kernel's rows sharded: the kernel gradient is a convolution of
+    the input with the output gradient as its window (16 rows of input, 4 windows). Over
+    model=2 XLA exchanges halos of 6 of each shard's 8 rows; over data=4 the halos (9 rows)
+    reach past the next shard and cover every shard, and XLA computes the gradient from the
+    whole input instead: no permutes."""
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (stride, stride), padding,
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def fn(x, w):
+        gx, gw = jax.grad(lambda x, w: jnp.sum(conv(x, w) ** 2), argnums=(0, 1))(x, w)
+        return gx, w - 0.1 * gw
+
+    args = (jax.ShapeDtypeStruct((4, 16, 16, 8), jnp.float32),
+            jax.ShapeDtypeStruct((k, k, 8, 8), jnp.float32))
+    an = tl.analyze(tl.trace(fn, *args))
+    measured, estimated = _permutes(fn, args, tl.Plan.replicated(an).with_axes("w[0]", (axis,)))
+    assert estimated == measured
+    assert bool(measured) == (axis == "model")
+
+
 def test_a_grouped_convolution_exchanges_no_halos():
     """Two groups: XLA's convolution handler gives up on halos once features are split by
     group, and the model charges none (it gathers instead)."""

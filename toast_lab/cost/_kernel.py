@@ -530,8 +530,12 @@ def _halo_sizes(h, n):
     checked on 8 CPU devices, jax 0.10.2, tests/test_cost_halo.py). C++ division: E and
     lo % b truncate toward zero (a transposed convolution's padding may be negative). It
     gives up (returns nullopt, and the input stays whole) where s != 1 and s p is not a
-    multiple of b; halos of more than twice the span take ExchangeHaloCompact or
-    replication, which are not modelled: nothing is charged there."""
+    multiple of b, and ExchangeHalo where the halos and the shard cover every shard's rows
+    while one side reaches past the next shard (left + right + L >= n L and left or right
+    > L: a kernel gradient with the kernel's rows over data=4, halos of 9 rows over shards
+    of 4; over model=2 it exchanges 6 of 8), or no row of its own shard is useful; halos of
+    more than twice the span take ExchangeHaloCompact, which is not modelled: nothing is
+    charged there."""
     k = h.window
     s = h.stride
     b = h.base_dilation
@@ -544,18 +548,23 @@ def _halo_sizes(h, n):
     plo = lo - E * b  # in (-b, b): the numerators below are never negative
     L = -(-h.in_size // n)
     span_s = s * (p - 1) + dilated
-    left = 0
-    right = 0
+    left = -(1 << 62)
+    right = -(1 << 62)
+    left_all = -(1 << 62)
+    right_all = -(1 << 62)
     span = 0
     for j in range(n):
         start = (s * p * j + b - 1 - plo) // b
         limit = (s * p * j + span_s + b - 1 - plo) // b
+        left_all = max(left_all, L * j + E - start)
+        right_all = max(right_all, limit - L * (j + 1) - E)
         if j >= 1:
             left = max(left, L * j + E - start)
         if j <= n - 2:
             right = max(right, limit - L * (j + 1) - E)
         span = max(span, limit - start)
-    if max(left, right) > 2 * span:
+    if (left + right + L >= L * n and (left > L or right > L)) or -left_all >= L + right_all \
+            or max(left, right) > 2 * span:
         return 0, 0, 0
     return left, right, span
 
