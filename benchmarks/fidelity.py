@@ -60,7 +60,10 @@ Known differences, reported rather than tuned away:
   gradient (moe fsdp+tp+sp; moe maxtext, where XLA moves the dispatched activations and the
   model moves the expert weights: equal bytes until the weights' move counted the gathered
   buffer, now 2.4x), for a dynamic slice of a layer-sharded stack, and for a rotary
-  concatenate (llama random1: XLA moves its halves over data, the model gathers them), and
+  concatenate (llama random1: XLA moves its halves over data, the model gathers them; XLA
+  carries the concatenate's head-dim sharding back into the halves plan.jit leaves unpinned
+  and slices them as windows, 8 permutes; with every value pinned, constraints="all", it
+  compiles no permute or all-to-all), and
   XLA's resharding around an average pool (nnx-cnn random1, 1.9x; and 3.6x its permute
   bytes: XLA's propagation puts the conv bias's data axis on the pool input's features,
   which the plan leaves whole, so data reaches the batch's (model, data) by another way and
