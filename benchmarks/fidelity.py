@@ -28,7 +28,9 @@ Known differences, reported rather than tuned away:
   split there: every fsdp+tp, zero1+tp and maxtext row of the transformers, collective-permute
   0.00 -> 1.00 and all-reduce 0.96-0.98 -> 1.00); sequence parallelism's labels, token
   gradients and picks permuted around the re-tiled loss (gpt, gpt_scan, llama fsdp+tp+sp:
-  three of 128 B, 0.00 -> 1.00); and a reshard that
+  three of 128 B, 0.00 -> 1.00); a gather of rows sliced over the axes its result's features
+  hold, all-reduced as a slice and moved to its tile, never reduce-scattered (gnn fsdp+tp:
+  collective-permute 0.00 -> 1.00, all-reduce 1.28 -> 1.00); and a reshard that
   leaves a dim's axes out of the plan's order: XLA only subdivides a dim's tiles, so the axes
   a reshard brings land minor to those the dim keeps, the locally sliced before those an
   all-to-all brings, and where the plan lists them otherwise a permute of the shard (pairs
