@@ -272,6 +272,9 @@ ROW_GATHER_CASES = {
     "features_on_both_axes": ((4, 2), "data", ("data", "model")),  # 1/2 and 1/8
     "features_on_the_other_axis": ((4, 2), "data", ("model",)),   # the tile reduced, no move
     "rows_on_model": ((4, 2), "model", ("data",)),
+    # the picked rows sharded like the indices over data: the all-reduced slice holds the
+    # tile, nothing moves
+    "indices_on_data": ((4, 2), "model", ("model",), ("data",)),
 }
 
 
@@ -281,17 +284,19 @@ def test_a_row_gather_reduces_a_slice_and_moves_the_tile_as_xla_does(case):
     a slice of them and, where the result's features hold those axes too, collective-permutes
     each device's tile from the device whose slice has it, never a reduce-scatter
     (_kernel.evaluate_types). Every kind's bytes are XLA's."""
-    (data, model), rows, features = ROW_GATHER_CASES[case]
+    (data, model), rows, features, *picked = ROW_GATHER_CASES[case]
     mesh = tl.Mesh({"data": data, "model": model}, device="cpu")
     fn, args, an = row_gather()
-    plan = (tl.Plan.replicated(an).with_axes("x[0]", (rows,)).with_axes("x[1]", features)
-            .validate(mesh))
+    plan = tl.Plan.replicated(an).with_axes("x[0]", (rows,)).with_axes("x[1]", features)
+    if picked:
+        plan = plan.with_axes("idx[0]", picked[0])
+    plan = plan.validate(mesh)
     jm = mesh.jax_mesh()
     stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
     measured = _by_kind({k: v.bytes for k, v in summarize_collectives(stats.collectives).items()})
     charged = _by_kind({k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()})
     assert charged == pytest.approx(measured), (charged, measured)
-    assert ("collective-permute" in measured) == (rows in features)
+    assert ("collective-permute" in measured) == (rows in features and case != "indices_on_data")
 
 
 @functools.cache

@@ -985,23 +985,31 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         continue
                     done |= m
                     free = (mesh.shape[0] - 1) & ~res_mask & ~psum
-                    if scatter and m == psum and op.gather != 0 and op.batch_nbytes == 0.0:
-                        # A gather of rows sliced over `m` (trivially sliced operand), its
-                        # result sharded on other dims over `m` too: XLA's gather partitioner
-                        # all-reduces the masked partial result and reshards it, no
-                        # reduce-scatter. Before the all-reduce it slices the partial over the
-                        # axes that are the same within each `m` group (the result's other
-                        # axes, then `free` up to m's ways); a device then holds a piece of
-                        # the result that is not its own tile and a collective-permute of
-                        # the tile brings it (x: P("data") gathered to P(None, "data") on
-                        # data=4 x model=2: an all-reduce of 1/2 over data, a permute of 1/4;
-                        # x: P("model") to P(None, "model"): 1/2 and 1/2; jax 0.10.2,
+                    if (scatter and m == psum and op.gather > 0 and op.batch_nbytes == 0.0
+                            and vmask[op.gather - 1] == m
+                            and vmask[op.gather_indices - 1] & m == 0):
+                        # A gather of rows sliced over `m` (trivially sliced operand, sharded
+                        # on nothing else) by indices whole over `m`, its result sharded on
+                        # the rows' features over `m` too (the indices' dims cannot hold it):
+                        # XLA's gather partitioner all-reduces the masked partial result and
+                        # reshards it, no reduce-scatter. Before the all-reduce it slices the
+                        # partial over the axes that are the same within each `m` group (the
+                        # result's other axes, then `free` up to m's ways); where that slice
+                        # is not a superset of the device's tile (sliced over `free`, or a
+                        # dim holding `m` after other axes) a collective-permute of the tile
+                        # brings it (x: P("data") gathered to P(None, "data") on data=4 x
+                        # model=2: an all-reduce of 1/2 over data, a permute of 1/4; x:
+                        # P("model") to P(None, "model"): 1/2 and 1/2; jax 0.10.2,
                         # tests/test_gathers.py).
                         s = min(mesh[m].ways, mesh[free].ways)
                         size /= s
                         t = 2.0 * _gather_time(size, m, mesh)
                         _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
-                        if size < op.result_nbytes:  # a piece: moved to its own tile
+                        mixed = False
+                        for d in range(eff.shape[1]):
+                            a = eff[op.result_type, d]
+                            mixed = mixed or (a & m != 0 and a & ~m != 0)
+                        if s > 1.0 or mixed:  # a piece: moved to its own tile
                             hop = mesh[m | free | res_mask]
                             tp = result_bytes * hop.permute_beta + hop.permute_alpha
                             _charge(coll, CP, m | free | res_mask, w, result_bytes, tp, ledger,

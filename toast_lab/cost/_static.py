@@ -106,8 +106,9 @@ class Static:
     op_replicated_on_cpu: np.ndarray  # [N] bool: XLA:CPU computes the op whole (_CPU_WHOLE)
     op_gathered_partials: np.ndarray  # [N] bytes of the partial results a variadic reduce
     #                                   all-gathers, whole-tensor (0: none; _gathered_partials)
-    op_gather: np.ndarray           # [N] bool: a gather (its partial sums come from rows
-    #                                 sliced over the axes of its indexed dims)
+    op_gather: np.ndarray           # [N, 2] a gather's operand and indices values (-1: not
+    #                                 a gather): its partial sums come from rows sliced over
+    #                                 the operand's indexed dims
     # per op: None, or a convolution's halo geometry (_halos): (its input's whole-tensor
     # bytes, its result's batch dim, ((result dim, input size, result size, window, stride,
     # window dilation, input dilation, low padding), ...) per windowed dim in the input's dim
@@ -605,7 +606,8 @@ def build_static(an) -> Static:
         **_workspace(prog), **_scatters(prog), **_batched_indexing(prog),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         op_gathered_partials=gathered_partials, op_halo=_halos(prog),
-        op_gather=np.array([op.primitive == "gather" for op in ops], bool),
+        op_gather=np.array([op.operands[:2] if op.primitive == "gather" else (-1, -1)
+                            for op in ops], np.int64).reshape(-1, 2),
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),

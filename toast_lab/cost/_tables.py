@@ -60,6 +60,7 @@ OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
 # copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).
 # launches: the kernels each instance launches (1 where it writes a result, _fusion.launches).
+# gather, gather_indices: a gather's operand and indices types + 1 (0: not a gather).
 # A convolution whose windowed dims its result may shard (halos[halo_start:halo_end], HALO
 # records in the order of the input's dims; an empty run for other ops) exchanges halos of its
 # input: halo_nbytes its input's whole-tensor bytes, halo_batch its result's batch dim, which
@@ -73,7 +74,8 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
             batch_nbytes=_F, batch_type=_I, batch_dims=_I, batch_indexed=_I,
             batch_indices_type=_I, batch_index_dims=_I, batch_indices_nbytes=_F,
             gathered_partials=_F, copies=_F,
-            launches=_F, halo_start=_I, halo_end=_I, halo_nbytes=_F, halo_batch=_I, gather=_I)
+            launches=_F, halo_start=_I, halo_end=_I, halo_nbytes=_F, halo_batch=_I, gather=_I,
+            gather_indices=_I)
 # One windowed dim of a convolution (OP.halo_start): its result dim, the input's size and the
 # result's on it, and the window: size, stride, dilation of the window (rhs) and of the input
 # (lhs, a transposed convolution's), low padding.

@@ -229,7 +229,7 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
                *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n),
                float(st.op_gathered_partials[n]), float(st.op_copies[n]),
-               float(launches[n]), st.op_halo[n] or (0.0, -1, ()), int(st.op_gather[n]))
+               float(launches[n]), st.op_halo[n] or (0.0, -1, ()), *_gather_key(st, value_type, n))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -263,7 +263,8 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
                    batch_index_dims=column(23, _I), batch_indices_nbytes=column(24),
                    gathered_partials=column(25), copies=column(26), launches=column(27),
                    halo_start=h_start, halo_end=h_end, halo_nbytes=[k[28][0] for k in keys],
-                   halo_batch=[k[28][1] for k in keys], gather=column(29, _I))
+                   halo_batch=[k[28][1] for k in keys], gather=column(29, _I),
+                   gather_indices=column(30, _I))
     # Each op's unshared operands in the order of its type's run (the order of the key).
     operand_member = np.full(num_operands, -1, _I)
     for n in range(N):
@@ -376,6 +377,12 @@ def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
         return 0.0, 0, 0.0, 0, 0
     return (float(st.nbytes[i]), int(value_type[i]), float(st.nbytes[u]), int(value_type[u]),
             int(st.op_scatter_window[n]))
+
+
+def _gather_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
+    """(operand type + 1, indices type + 1) of a gather; zeros for other ops."""
+    x, i = (int(v) for v in st.op_gather[n])
+    return (int(value_type[x]) + 1, int(value_type[i]) + 1) if x >= 0 else (0, 0)
 
 
 def _batch_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
