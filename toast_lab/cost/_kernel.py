@@ -61,6 +61,20 @@ OP_ROWS = 10  # ledger rows per op type
 OP_ROW_OPERANDS = (2, 1, 0, -1, 1, 1, -1, 1, 2, -1)
 
 
+@njit(cache=True)
+def ledger_layout(tables):
+    """Where each part of the ledger starts (see above), and its length: (group rows, shared
+    read rows, op-type rows, reorder rows, halo rows, all rows). The kernel and
+    CostModel.op_collectives both read it from here."""
+    group_rows = 2 * tables.op_operands.shape[0]
+    read_rows = group_rows + 2 * tables.op_groups.shape[0]
+    scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
+    reorder_rows = scatter_rows + OP_ROWS * tables.ops.shape[0]
+    halo_rows = reorder_rows + tables.op_operands.shape[0]
+    return (group_rows, read_rows, scatter_rows, reorder_rows, halo_rows,
+            halo_rows + tables.halos.shape[0])
+
+
 @njit(cache=True, inline="always")
 def _gather_time(nbytes, mask, mesh):
     """Seconds of an all-gather producing, or a reduce-scatter consuming, a buffer of nbytes
@@ -96,6 +110,16 @@ def _charge(coll, kind, mask, weight, nbytes, seconds, ledger, row):
 
 
 @njit(cache=True, inline="always")
+def _permute(coll, mask, weight, nbytes, mesh, ledger, row):
+    """Charges `weight` collective-permutes over the axes of `mask`, each device sending
+    nbytes, one hop; returns the seconds of one."""
+    hop = mesh[mask]
+    t = nbytes * hop.permute_beta + hop.permute_alpha
+    _charge(coll, CP, mask, weight, nbytes, t, ledger, row)
+    return t
+
+
+@njit(cache=True, inline="always")
 def _reshard(coll, gather, a2a, onto, nbytes, weight, mesh, ledger, row):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
     those in `a2a` moved between dims, or, where `onto` is set, the one dim that `gather`
@@ -121,10 +145,7 @@ def _reshard(coll, gather, a2a, onto, nbytes, weight, mesh, ledger, row):
         old, new = mesh[gather].ways, mesh[onto].ways
         if new > old:
             nbytes = nbytes * old / new  # the local slice the device sends
-        hop = mesh[gather | onto]
-        t = nbytes * hop.permute_beta + hop.permute_alpha
-        _charge(coll, CP, gather | onto, weight, nbytes, t, ledger, row + 1)
-        seconds += t
+        seconds += _permute(coll, gather | onto, weight, nbytes, mesh, ledger, row + 1)
         moved += nbytes
         if old > new:  # the gather's group: part of `gather`, priced as those axes
             b = nbytes * old / new
@@ -346,10 +367,7 @@ def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh
     seconds = 0.0
     made = 0.0
     piece = indices / n
-    hop = mesh[full]
-    t = piece * hop.permute_beta + hop.permute_alpha
-    _charge(coll, CP, full, w, piece, t, ledger, row + 4)
-    seconds += t
+    seconds += _permute(coll, full, w, piece, mesh, ledger, row + 4)
     made += piece
     if borrowed > 1.0:
         b = piece * borrowed
@@ -472,27 +490,20 @@ def _batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row, tables, retile
     t = _a2a_time(nbytes, axes, mesh)
     _charge(coll, A2A, axes, w, nbytes, t, ledger, row)
     held = vmask[idx]
-    hop = mesh[held | axes]
     if not retiled[idx]:
         retiled[idx] = True
         piece = op.batch_indices_nbytes / mesh[held].ways
-        tp = piece * hop.permute_beta + hop.permute_alpha
-        _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 5)
-        t += tp
+        t += _permute(coll, held | axes, w, piece, mesh, ledger, row + 5)
         nbytes += piece
     if op.scatter_updates > 0.0:
         ut = op.scatter_updates_type
         if vmask[ut] == held and not _uniform_operand(tables, op, ut):
             piece = op.scatter_updates / mesh[held].ways
-            tp = piece * hop.permute_beta + hop.permute_alpha
-            _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 6)
-            t += tp
+            t += _permute(coll, held | axes, w, piece, mesh, ledger, row + 6)
             nbytes += piece
     elif op.result_type >= 0 and vmask[op.result_type] == held:
         piece = op.result_nbytes / mesh[held].ways
-        tp = piece * hop.permute_beta + hop.permute_alpha
-        _charge(coll, CP, held | axes, w, piece, tp, ledger, row + 7)
-        t += tp
+        t += _permute(coll, held | axes, w, piece, mesh, ledger, row + 7)
         nbytes += piece
     return t, nbytes
 
@@ -712,11 +723,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     """Everything but the liveness sweep: per type, so cheap whatever the depth. Records
     every charge in `ledger` when it has rows (see L_KIND)."""
     dev = device[0]
-    group_rows = 2 * tables.op_operands.shape[0]
-    read_rows = group_rows + 2 * tables.op_groups.shape[0]
-    scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
-    reorder_rows = scatter_rows + OP_ROWS * tables.ops.shape[0]
-    halo_rows = reorder_rows + tables.op_operands.shape[0]
+    group_rows, read_rows, scatter_rows, reorder_rows, halo_rows, _ = ledger_layout(tables)
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((NUM_KINDS, mesh.shape[0], 3))  # count, bytes, time
@@ -907,10 +914,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 else:
                     final = (vmask[operands[ot].value_type] & ~g) | sliced[ot] | reorder[ot]
                     shard = member.nbytes / mesh[final].ways
-                hop = mesh[reorder[ot]]
-                tp = shard * hop.permute_beta + hop.permute_alpha
-                _charge(coll, CP, reorder[ot], w, shard, tp, ledger, reorder_rows + i)
-                t += tp  # (its buffer takes the place of the reshard's: no new bytes)
+                # (its buffer takes the place of the reshard's: no new bytes)
+                t += _permute(coll, reorder[ot], w, shard, mesh, ledger, reorder_rows + i)
             gtime += t
             gbytes += b
             member_bytes[i] = b
@@ -1010,11 +1015,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                             a = eff[op.result_type, d]
                             mixed = mixed or (a & m != 0 and a & ~m != 0)
                         if s > 1.0 or mixed:  # a piece: moved to its own tile
-                            hop = mesh[m | free | res_mask]
-                            tp = result_bytes * hop.permute_beta + hop.permute_alpha
-                            _charge(coll, CP, m | free | res_mask, w, result_bytes, tp, ledger,
-                                    scatter_rows + OP_ROWS * p + 3)
-                            t += tp
+                            t += _permute(coll, m | free | res_mask, w, result_bytes, mesh,
+                                          ledger, scatter_rows + OP_ROWS * p + 3)
                         gathered[p] -= partial - size
                         reduced[p] = max(reduced[p], size)
                     elif (scatter and m == psum and op.matmul_k > 0.0 and free != 0
@@ -1034,11 +1036,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         size /= mesh[m].ways
                         t = 2.0 * _gather_time(size, m, mesh)
                         _charge(coll, AR, m, w, size, t, ledger, group_rows + 2 * i + 1)
-                        hop = mesh[m | free]
-                        tp = size * hop.permute_beta + hop.permute_alpha
-                        _charge(coll, CP, m | free, w, size, tp, ledger,
-                                scatter_rows + OP_ROWS * p + 3)
-                        t += tp
+                        t += _permute(coll, m | free, w, size, mesh, ledger,
+                                      scatter_rows + OP_ROWS * p + 3)
                         # the partial sums are never whole: no temporary beyond the shard
                         gathered[p] -= partial - result_bytes
                         reduced[p] = max(reduced[p], size)
@@ -1339,11 +1338,7 @@ def charges(plan, tables, mesh, device):
     the place that charges it; compute s per op type). Not the hot path: `run` gives the same
     totals without the ledger."""
     tables = TypeTables(*tables)
-    rows = 2 * (tables.op_operands.shape[0] + tables.op_groups.shape[0]
-                + tables.shared_reads.shape[0]) + OP_ROWS * tables.ops.shape[0] \
-        + tables.op_operands.shape[0] \
-        + tables.halos.shape[0]
-    ledger = np.zeros((rows, LEDGER_WIDTH))
+    ledger = np.zeros((ledger_layout(tables)[5], LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute
 

@@ -76,13 +76,11 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     st, ty = model.st, model.ty
     tables = ty.tables
     per_instance = 1.0 / tables.ops["count"]  # an op type's charge, shared by its instances
-    members, groups = len(tables.op_operands), len(tables.op_groups)
+    group_rows, read_rows, first, reorder, halos, _ = _kernel.ledger_layout(tables)
     parts = []  # (op, operand, ledger row, scale)
     # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
     o = np.nonzero(ty.operand_member >= 0)[0]
     op = st.operand_op[o].astype(np.int64)
-    reorder = 2 * (members + groups + len(tables.shared_reads)) \
-        + _kernel.OP_ROWS * len(tables.ops)
     for row in (2 * ty.operand_member[o], 2 * ty.operand_member[o] + 1,
                 reorder + ty.operand_member[o]):  # + the permute putting its axes in order
         parts.append((op, st.operand_slot[o], row, per_instance[ty.op_type[op]]))
@@ -98,10 +96,9 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
 
     # reductions of op types: rows 2M + 2g (reduce-scatter) and + 1 (all-reduce) of group
     # entry g, at every instance of the type
-    row = 2 * members + np.nonzero(ledger[2 * members:2 * (members + groups),
-                                          _kernel.L_COUNT] > 0)[0]
+    row = group_rows + np.nonzero(ledger[group_rows:read_rows, _kernel.L_COUNT] > 0)[0]
     if len(row):
-        entry = (row - 2 * members) // 2
+        entry = (row - group_rows) // 2
         ops = tables.ops
         entry_type = np.repeat(np.arange(len(ops)), ops["groups_end"] - ops["groups_start"])
         at_every_instance(row, entry_type[entry], np.full(len(row), -1))
@@ -109,7 +106,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     o = np.nonzero(ty.operand_read >= 0)[0]
     for r in (0, 1):
         parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
-                      2 * (members + groups + ty.operand_read[o]) + r, np.ones(len(o))))
+                      read_rows + 2 * ty.operand_read[o] + r, np.ones(len(o))))
     # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + OP_ROWS p and on: + 0
     # the all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
     # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
@@ -118,14 +115,12 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     # all-gather of a scatter's regrouped indices (operand 1), + 6 its table's all-reduce (-1);
     # + 7, + 8, + 9 the permutes of a re-tiled batched gather's or scatter's indices (1),
     # updates (2) and result (-1)
-    first = 2 * (members + groups + len(tables.shared_reads))
     row = first + np.nonzero(ledger[first:reorder, _kernel.L_COUNT] > 0)[0]
     if len(row):
         at_every_instance(row, (row - first) // _kernel.OP_ROWS,
                           np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])
     # a convolution's halo exchanges, rows 2M + 2G + 2S + OP_ROWS P + M + h of halo record h:
     # of its input (operand 0), at every instance of the type
-    halos = reorder + members
     row = halos + np.nonzero(ledger[halos:, _kernel.L_COUNT] > 0)[0]
     if len(row):
         ops = tables.ops
