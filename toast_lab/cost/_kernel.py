@@ -849,11 +849,12 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             want = kept | added[r]
             if want & (want - 1) == 0:
                 continue  # one axis or none: nothing to order
+            held_order = _order_of(plan, tables, rows[r].value_type, rows[r].dim)
+            want_order = _order_of(plan, tables, rows[r].source_type, rows[r].source_dim)
+            if added[r] == 0 and held_order == want_order:
+                continue  # nothing arrives and the order is the same (most rows, every search)
             moved = added[r] & a2a[o]
-            if _out_of_order(kept, added[r] & ~moved, moved,
-                             _order_of(plan, tables, rows[r].value_type, rows[r].dim),
-                             _order_of(plan, tables, rows[r].source_type, rows[r].source_dim),
-                             mesh):
+            if _out_of_order(kept, added[r] & ~moved, moved, held_order, want_order, mesh):
                 reorder[o] |= want
                 if added[r] & vmask[operands[o].value_type] & ~rem != 0:
                     reorder_reduced[o] = True
