@@ -358,10 +358,13 @@ def _regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh
     indices = op.scatter_indices
     # which method comes first at the top: operand passthrough or the vocabulary's
     if vocab > 1.0:
+        # each dry run's largest buffer: the group's scatter, the all-to-all (or the updates'
+        # gather), the gather of the group's table
         shard = op.result_nbytes / mesh[res_mask].ways
+        rows = op.result_nbytes / vocab
+        updates = op.scatter_updates
         passthrough = max(table + moved + indices, 2.0 * moved, table / vocab + table)
-        by_vocab = max(op.result_nbytes / vocab + op.scatter_updates + indices,
-                       op.scatter_updates / n + op.scatter_updates, shard + op.result_nbytes / vocab)
+        by_vocab = max(rows + updates + indices, updates / n + updates, shard + rows)
         if by_vocab < passthrough:
             return -1.0, 0.0
     seconds = 0.0
