@@ -18,8 +18,8 @@ from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 #                parameter step): where the plan reshards, XLA must too;
 #   "compute":   also every result of an op with a contracting (reduction) factor — matmuls,
 #                convolutions, reductions — so XLA follows the plan where the flops are, and
-#                every reshape the plan reshards at (see _resharding_reshapes) or slices at
-#                (its operand: see _slicing_reshapes);
+#                every reshape the plan reshards at (see _resharding_reshapes) and every
+#                reshape or concatenate it slices at (their operands: see _sliced_operands);
 #   "all":       every value (slow to compile; for debugging the cost model);
 #   "none":      only the in/out shardings.
 CONSTRAINT_POLICIES = ("none", "conflicts", "compute", "all")
@@ -108,7 +108,7 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
                 continue
             out.update(r for r in op.results if prog.values[r].ndim)
         out.update(_resharding_reshapes(plan))
-        out.update(_slicing_reshapes(plan))
+        out.update(_sliced_operands(plan))
     # Region outputs are constrained by their bodies; inputs by in_shardings.
     out = {v for v in out if prog.values[v].origin == "result"
            and not prog.ops[prog.values[v].producer].body}
@@ -151,26 +151,31 @@ def _resharding_reshapes(plan) -> set[int]:
     return out
 
 
-def _slicing_reshapes(plan) -> set[int]:
-    """The operands of reshapes whose result holds mesh axes its operand does not: the plan
-    computes the operand whole on them and slices it locally there. Unpinned, XLA carries the
+def _sliced_operands(plan) -> set[int]:
+    """The operands of reshapes and concatenates whose result holds mesh axes the operand does
+    not: the plan computes the operand whole on them and slices it locally there. Unpinned,
+    XLA carries the
     result's sharding back through the reshape onto sub-axes of the split dims (a group norm's
     [B, T, C] on 8 devices over C read as [B, T, G=4, C/G]: G on 4, C/G on 2) and on to the
     elementwise ops before it, which the plan computes whole: on a 1-D conv autoencoder under
     Megatron (jax 0.10.2) XLA ran 0.73 of the flops the plan says, all-reduced and gathered the
     group statistics, and gathered the gradient of the group norm's input again before the
     convolution's backward that needs it whole (all-gather bytes 2.0x the plan's); with the
-    operand pinned XLA compiles what the plan says, the estimate's collectives exactly."""
+    operand pinned XLA compiles what the plan says, the estimate's collectives exactly.
+    A concatenate likewise: rotary's rotate-half in llama, whose result shards the head dim
+    where its halves do not, was carried back into the halves and cut from the input as
+    windows, 8 collective-permutes (60 KiB) a step the plan never pays."""
     an = plan.analysis
     prog = an.program
     out: set[int] = set()
     for op in prog.ops:
-        if op.primitive != "reshape" or op.body:
+        if op.primitive not in ("reshape", "concatenate") or op.body:
             continue
-        u, r = op.operands[0], op.results[0]
-        held = {a for d in plan.value_axes(u) for a in d}
-        if any(a not in held for d in plan.value_axes(r) for a in d):
-            out.add(u)
+        r = op.results[0]
+        for u in op.operands:
+            held = {a for d in plan.value_axes(u) for a in d}
+            if any(a not in held for d in plan.value_axes(r) for a in d):
+                out.add(u)
     return out
 
 
