@@ -449,6 +449,34 @@ def test_a_split_dims_axes_tile_its_parts_and_come_back_in_order(tokens, example
         or (examples == ("model", "data") and tokens == ("model",)))
 
 
+def _heads_step(x):
+    """A projection's output [8, 32] read as 4 heads of 8 (attention's reshape)."""
+    return jnp.sum(jnp.tanh(jnp.tanh(x).reshape(8, 4, 8)) * 2.0)
+
+
+@pytest.mark.parametrize("features, heads", [
+    (("model", "data"), ("data",)), (("data", "model"), ("data",)),
+    (("model", "data"), ("model",))])
+def test_a_dim_gathered_over_its_major_axis_is_permuted_first(features, heads):
+    """Features on (model, data) read as heads on data: the all-gather drops model, which
+    lists before the data the dim keeps. XLA's gather only concatenates a group's tiles in
+    order, so it first collective-permutes each device's 128 B shard into (data, model)
+    order (pairs (0,0),(2,1),(4,2),...), then all-gathers over model (equinox's value
+    projection; the model charged the gather alone). Dropping the minor axis needs no
+    permute: (data, model) to data, (model, data) to model."""
+    args = (jax.ShapeDtypeStruct((8, 32), jnp.float32),)
+    an = tl.analyze(tl.trace(_heads_step, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = tl.Plan.replicated(an).with_axes("x[1]", features).with_axes("reshape[1]", heads)
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(_heads_step, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = tl.estimate(an, plan, mesh)
+    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    assert (("collective-permute", ("data", "model")) in measured) == (
+        features == ("model", "data") and heads == ("data",))
+
+
 def test_partial_sums_of_one_gradient_are_added_before_reducing(gpt):
     """Megatron: the input gradients of q, k and v (and of the MLP's input) are partial sums
     over `model`; XLA on GPUs adds them and all-reduces once, XLA:CPU reduces each."""

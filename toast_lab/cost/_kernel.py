@@ -250,6 +250,30 @@ def _out_of_order(kept, sliced, moved, held_order, want_order, mesh):
 
 
 @njit(cache=True, inline="always")
+def _gathered_out_of_order(kept, gone, held_order, mesh):
+    """Whether a dim that all-gathers the axes `gone` and keeps `kept` (both listed in
+    `held_order`) gathers an axis listed major to one it keeps.
+
+    XLA's all-gather concatenates the tiles of a group in the group's device order, which
+    only makes whole tiles of the kept axes where the gathered axes are the dim's minor ones
+    (P(None, ("data", "model")) to P(None, "data"): each data tile's two model halves).
+    Gathering a major axis (("model", "data") to "data"; ("data", "model") to "model") would
+    interleave another tile's pieces: XLA first collective-permutes each device's shard so
+    that the dim lists its axes kept first (pairs (0,0),(2,1),(4,2),...: the transpose of
+    data=4 x model=2), then gathers (jax 0.10.2, tests/test_cost.py)."""
+    b = 0
+    while (1 << b) < mesh.shape[0]:
+        if gone & (1 << b) != 0:
+            c = 0
+            while (1 << c) < mesh.shape[0]:
+                if kept & (1 << c) != 0 and _place(held_order, b) < _place(held_order, c):
+                    return True
+                c += 1
+        b += 1
+    return False
+
+
+@njit(cache=True, inline="always")
 def _scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, row):
     """A combining scatter whose operand is sharded on its pass-through (window) dims over
     axes that also shard the updates' scatter dims (an FSDP embedding gradient: the table on
@@ -777,6 +801,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     onto = np.zeros(operands.shape[0], np.int64)  # a dim's new axes, where it is permuted
     reorder = np.zeros(operands.shape[0], np.int64)  # a dim's axes, where put back in order
     reorder_reduced = np.zeros(operands.shape[0], np.bool_)  # ... as the op's result
+    reorder_first = np.zeros(operands.shape[0], np.bool_)  # ... before it is gathered
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
@@ -849,6 +874,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             if rows[r].kind != ROW_RESULT and rows[r].kind != ROW_FROM_WHOLE:
                 continue
             kept = held_rows[r] & ~removed[r]
+            gone = removed[r] & gather[o]
+            if gone != 0 and kept != 0 and _gathered_out_of_order(
+                    kept, gone, _order_of(plan, tables, rows[r].value_type, rows[r].dim), mesh):
+                # the shard is permuted before the gather (_gathered_out_of_order)
+                reorder[o] |= held_rows[r]
+                reorder_first[o] = True
+                continue
             want = kept | added[r]
             if want & (want - 1) == 0:
                 continue  # one axis or none: nothing to order
@@ -913,7 +945,10 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             t += tg
             b += bg
             if reorder[ot] != 0:
-                if reorder_reduced[ot]:
+                if reorder_first[ot]:  # the operand's shard, after its local slices
+                    shard = member.nbytes / mesh[vmask[operands[ot].value_type]
+                                                 | sliced[ot]].ways
+                elif reorder_reduced[ot]:
                     shard = op.result_nbytes / mesh[op_res[p]].ways
                 else:
                     final = (vmask[operands[ot].value_type] & ~g) | sliced[ot] | reorder[ot]
