@@ -477,6 +477,38 @@ def test_a_dim_gathered_over_its_major_axis_is_permuted_first(features, heads):
         features == ("model", "data") and heads == ("data",))
 
 
+def _merged_heads_step(x):
+    """Attention's output [8, 4 heads, 8] read back as [8, 32] features."""
+    return jnp.sum(jnp.tanh(jnp.tanh(x).reshape(8, 32)) * 2.0)
+
+
+@pytest.mark.parametrize("heads, features, expected", [
+    ((), ("model",), {}),
+    ((), ("data",), {("all-to-all", ("data",)): 256}),
+    (("model",), (), {("collective-permute", ("data", "model")): 128})])
+def test_a_merged_dims_axes_tile_its_parts_major_first(heads, features, expected):
+    """Heads and their features merged into [32] on (data, model): data=4 tiles the 4 heads
+    and model each head's 8 features, as a split dim's parts are tiled. Features already on
+    model stay there, heads take data by a local slice: nothing moves (the model had wanted
+    the features whole and charged an all-to-all of model onto the heads). Features on data
+    hand it to the heads: one all-to-all of the 256 B shard. Heads on model, read as heads on
+    data and features on model, only split each dim finer: every new tile lies in an old one,
+    and XLA slices it and collective-permutes the 128 B tile (no all-to-all)."""
+    args = (jax.ShapeDtypeStruct((8, 4, 8), jnp.float32),)
+    an = tl.analyze(tl.trace(_merged_heads_step, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = (tl.Plan.replicated(an).with_axes("x[1]", heads).with_axes("x[2]", features)
+            .with_axes("reshape[1]", ("data", "model")))
+    jm = mesh.jax_mesh()
+    # every value pinned: the plan's shardings, not XLA's propagation, at the reshape
+    stats = read_compiled(plan.jit(_merged_heads_step, jm, constraints="all")
+                          .lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = tl.estimate(an, plan, mesh)
+    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    assert {k: v for k, v in measured.items() if k[0] != "all-reduce"} == expected
+
+
 def test_partial_sums_of_one_gradient_are_added_before_reducing(gpt):
     """Megatron: the input gradients of q, k and v (and of the MLP's input) are partial sums
     over `model`; XLA on GPUs adds them and all-reduces once, XLA:CPU reduces each."""

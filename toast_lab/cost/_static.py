@@ -64,6 +64,10 @@ class Static:
     # [R] int32: on a compound dim whose first minor part the result shards, the size of its
     # major part, on the major part's row and the first minor part's (0 otherwise)
     row_compound: np.ndarray
+    # [R] int32: on a result dim that merges an operand's dims ([4, 8] -> [32]), the size of its
+    # major part: positive on the major part's row, negative on the first minor part's (which
+    # wants the axes left over: the kernel's _compound_split); 0 otherwise
+    row_src_compound: np.ndarray
     group_is_reduction: np.ndarray  # [G] bool: partial sums when the group is sharded
     group_op: np.ndarray        # [G] int32
     # operands: one per (op, operand tensor); rows of one operand are contiguous
@@ -445,7 +449,7 @@ def build_static(an) -> Static:
     nbytes = np.array([v.nbytes for v in values], np.float64)
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
-                            "compound", "operand")}
+                            "compound", "src_compound", "operand")}
     group_is_reduction, group_op = [], []
     operand_op, operand_value, operand_slot, operand_nbytes = [], [], [], []
     op_flops = np.zeros(N, np.float64)
@@ -458,14 +462,15 @@ def build_static(an) -> Static:
     def add_operand(op_id, value, slot, size, dims):
         """An operand `op_id` reshards (`value`, its position `slot` among the op's operands,
         -1 for none, and the whole-tensor bytes `size` it moves) with its rows, one per
-        (dim, row kind, source value, source dim, group[, compound]) of `dims` (compound: see
-        row_compound); nothing without rows."""
+        (dim, row kind, source value, source dim, group[, compound[, src_compound]]) of
+        `dims` (see row_compound, row_src_compound); nothing without rows."""
         if not dims:
             return
         for d, kind, src_v, src_d, group, *compound in dims:
             for key, val in (("op", op_id), ("value", value), ("dim", d), ("kind", kind),
                              ("src_value", src_v), ("src_dim", src_d), ("group", group),
                              ("compound", compound[0] if compound else 0),
+                             ("src_compound", compound[1] if len(compound) > 1 else 0),
                              ("operand", len(operand_op))):
                 rows[key].append(val)
         operand_op.append(op_id)
@@ -533,6 +538,8 @@ def build_static(an) -> Static:
         groups: dict[int, int] = {}
         for t, dims in enumerate(rule.operands):
             u = op.operands[t]
+            merged = _merged_parts(rule, t, dims, [slot_class[u, d] >= 0
+                                                   for d in range(len(dims))])
             wanted = []
             for d, factors in enumerate(dims):
                 if not factors or slot_class[u, d] < 0:
@@ -540,11 +547,12 @@ def build_static(an) -> Static:
                 f = factors[0]  # a compound dim is sharded like its major factor
                 kind = rule.kinds[f]
                 src_v = src_d = group = -1
+                src_compound = merged.get(f, 0)
                 if kind is NEED_REPLICATION:
                     row_kind = ROW_REPLICATE
                 elif kind is PASS_THROUGH and f in on_result:
                     r, e, major = on_result[f]
-                    if major:
+                    if major or src_compound < 0:
                         row_kind, src_v, src_d = ROW_RESULT, r, e
                     else:
                         row_kind = ROW_REPLICATE
@@ -567,7 +575,8 @@ def build_static(an) -> Static:
                 minor = [f2 for f2 in factors[1:] if rule.kinds[f2] is PASS_THROUGH
                          and on_result.get(f2, (0, 0, False))[2]]
                 compound = rule.sizes[f] if minor and minor[0] == factors[1] else 0
-                wanted.append((d, row_kind, src_v, src_d, group, compound))
+                wanted.append((d, row_kind, src_v, src_d, group, compound,
+                               src_compound if row_kind == ROW_RESULT else 0))
                 for f2 in minor:
                     r, e, _ = on_result[f2]
                     wanted.append((d, ROW_FROM_WHOLE, r, e, -1, compound if f2 == minor[0]
@@ -591,6 +600,7 @@ def build_static(an) -> Static:
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
         row_src_dim=arr("src_dim"), row_group=arr("group"), row_compound=arr("compound"),
+        row_src_compound=arr("src_compound"),
         group_is_reduction=np.array(group_is_reduction, bool),
         group_op=np.array(group_op, np.int32), row_operand=arr("operand"),
         operand_op=np.array(operand_op, np.int32),
@@ -1062,3 +1072,25 @@ def _held_like(prog) -> np.ndarray:
         while held[held[r]] >= 0:
             held[r] = held[held[r]]
     return held
+
+
+def _merged_parts(rule, t, dims, has_class) -> dict:
+    """{factor: row_src_compound} for operand `t` of a reshape that merges two of its dims into
+    one result dim ([4 heads, 8] -> [32]): the merged dim's axes tile it major first, so where
+    the leading ones make up the major part exactly ((data=4, model=2) on [32]: data the 4
+    heads, model each head's 8) the major dim wants those and the first minor dim the rest
+    (the kernel's _compound_split); the model had wanted the minor dim whole, an all-to-all
+    XLA does not run (jax 0.10.2: [8, 4, 8] with 8 on model read as [8, 32] on (data,
+    model) moves nothing)."""
+    own = {}
+    for d, factors in enumerate(dims):
+        if factors and has_class[d] and rule.kinds[factors[0]] is PASS_THROUGH:
+            own[factors[0]] = d
+    out = {}
+    for rdims in rule.results:
+        for factors in rdims:
+            if (len(factors) >= 2 and factors[0] in own and factors[1] in own
+                    and own[factors[0]] != own[factors[1]]):
+                out[factors[0]] = rule.sizes[factors[0]]
+                out[factors[1]] = -rule.sizes[factors[0]]
+    return out

@@ -36,9 +36,11 @@ GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
 # dim the operand holds whole, wanted like `source` (_static.py); `compound`: on a compound dim,
-# the size of its major part (Static.row_compound; the kernel's _compound_split).
+# the size of its major part (Static.row_compound; the kernel's _compound_split);
+# `src_compound`: the same for a source dim that merges the operand's dims (+ on the major
+# part's row, - on the minor part's: Static.row_src_compound).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I,
-             compound=_I)
+             compound=_I, src_compound=_I)
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]);
 # uniform: a constant of one number throughout (a broadcast literal, optax.set_to_zero's update
 # of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by

@@ -148,15 +148,16 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
         compound = int(st.row_compound[i])
         if kind in (ROW_RESULT, ROW_FROM_WHOLE):
             key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1,
-                   compound)
+                   compound, int(st.row_src_compound[i]))
         elif kind == ROW_GROUP:
-            key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]), compound)
+            key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]), compound, 0)
         else:
-            key = (vt, d, ROW_REPLICATE, -1, 0, -1, compound)
+            key = (vt, d, ROW_REPLICATE, -1, 0, -1, compound, 0)
         row_type[i] = rtypes.id(key)
-    rk = np.array(list(rtypes), _I).reshape(-1, 7)
+    rk = np.array(list(rtypes), _I).reshape(-1, 8)
     rows = _records(ROW, value_type=rk[:, 0], dim=rk[:, 1], kind=rk[:, 2], source_type=rk[:, 3],
-                    source_dim=rk[:, 4], group=rk[:, 5], compound=rk[:, 6])
+                    source_dim=rk[:, 4], group=rk[:, 5], compound=rk[:, 6],
+                    src_compound=rk[:, 7])
 
     # --- operand types ------------------------------------------------------------------------
     num_operands = len(st.operand_op)
