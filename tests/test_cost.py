@@ -508,6 +508,77 @@ def test_a_merged_dims_axes_tile_its_parts_major_first(heads, features, expected
     assert {k: c.bytes for k, c in est.collectives.items()} == measured
     assert {k: v for k, v in measured.items() if k[0] != "all-reduce"} == expected
 
+def _padded(x):
+    """x [8, 16, 16] doubled and padded on its second dim: the pad needs that dim whole."""
+    return jnp.pad(x * 2.0, ((0, 0), (0, 1), (0, 0)))
+
+
+def _padded_twice(x):
+    """The doubled x read by two pads: a shared read, resharded once."""
+    y = x * 2.0
+    return jnp.pad(y, ((0, 0), (0, 1), (0, 0))), jnp.pad(y, ((0, 0), (1, 0), (0, 0)))
+
+
+def _compiled_and_estimated(fn, args, pins):
+    """(XLA's collective bytes by (kind, axes), the estimate's) of `fn` under `pins` on data=4
+    x model=2, the reduce-scatters counted as all-reduces (XLA:CPU emits them so)."""
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = tl.Plan.replicated(an)
+    for name, axes in pins:
+        plan = plan.with_axes(name, axes)
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = {}
+    for (kind, axes), c in tl.estimate(an, plan, mesh).collectives.items():
+        key = ("all-reduce" if kind == "reduce-scatter" else kind, axes)
+        est[key] = est.get(key, 0.0) + c.bytes
+    return measured, est
+
+
+@pytest.mark.parametrize("fn", [_padded, _padded_twice])
+@pytest.mark.parametrize("width, features", [
+    (("data", "model"), ("model", "data")), (("data", "model"), ("data", "model")),
+    (("model", "data"), ("data", "model"))])
+def test_axes_moved_together_keep_their_order_from_the_dim_they_leave(fn, width, features):
+    """x's width holds both axes, so its features (ranked after) hold none; the pad needs the
+    width whole and its result shards the features. One all-to-all over both axes moves them
+    from the width to the features in the width's order: where the plan lists the features'
+    axes otherwise, a collective-permute of the shard puts the tiles in order (XLA: 1 KiB
+    each; the model charged none). Read by two pads, x is moved and put in order once."""
+    measured, est = _compiled_and_estimated(fn, (jnp.ones((8, 16, 16)),),
+                                            [("x[1]", width), ("x[2]", features)])
+    assert est == measured
+    assert (("collective-permute", ("data", "model")) in measured) == (width != features)
+
+
+def _bias_step(b, x):
+    """An SGD step of a bias: its gradient sums x's batch into the bias's features, from the
+    compute domain into the parameters'."""
+    g = jax.grad(lambda b: jnp.sum(jnp.tanh(x + b[None, :])))(b)
+    return b - 0.1 * g
+
+
+@pytest.mark.parametrize("batch", [("model",), ("data",)])
+@pytest.mark.parametrize("features", [("model", "data"), ("data", "model")])
+def test_a_pinned_reduction_puts_its_summed_axes_after_the_slice(batch, features):
+    """The bias gradient sums a batch on one axis into features on both: plan.jit pins the
+    cotangent read sliced like the bias (the other axis on its features), so the summed axis
+    reaches the features after the slice, from the all-reduce; where the plan lists it first,
+    a permute of the bias's shard follows (XLA: 8 B; the model charged none, as it does not
+    for the unpinned sum of the same shapes, which XLA reduces whole and slices in order)."""
+    measured, est = _compiled_and_estimated(_bias_step, (jnp.ones((16,)), jnp.ones((8, 16))),
+                                            [("x[0]", batch), ("b[0]", features)])
+    assert est == measured
+    assert (("collective-permute", ("data", "model")) in measured) == (
+        features[0] == batch[0])
+    unpinned, est = _compiled_and_estimated(lambda x: jnp.sum(x * 2.0, axis=0),
+                                            (jnp.ones((8, 16)),),
+                                            [("x[0]", batch), ("x[1]", features)])
+    assert ("collective-permute", ("data", "model")) not in unpinned
+    assert ("collective-permute", ("data", "model")) not in est
+
 
 def test_partial_sums_of_one_gradient_are_added_before_reducing(gpt):
     """Megatron: the input gradients of q, k and v (and of the MLP's input) are partial sums

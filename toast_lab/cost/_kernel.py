@@ -51,7 +51,8 @@ MAX_SHARDINGS = 16
 # (_batched_indexing); with P op types, row
 # 2M + 2G + 2S + OP_ROWS P + m the collective-permute that puts operand m's axes in order.
 # then with M op-type operands, row 2M + 2G + 2S + OP_ROWS P + M + h the collective-permutes
-# of halo record h (_halo_exchange).
+# of halo record h (_halo_exchange); with H halo records, row 2M + 2G + 2S + OP_ROWS P + M +
+# H + s the collective-permute that puts shared read s's axes in order.
 # Columns below; a count of 0 is no charge. The hot path (`run`) passes a ledger of no rows
 # and records nothing.
 L_KIND, L_MASK, L_COUNT, L_BYTES, L_SECONDS = range(5)
@@ -64,15 +65,16 @@ OP_ROW_OPERANDS = (2, 1, 0, -1, 1, 1, -1, 1, 2, -1)
 @njit(cache=True)
 def ledger_layout(tables):
     """Where each part of the ledger starts (see above), and its length: (group rows, shared
-    read rows, op-type rows, reorder rows, halo rows, all rows). The kernel and
-    CostModel.op_collectives both read it from here."""
+    read rows, op-type rows, reorder rows, halo rows, shared read reorder rows, all rows). The
+    kernel and CostModel.op_collectives both read it from here."""
     group_rows = 2 * tables.op_operands.shape[0]
     read_rows = group_rows + 2 * tables.op_groups.shape[0]
     scatter_rows = read_rows + 2 * tables.shared_reads.shape[0]
     reorder_rows = scatter_rows + OP_ROWS * tables.ops.shape[0]
     halo_rows = reorder_rows + tables.op_operands.shape[0]
-    return (group_rows, read_rows, scatter_rows, reorder_rows, halo_rows,
-            halo_rows + tables.halos.shape[0])
+    read_reorder_rows = halo_rows + tables.halos.shape[0]
+    return (group_rows, read_rows, scatter_rows, reorder_rows, halo_rows, read_reorder_rows,
+            read_reorder_rows + tables.shared_reads.shape[0])
 
 
 @njit(cache=True, inline="always")
@@ -217,10 +219,10 @@ def _compound_split(held, order, size, mesh):
 
 
 @njit(cache=True, inline="always")
-def _out_of_order(kept, sliced, moved, held_order, want_order, mesh):
+def _out_of_order(kept, sliced, moved, held_order, want_order, moved_order, mesh):
     """Whether a dim that keeps the axes `kept` (listed in `held_order`), slices `sliced`
-    locally and receives `moved` by all-to-all ends up with its axes in another order than
-    the plan's (`want_order`).
+    locally and receives `moved` by all-to-all (or from the op's partial sums) ends up with
+    its axes in another order than the plan's (`want_order`).
 
     XLA's reshard only ever subdivides a dim's tiles: a new axis lands minor to the axes the
     dim already has, the locally sliced ones before those an all-to-all brings (it slices
@@ -228,7 +230,10 @@ def _out_of_order(kept, sliced, moved, held_order, want_order, mesh):
     model) whose micro-batches held data and examples model: data comes back minor), the
     devices hold the right tiles in the wrong order, and a collective-permute of the shard
     puts them in place (pairs (0,0),(1,2),(2,4),...: the transpose of data=4 x model=2;
-    jax 0.10.2)."""
+    jax 0.10.2). Axes one all-to-all moves from one dim keep the order they had there
+    (`moved_order`; -1 where they come from several dims: not compared): a width on (data,
+    model) moved to channels the plan lists (model, data) arrives (data, model) and is
+    permuted (nnx-cnn random0's pooling gradient, jax 0.10.2)."""
     b = 0
     while (1 << b) < mesh.shape[0]:
         x = 1 << b
@@ -243,6 +248,10 @@ def _out_of_order(kept, sliced, moved, held_order, want_order, mesh):
                     # x is wanted before y: it must not arrive after it
                     if gx > gy or (gx == gy == 0
                                    and _place(held_order, b) > _place(held_order, c)):
+                        return True
+                    if (gx == gy == 2 and moved_order >= 0 and moved & x != 0
+                            and moved & y != 0
+                            and _place(moved_order, b) > _place(moved_order, c)):
                         return True
                 c += 1
         b += 1
@@ -750,7 +759,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     """Everything but the liveness sweep: per type, so cheap whatever the depth. Records
     every charge in `ledger` when it has rows (see L_KIND)."""
     dev = device[0]
-    group_rows, read_rows, scatter_rows, reorder_rows, halo_rows, _ = ledger_layout(tables)
+    group_rows, read_rows, scatter_rows, reorder_rows, halo_rows, read_reorder_rows, _ = \
+        ledger_layout(tables)
     eff, vmask = type_masks(plan, tables)
     totals = np.zeros(NUM_TOTALS)
     coll = np.zeros((NUM_KINDS, mesh.shape[0], 3))  # count, bytes, time
@@ -913,7 +923,24 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             if added[r] == 0 and held_order == want_order:
                 continue  # nothing arrives and the order is the same (most rows, every search)
             moved = added[r] & a2a[o]
-            if _out_of_order(kept, added[r] & ~moved, moved, held_order, want_order, mesh):
+            # Axes the operand keeps on a dim a reduction sums over, where plan.jit pins the
+            # read sliced like the result (OPERAND.sliced_first): they come after that slice,
+            # from the all-reduced partial sums (a bias gradient summed over a batch on
+            # `model` into features on (model, data): data sliced, model after, permuted;
+            # cnn random1, jax 0.10.2). Elsewhere XLA reduces the operand whole on the
+            # result's dims and slices the all-reduced sums in the plan's order (a matmul's
+            # or convolution's, an unpinned reduce_sum's: no permute).
+            reduced = 0
+            if operands[o].sliced_first:
+                reduced = added[r] & vmask[operands[o].value_type] & ~rem
+            moved_order = -1
+            if moved & (moved - 1) != 0 and reduced == 0:
+                for j in range(operands[o].start, operands[o].end):
+                    if removed[operand_rows[j]] & moved == moved:
+                        moved_order = _order_of(plan, tables, rows[operand_rows[j]].value_type,
+                                                rows[operand_rows[j]].dim)
+            if _out_of_order(kept, added[r] & ~moved & ~reduced, moved | reduced, held_order,
+                             want_order, moved_order, mesh):
                 reorder[o] |= want
                 if added[r] & vmask[operands[o].value_type] & ~rem != 0:
                     reorder_reduced[o] = True
@@ -1160,6 +1187,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     kept_pin = np.empty(MAX_SHARDINGS, np.int64)
     kept_sliced = np.empty(MAX_SHARDINGS, np.int64)
     kept_onto = np.empty(MAX_SHARDINGS, np.int64)
+    kept_reorder = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -1176,6 +1204,15 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             ot = read.operand_type
             g = gather[ot]
             a = a2a[ot]
+            if reorder_reduced[ot]:
+                # the reading op's result, put in order after its reduction: at every reader
+                p = read.op_type
+                t = _permute(coll, reorder[ot], read.trip,
+                             ops[p].result_nbytes / mesh[op_res[p]].ways, mesh, ledger,
+                             read_reorder_rows + j)
+                op_comm[p] += t * read.trip
+                totals[T_COMM] += t * read.trip
+                read_time[j] += t
             if g == 0 and a == 0:
                 continue
             pin = read.pinned if overridden else -1
@@ -1183,7 +1220,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             found = -1
             for k in range(nk):
                 if (kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin
-                        and kept_sliced[k] == sl and kept_onto[k] == onto[ot]):
+                        and kept_sliced[k] == sl and kept_onto[k] == onto[ot]
+                        and kept_reorder[k] == reorder[ot]):
                     found = k
                     break
             if found < 0 and g != 0 and a != 0:
@@ -1204,9 +1242,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways / mesh[sl].ways
                 t, b = _reshard(coll, g, a, onto[ot], pdb, read.trip, mesh, ledger,
                                 read_rows + 2 * j)
+                if reorder[ot] != 0 and not reorder_reduced[ot]:
+                    # put in order once, as the reshard it ends (XLA's reshard cache)
+                    final = (vmask[operands[ot].value_type] & ~g) | sl | reorder[ot]
+                    t += _permute(coll, reorder[ot], read.trip, read.nbytes / mesh[final].ways,
+                                  mesh, ledger, read_reorder_rows + j)
                 op_comm[read.op_type] += t * read.trip
                 totals[T_COMM] += t * read.trip
-                read_time[j] = t
+                read_time[j] += t
                 if nk == MAX_SHARDINGS:
                     continue
                 found = nk
@@ -1216,6 +1259,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_pin[found] = pin
                 kept_sliced[found] = sl
                 kept_onto[found] = onto[ot]
+                kept_reorder[found] = reorder[ot]
                 kept_bytes[found] = b
                 kept_start[found] = tables.num_ops + 1  # empty until a direct read
                 kept_end[found] = 0
@@ -1401,7 +1445,7 @@ def charges(plan, tables, mesh, device):
     the place that charges it; compute s per op type). Not the hot path: `run` gives the same
     totals without the ledger."""
     tables = TypeTables(*tables)
-    ledger = np.zeros((ledger_layout(tables)[5], LEDGER_WIDTH))
+    ledger = np.zeros((ledger_layout(tables)[6], LEDGER_WIDTH))
     op_compute = evaluate_types(PlanArrays(*plan), tables, mesh, device, ledger)[2]
     return ledger, op_compute
 

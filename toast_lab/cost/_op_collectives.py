@@ -76,7 +76,8 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     st, ty = model.st, model.ty
     tables = ty.tables
     per_instance = 1.0 / tables.ops["count"]  # an op type's charge, shared by its instances
-    group_rows, read_rows, first, reorder, halos, _ = _kernel.ledger_layout(tables)
+    group_rows, read_rows, first, reorder, halos, read_reorder, _ = \
+        _kernel.ledger_layout(tables)
     parts = []  # (op, operand, ledger row, scale)
     # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
     o = np.nonzero(ty.operand_member >= 0)[0]
@@ -104,9 +105,10 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
         at_every_instance(row, entry_type[entry], np.full(len(row), -1))
     # shared reads: rows 2M + 2G + 2s and + 1 of read s, at its own op
     o = np.nonzero(ty.operand_read >= 0)[0]
-    for r in (0, 1):
-        parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o],
-                      read_rows + 2 * ty.operand_read[o] + r, np.ones(len(o))))
+    for row in (read_rows + 2 * ty.operand_read[o], read_rows + 2 * ty.operand_read[o] + 1,
+                read_reorder + ty.operand_read[o]):  # + the permute putting its axes in order
+        parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o], row,
+                      np.ones(len(o))))
     # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + OP_ROWS p and on: + 0
     # the all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
     # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
@@ -121,7 +123,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
                           np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])
     # a convolution's halo exchanges, rows 2M + 2G + 2S + OP_ROWS P + M + h of halo record h:
     # of its input (operand 0), at every instance of the type
-    row = halos + np.nonzero(ledger[halos:, _kernel.L_COUNT] > 0)[0]
+    row = halos + np.nonzero(ledger[halos:read_reorder, _kernel.L_COUNT] > 0)[0]
     if len(row):
         ops = tables.ops
         halo_type = np.repeat(np.arange(len(ops)), ops["halo_end"] - ops["halo_start"])

@@ -79,6 +79,10 @@ class Static:
     # [O] bool: it reads a constant holding one number throughout (a broadcast literal, such
     # as optax.set_to_zero's update of a frozen parameter), which XLA all-gathers for free
     operand_uniform: np.ndarray
+    # [O] bool: a reduction (not a matmul or convolution) reads it from another domain, where
+    # plan.jit pins the read sliced like the result (plan._export.boundary_reads): the axes
+    # it sums over reach the result's dims after that slice (the kernel's _out_of_order)
+    operand_sliced_first: np.ndarray
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
@@ -431,6 +435,27 @@ def _matmul_shape(op, values):
     return None
 
 
+def _sliced_first(an, operand_op, operand_value) -> np.ndarray:
+    """Static.operand_sliced_first: the reads of a reduction (a reduction factor, not a
+    matmul's or a convolution's) from another domain than its result's (a bias gradient summed
+    from the compute domain into the parameters'). plan.jit pins such a read in the axes the
+    op reads it in (boundary_reads), so XLA's partitioner slices it like the result before it
+    reduces, and the reduced axes come after (jax 0.10.2). Unpinned, XLA reduces it whole on
+    the result's dims and slices the all-reduced sums as the plan lists them."""
+    from ..analysis import domains
+
+    prog = an.program
+    of = domains(an).of_value
+    out = np.zeros(len(operand_op), bool)
+    for o, (n, u) in enumerate(zip(operand_op, operand_value)):
+        op, rule = prog.ops[n], an.op_rules[n]
+        if (op.body or rule.fallback or REDUCTION not in rule.kinds or not op.results
+                or op.primitive in ("dot_general", "conv_general_dilated")):
+            continue
+        out[o] = of[u] != of[op.results[0]]
+    return out
+
+
 def static_tables(an) -> Static:
     """The tables of `an`, built once and kept with it: every CostModel of it shares them."""
     return an.derived("cost.static", lambda: build_static(an))
@@ -608,6 +633,7 @@ def build_static(an) -> Static:
         operand_slot=np.array(operand_slot, np.int32),
         operand_nbytes=np.array(operand_nbytes, np.float64),
         operand_uniform=np.array([u in uniform for u in operand_value], bool),
+        operand_sliced_first=_sliced_first(an, operand_op, operand_value),
         num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog),
         op_clone_flops=op_clone_flops, op_trip=op_trip, **unrolled_copies(prog),
         op_result=op_result,

@@ -45,8 +45,9 @@ ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, grou
 # uniform: a constant of one number throughout (a broadcast literal, optax.set_to_zero's update
 # of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by
 # all-to-all like any value (jax 0.10.2; a broadcast of a scalar argument, a constant of
-# several numbers and a broadcast constant row are gathered).
-OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_)
+# several numbers and a broadcast constant row are gathered); sliced_first: a reduction's read
+# that plan.jit pins sliced like the result (Static.operand_sliced_first).
+OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_, sliced_first=np.bool_)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
 # dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
 # matmul_k > 0 for matmuls and convolutions: their contraction length, and dims (a run of

@@ -168,11 +168,11 @@ def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
     operand_type = np.empty(num_operands, _I)
     for o in range(num_operands):
         key = (int(value_type[st.operand_value[o]]), tuple(rows_of_operand[o]),
-               bool(st.operand_uniform[o]))
+               bool(st.operand_uniform[o]), bool(st.operand_sliced_first[o]))
         operand_type[o] = otypes.id(key)
     start, end, operand_rows = _runs([k[1] for k in otypes])
     operands = _records(OPERAND, value_type=[k[0] for k in otypes], start=start, end=end,
-                        uniform=[k[2] for k in otypes])
+                        uniform=[k[2] for k in otypes], sliced_first=[k[3] for k in otypes])
 
     # --- op types -----------------------------------------------------------------------------
     N = st.num_ops
