@@ -508,6 +508,7 @@ def test_a_merged_dims_axes_tile_its_parts_major_first(heads, features, expected
     assert {k: c.bytes for k, c in est.collectives.items()} == measured
     assert {k: v for k, v in measured.items() if k[0] != "all-reduce"} == expected
 
+
 def _padded(x):
     """x [8, 16, 16] doubled and padded on its second dim: the pad needs that dim whole."""
     return jnp.pad(x * 2.0, ((0, 0), (0, 1), (0, 0)))
