@@ -18,8 +18,8 @@ from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 #                parameter step): where the plan reshards, XLA must too;
 #   "compute":   also every result of an op with a contracting (reduction) factor — matmuls,
 #                convolutions, reductions — so XLA follows the plan where the flops are, and
-#                every reshape the plan reshards at (see _resharding_reshapes) and every
-#                reshape or concatenate it slices at (their operands: see _sliced_operands);
+#                every reshape the plan reshards at (see _resharding_reshapes) and both
+#                sides of every reshape or concatenate it slices at (see _local_slices);
 #   "all":       every value (slow to compile; for debugging the cost model);
 #   "none":      only the in/out shardings.
 CONSTRAINT_POLICIES = ("none", "conflicts", "compute", "all")
@@ -108,7 +108,7 @@ def constraint_values(plan, policy: str = "compute") -> frozenset[int]:
                 continue
             out.update(r for r in op.results if prog.values[r].ndim)
         out.update(_resharding_reshapes(plan))
-        out.update(_sliced_operands(plan))
+        out.update(_local_slices(plan))
     # Region outputs are constrained by their bodies; inputs by in_shardings.
     out = {v for v in out if prog.values[v].origin == "result"
            and not prog.ops[prog.values[v].producer].body}
@@ -151,20 +151,25 @@ def _resharding_reshapes(plan) -> set[int]:
     return out
 
 
-def _sliced_operands(plan) -> set[int]:
-    """The operands of reshapes and concatenates whose result holds mesh axes the operand does
-    not: the plan computes the operand whole on them and slices it locally there. Unpinned,
-    XLA carries the
-    result's sharding back through the reshape onto sub-axes of the split dims (a group norm's
-    [B, T, C] on 8 devices over C read as [B, T, G=4, C/G]: G on 4, C/G on 2) and on to the
-    elementwise ops before it, which the plan computes whole: on a 1-D conv autoencoder under
-    Megatron (jax 0.10.2) XLA ran 0.73 of the flops the plan says, all-reduced and gathered the
-    group statistics, and gathered the gradient of the group norm's input again before the
-    convolution's backward that needs it whole (all-gather bytes 2.0x the plan's); with the
-    operand pinned XLA compiles what the plan says, the estimate's collectives exactly.
-    A concatenate likewise: rotary's rotate-half in llama, whose result shards the head dim
-    where its halves do not, was carried back into the halves and cut from the input as
-    windows, 8 collective-permutes (60 KiB) a step the plan never pays."""
+def _local_slices(plan) -> set[int]:
+    """Both sides of every reshape or concatenate whose result holds mesh axes an operand does
+    not: the plan computes that operand whole on them and slices it locally.
+
+    Unpinned, XLA carries the result's sharding back through the reshape onto sub-axes of the
+    split dims (a group norm's [B, T, C] on 8 devices over C read as [B, T, G=4, C/G]: G on 4,
+    C/G on 2) and on to the elementwise ops before it, which the plan computes whole: on a 1-D
+    conv autoencoder under Megatron (jax 0.10.2) XLA ran 0.73 of the flops the plan says,
+    all-reduced and gathered the group statistics, and gathered the gradient of the group
+    norm's input again before the convolution's backward that needs it whole (all-gather bytes
+    2.0x the plan's); with the operand pinned XLA compiles what the plan says, the estimate's
+    collectives exactly. A concatenate likewise: llama's rotate-half, whose result shards the
+    head dim where its halves do not, was carried back into the halves and cut from the input
+    as windows, 8 collective-permutes (60 KiB) a step the plan never pays.
+
+    The result is pinned too: left to XLA, propagation picks the sliced value's sharding from
+    its readers (haiku-transformer random0's queries went on their heads over "model", against
+    the plan, and the attention matmuls moved k to match: all-to-alls and all-reduces the
+    plan does not pay)."""
     an = plan.analysis
     prog = an.program
     out: set[int] = set()
@@ -175,7 +180,7 @@ def _sliced_operands(plan) -> set[int]:
         for u in op.operands:
             held = {a for d in plan.value_axes(u) for a in d}
             if any(a not in held for d in plan.value_axes(r) for a in d):
-                out.add(u)
+                out.update((u, r))
     return out
 
 
