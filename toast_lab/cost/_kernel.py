@@ -21,10 +21,11 @@ from ._tables import MemoryTables, ScheduleTables, TypeTables
 
 # collective kinds (COLLECTIVE_KINDS, in order); the kernel charges CP where XLA's dot
 # partitioner moves a matmul's reduced shard, where a dim's axes all leave for others
-# (_reshard), where a reshard leaves a dim's axes out of order (_out_of_order), for a
-# scatter's regrouped indices (_regrouped_indices), around a re-tiled batched gather
-# (_batched_indexing) and for a convolution's halos (_halo_exchange); a shard_map body's
-# ppermute is one too (CostModel._manual_tables adds it)
+# (_reshard) or move between dims without an all-to-all (_compatible_reshard), where a
+# reshard leaves a dim's axes out of order (_out_of_order), for a scatter's regrouped
+# indices (_regrouped_indices), around a re-tiled batched gather (_batched_indexing) and for
+# a convolution's halos (_halo_exchange); a shard_map body's ppermute is one too
+# (CostModel._manual_tables adds it)
 AR, AG, RS, A2A, CP = 0, 1, 2, 3, 4
 NUM_KINDS = 5
 # totals[...] layout: T_SCHEDULED is the step with collectives overlapped as XLA schedules
@@ -169,6 +170,92 @@ def _reshard(coll, gather, a2a, onto, nbytes, weight, mesh, ledger, row):
         moved += nbytes
         _charge(coll, A2A, a2a, weight, nbytes, t, ledger, row + 1)
     return seconds, moved
+
+
+# How XLA reshards an operand some of whose axes move between dims (`_compatible_kind`)
+CR_NONE, CR_GATHER, CR_SLICE = 0, 1, 2
+
+
+@njit(cache=True, inline="always")
+def _compatible_kind(o, operands, operand_rows, rows, held_rows, removed, added, held, mesh):
+    """Whether operand type o, some of whose axes move to other dims, is one that XLA's
+    partitioner reshards without an all-to-all (xla/service/spmd/spmd_partitioner.cc:
+    ReshardNoCache tries these first; the compatible sharding is spmd_partitioner_util.cc's
+    PartialReplicateReshardCompatibleSharding), each dim read by one row (no compound dims):
+    - CR_GATHER: every dim keeps a number of tiles that divides what it has (the wanted
+      sharding uses fewer devices; ReshardToPartialReplicateWithAllGather): the shard is
+      collective-permuted to the devices of a sharding of as many tiles per dim whose
+      replicated devices tile the dims that narrow, then all-gathered there;
+    - CR_SLICE: every dim ends with a multiple of the tiles it has, the operand partially
+      replicated (ReshardFromPartialReplicateWithDynamicSlice): each device slices its new
+      tile out of what it holds, and a collective-permute puts the tiles on the devices the
+      plan wants them on.
+    An axis that moves between dims puts its tiles on other devices than the compatible
+    sharding's either way, so the collective-permute is always there."""
+    gather_ok = True
+    slice_ok = held != mesh.shape[0] - 1  # the operand partially replicated
+    seen = 0
+    for i in range(operands[o].start, operands[o].end):
+        r = operand_rows[i]
+        if rows[r].compound > 0 or rows[r].kind == ROW_FROM_WHOLE or seen >> rows[r].dim & 1:
+            return CR_NONE
+        seen |= 1 << rows[r].dim
+        have = held_rows[r]
+        a, b = mesh[have].ways, mesh[(have & ~removed[r]) | added[r]].ways
+        gather_ok = gather_ok and a % b == 0.0
+        slice_ok = slice_ok and b % a == 0.0
+    if gather_ok:
+        return CR_GATHER
+    if slice_ok:
+        return CR_SLICE
+    return CR_NONE
+
+
+@njit(cache=True, inline="always")
+def _compatible_reshard(coll, kind, o, operands, operand_rows, rows, held_rows, removed,
+                        added, gone, shard, target, weight, mesh, ledger, row):
+    """Charges the reshard `_compatible_kind` found for operand type o: one
+    collective-permute, over the axes the operand holds or takes, of the shard it holds
+    (`shard`, per device) for CR_GATHER or of the `target` shard it slices for CR_SLICE; and
+    for CR_GATHER one all-gather per dim that narrows, the last dim first, each of the
+    buffer the ones before made grown by that dim's factor (ReplicatePartial ->
+    AllGatherShards). On data=4 x model=2, [8, 128, 64] from P("model", None, "data") to
+    P(None, None, "model") is a permute of the 32 KiB shard and all-gathers to 64 and then
+    128 KiB over halves of data, and back a local slice and a permute of the 32 KiB shard
+    (jax 0.10.2); the model had charged an all-to-all of 128 KiB each way. The all-gathers
+    are charged over `gone`, the axes the operand no longer holds anywhere (their groups are
+    parts of those), in ledger row `row` as one record of their mean size; the permute in
+    `row + 1`. Returns (seconds, bytes of the buffer made) of one."""
+    moved = 0
+    last = 0
+    for i in range(operands[o].start, operands[o].end):
+        r = operand_rows[i]
+        moved |= held_rows[r] | added[r]
+        last = max(last, rows[r].dim)
+    if kind == CR_SLICE:
+        return _permute(coll, moved, weight, target, mesh, ledger, row + 1), target
+    seconds = _permute(coll, moved, weight, shard, mesh, ledger, row + 1)
+    size = shard
+    n = 0.0
+    total = 0.0
+    gather_seconds = 0.0
+    d = last
+    while d >= 0:
+        for i in range(operands[o].start, operands[o].end):
+            r = operand_rows[i]
+            if rows[r].dim != d:
+                continue
+            have = held_rows[r]
+            f = mesh[have].ways / mesh[(have & ~removed[r]) | added[r]].ways
+            if f > 1.0:
+                size *= f
+                n += 1.0
+                total += size
+                gather_seconds += _gather_time(size, gone, mesh)
+        d -= 1
+    if n > 0.0:
+        _charge(coll, AG, gone, weight * n, total / n, gather_seconds / n, ledger, row)
+    return seconds + gather_seconds, size
 
 
 @njit(cache=True, inline="always")
@@ -817,6 +904,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     reorder = np.zeros(operands.shape[0], np.int64)  # a dim's axes, where put back in order
     reorder_reduced = np.zeros(operands.shape[0], np.bool_)  # ... as the op's result
     reorder_first = np.zeros(operands.shape[0], np.bool_)  # ... before it is gathered
+    compatible = np.zeros(operands.shape[0], np.int64)  # _compatible_kind, where not CR_NONE
+    compatible_held = np.zeros(operands.shape[0], np.int64)  # ... the axes it ends with
     for o in range(operands.shape[0]):
         rem = 0
         add = 0
@@ -828,6 +917,13 @@ def evaluate_types(plan, tables, mesh, device, ledger):
         gather[o] = rem & ~add
         a2a[o] = rem & add
         sliced[o] = local & ~rem
+        held = vmask[operands[o].value_type]
+        if a2a[o] != 0 and not operands[o].uniform:
+            compatible[o] = _compatible_kind(o, operands, operand_rows, rows, held_rows,
+                                             removed, added, held, mesh)
+            if compatible[o] != CR_NONE:
+                compatible_held[o] = (held & ~rem) | add
+                continue
         if gather[o] != 0 and a2a[o] != 0:
             # An axis that leaves a dim together with one that moves to another dim
             # (P(("data", "model")) to P(None, "model")) is a reshard XLA's partitioner
@@ -992,7 +1088,14 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         b = op.result_nbytes
                         t = _gather_time(b, held, mesh)
                         _charge(coll, AG, held, w, b, t, ledger, 2 * i)
-            tg, bg = _reshard(coll, g, a2a[ot], onto[ot], resliced, w, mesh, ledger, 2 * i)
+            if compatible[ot] != CR_NONE:
+                tg, bg = _compatible_reshard(coll, compatible[ot], ot, operands, operand_rows,
+                                             rows, held_rows, removed, added, g, pdb,
+                                             member.nbytes / mesh[compatible_held[ot]].ways,
+                                             w, mesh, ledger, 2 * i)
+            else:
+                tg, bg = _reshard(coll, g, a2a[ot], onto[ot], resliced, w, mesh, ledger,
+                                  2 * i)
             t += tg
             b += bg
             if reorder[ot] != 0:
@@ -1188,6 +1291,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
     kept_sliced = np.empty(MAX_SHARDINGS, np.int64)
     kept_onto = np.empty(MAX_SHARDINGS, np.int64)
     kept_reorder = np.empty(MAX_SHARDINGS, np.int64)
+    kept_compatible = np.empty(MAX_SHARDINGS, np.int64)
     kept_bytes = np.empty(MAX_SHARDINGS)
     kept_start = np.empty(MAX_SHARDINGS, np.int64)
     kept_end = np.empty(MAX_SHARDINGS, np.int64)
@@ -1221,7 +1325,8 @@ def evaluate_types(plan, tables, mesh, device, ledger):
             for k in range(nk):
                 if (kept_gather[k] == g and kept_a2a[k] == a and kept_pin[k] == pin
                         and kept_sliced[k] == sl and kept_onto[k] == onto[ot]
-                        and kept_reorder[k] == reorder[ot]):
+                        and kept_reorder[k] == reorder[ot]
+                        and kept_compatible[k] == compatible[ot]):
                     found = k
                     break
             if found < 0 and g != 0 and a != 0:
@@ -1239,9 +1344,16 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                         break
             at = read.memory_position
             if found < 0:
-                pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways / mesh[sl].ways
-                t, b = _reshard(coll, g, a, onto[ot], pdb, read.trip, mesh, ledger,
-                                read_rows + 2 * j)
+                pdb = read.nbytes / mesh[vmask[operands[ot].value_type]].ways
+                if compatible[ot] != CR_NONE:
+                    t, b = _compatible_reshard(coll, compatible[ot], ot, operands,
+                                               operand_rows, rows, held_rows, removed, added,
+                                               g, pdb,
+                                               read.nbytes / mesh[compatible_held[ot]].ways,
+                                               read.trip, mesh, ledger, read_rows + 2 * j)
+                else:
+                    t, b = _reshard(coll, g, a, onto[ot], pdb / mesh[sl].ways, read.trip,
+                                    mesh, ledger, read_rows + 2 * j)
                 if reorder[ot] != 0 and not reorder_reduced[ot]:
                     # put in order once, as the reshard it ends (XLA's reshard cache)
                     final = (vmask[operands[ot].value_type] & ~g) | sl | reorder[ot]
@@ -1260,6 +1372,7 @@ def evaluate_types(plan, tables, mesh, device, ledger):
                 kept_sliced[found] = sl
                 kept_onto[found] = onto[ot]
                 kept_reorder[found] = reorder[ot]
+                kept_compatible[found] = compatible[ot]
                 kept_bytes[found] = b
                 kept_start[found] = tables.num_ops + 1  # empty until a direct read
                 kept_end[found] = 0
