@@ -85,8 +85,10 @@ def test_a_sequence_sharded_take_along_axis_moves_a_logits_shard_each_way():
 
 @pytest.mark.parametrize("picks, seq_axes", [(None, ()), (2, ("model",))])
 def test_other_labels_move_nothing(picks, seq_axes):
-    """Labels that leave the sequence whole; or two picks per token, where XLA gathers the
-    labels instead (see the XLA test below)."""
+    """Labels that leave the sequence whole; or two picks per token, whose scatter-add is the
+    logits' gradient itself (another domain than the labels): plan.jit pins the labels
+    gathered there, and XLA gathers them for the forward gather too (see the XLA test
+    below)."""
     an, _ = _take(picks)
     est = tl.estimate(an, _take_plan(an, seq_axes), MESH)
     assert not any(kind == "all-to-all" for kind, _ in est.collectives)
@@ -102,7 +104,8 @@ def test_xla_moves_what_the_take_along_axis_rule_charges(picks):
     measured = _bytes_by_kind(rep.stats.collective_summary())
     est = _bytes_by_kind(tl.estimate(an, plan, MESH).collectives)
     # XLA's all-to-alls run over half of "data" (groups of 2, a part of the axis): compare
-    # bytes, not axes. With two picks per token it all-gathers the labels' sequence instead.
+    # bytes, not axes. With two picks per token the labels' sequence is gathered where
+    # plan.jit pins them (a read across domains), and nothing is re-tiled.
     expected = 2 * BATCH * SEQ * VOCAB * 4 / 8 if picks is None else 0.0
     assert measured.get("all-to-all", 0.0) == est.get("all-to-all", 0.0) == expected, rep
     # and the labels follow, permuted to their new tiles, once for the gather and its
@@ -112,3 +115,47 @@ def test_xla_moves_what_the_take_along_axis_rule_charges(picks):
     assert measured.get("collective-permute", 0.0) == est.get("collective-permute", 0.0) \
         == permuted, rep
 
+
+
+def _route_step(router, x):
+    """A descent step on a router's weights through its top-2 gates: the gradient of top_k is
+    a scatter-add of the gates' gradient, [b, s, 2] picks into [b, s, experts]."""
+    def loss(router):
+        probs = jax.nn.softmax(jnp.einsum("bsd,dE->bsE", x, router), axis=-1)
+        gates, _ = jax.lax.top_k(probs, 2)
+        return jnp.sum(gates * gates)
+
+    return router - 0.1 * jax.grad(loss)(router)
+
+
+@pytest.mark.slow
+def test_a_top2_router_gradient_is_re_tiled_like_a_single_pick():
+    # Tokens on (data, model) by batch and sequence, the experts on model: the top-2 picks
+    # hold the sequence on model, the gradient the experts. XLA partitions the scatter-add by
+    # its explicit batch dims as for one pick per token (its preferred method, whatever the
+    # picks): the picks and the gates' gradient are permuted to their new tiles and gathered
+    # over model, and the result moves by an all-to-all of its [2, 32, 4] shard. The model had
+    # skipped k > 1 and charged no permute and no all-to-all there.
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=(64, 8)).astype(np.float32),
+            rng.normal(size=(BATCH, SEQ, 64)).astype(np.float32))
+    an = tl.analyze(tl.trace(_route_step, *args))
+    router, x = an.program.inputs
+    plan = (tl.Plan.replicated(an).with_axes(_class_of(an, x, 0), ("data",))
+            .with_axes(_class_of(an, router, 1), ("model",))
+            .with_axes(_class_of(an, x, 1), ("model",))).validate(MESH)
+    rep = verify(_route_step, args, plan, MESH)
+    assert rep.ok, rep
+    measured = {}
+    for c in rep.stats.collectives:
+        if c.op_name.endswith("scatter-add"):
+            measured[c.kind] = measured.get(c.kind, 0.0) + c.total_bytes
+    prog = an.program
+    charged = {}
+    for n, cs in tl.cost_model(an, MESH).op_collectives(plan).items():
+        if prog.ops[n].primitive == "scatter-add":
+            for c in cs:
+                charged[c.kind] = charged.get(c.kind, 0.0) + c.bytes
+    assert measured["collective-permute"] == 2 * BATCH * SEQ * 2 * 4 / 8
+    assert measured["all-to-all"] == BATCH * SEQ * 8 * 4 / 8
+    assert charged == measured, (charged, measured)

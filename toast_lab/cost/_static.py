@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..analysis import domains
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ..rules._attention import qkv_axes
@@ -639,7 +640,7 @@ def build_static(an) -> Static:
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
-        **_workspace(prog), **_scatters(prog), **_batched_indexing(prog),
+        **_workspace(prog), **_scatters(prog), **_batched_indexing(prog, domains(an).of_value),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         op_gathered_partials=gathered_partials, op_halo=_halos(prog),
         op_gather=np.array([op.operands[:2] if op.primitive == "gather" else (-1, -1)
@@ -999,15 +1000,29 @@ def _scatters(prog) -> dict:
                 op_scatter_window=window)
 
 
-def _batched_indexing(prog) -> dict:
+def _batched_indexing(prog, domain) -> dict:
     """Gathers and combining scatters with explicit batching dims (take_along_axis, and its
-    gradient) whose indices have no other dims of more than one entry: the value XLA may
-    re-tile (the gather's operand, the scatter's result), its batching dims, its dims indexed
-    one row at a time, and the indices with their batching dims, paired in increasing order
-    on both sides; -1 and zeros elsewhere. What XLA does with them is
-    _kernel._batched_indexing."""
-    values = prog.values
+    gradient; a router's top-k and its gradient): the value XLA may re-tile (the gather's
+    operand, the scatter's result), its batching dims, its dims indexed one row at a time,
+    and the indices with their batching dims, paired in increasing order on both sides; -1
+    and zeros elsewhere. What XLA does with them is _kernel._batched_indexing.
+
+    XLA partitions them by their explicit batch dims whatever the picks per position: that
+    method and index-parallel are its preferred ones, dry-run cost (0, 0), ahead of every
+    other (ScatterPartitionMethodCostModel, gather_scatter_handler.cc; the dry runs logged
+    on jax 0.10.2), and the MoE's top-2 router gradient is re-tiled like a top-1 loss's.
+    Not where some op reads the indices from another domain than its result's (`domain`,
+    per value): plan.jit pins that read (plan/_export.py, boundary_reads) to the result's
+    sharding, which holds no axis of the indexed dim, and XLA's propagation gives the
+    indices that sharding for every reader, so they arrive gathered and nothing is re-tiled
+    (a descent step on logits, take_along_axis of two labels per token: the scatter-add is
+    the parameter's gradient, the labels gathered at their reshape for the forward gather
+    too; tests/test_indexing_reshards.py)."""
     N = len(prog.ops)
+    # indices some op reads from another domain than its result's: plan.jit pins that read,
+    # and XLA's propagation carries the pinned sharding back to the value for every reader
+    pinned = {u for op in prog.ops if op.results and not op.body for u in op.operands
+              if domain[u] != domain[op.results[0]]}
     value = np.full(N, -1, np.int64)
     dims = np.zeros(N, np.int64)
     indexed = np.zeros(N, np.int64)
@@ -1030,12 +1045,7 @@ def _batched_indexing(prog) -> dict:
             target = op.results[0]
         else:
             continue
-        # Only indices of one entry per batch position: with k of them (a router's top-k),
-        # XLA's own cost model may pick another partitioning (it all-gathers [8, 32, 2]
-        # labels of a 256-wide table, measured on jax 0.10.2), which is not modelled here.
-        shape = values[op.operands[1]].shape
-        others = [k for k in range(len(shape) - 1) if k not in index_batch]
-        if not batch or not rows or any(shape[k] != 1 for k in others) \
+        if not batch or not rows or op.operands[1] in pinned \
                 or list(batch) != sorted(batch) or list(index_batch) != sorted(index_batch):
             continue
         value[op.id], indices[op.id] = target, op.operands[1]
