@@ -437,12 +437,14 @@ def _matmul_shape(op, values):
 
 
 def _sliced_first(an, operand_op, operand_value) -> np.ndarray:
-    """Static.operand_sliced_first: the reads of a reduction (a reduction factor, not a
-    matmul's or a convolution's) from another domain than its result's (a bias gradient summed
-    from the compute domain into the parameters'). plan.jit pins such a read in the axes the
-    op reads it in (boundary_reads), so XLA's partitioner slices it like the result before it
-    reduces, and the reduced axes come after (jax 0.10.2). Unpinned, XLA reduces it whole on
-    the result's dims and slices the all-reduced sums as the plan lists them."""
+    """Static.operand_sliced_first: the reads of a reduce op (reduce_sum, reduce_max, ...; not
+    a matmul's, a convolution's or a gather's, whose handlers place the partial sums
+    themselves: _kernel's slice-and-move) from another domain than its result's (a bias
+    gradient summed from the compute domain into the parameters'). plan.jit pins such a read
+    in the axes the op reads it in (boundary_reads), so XLA's partitioner slices it like the
+    result before it reduces, and the reduced axes come after (jax 0.10.2). Unpinned, XLA
+    reduces it whole on the result's dims and slices the all-reduced sums as the plan lists
+    them."""
     from ..analysis import domains
 
     prog = an.program
@@ -451,7 +453,7 @@ def _sliced_first(an, operand_op, operand_value) -> np.ndarray:
     for o, (n, u) in enumerate(zip(operand_op, operand_value)):
         op, rule = prog.ops[n], an.op_rules[n]
         if (op.body or rule.fallback or REDUCTION not in rule.kinds or not op.results
-                or op.primitive in ("dot_general", "conv_general_dilated")):
+                or not op.primitive.startswith("reduce_")):
             continue
         out[o] = of[u] != of[op.results[0]]
     return out
