@@ -39,7 +39,11 @@ Known differences, reported rather than tuned away:
   micro-batches: data tiles the micro-batches, model the examples), and a class's axes keep
   the plan's order (("model", "data")): linen-accumulate dp, fsdp, zero1 0.00 -> 1.00 (the
   labels: an all-to-all over data, not over both axes, and the permute), equinox-attention
-  random0 0.00 -> 1.00, random1 0.40 -> 0.60, haiku-transformer random1 0.00 -> 0.91; and a
+  random0 0.00 -> 1.00, random1 0.40 -> 0.60, haiku-transformer random1 0.00 -> 0.91; an
+  all-gather of a dim's major axis that keeps a minor one, which XLA permutes into kept-first
+  order before it gathers (equinox-attention random1's value projection on (model, data)
+  read as heads on data: 0.60 -> 0.80); a reshape's merged dim tiled major first, and a
+  reshard that only splits dims finer sliced and permuted, not moved by all-to-all; and a
   convolution's halo exchanges where its result shards a windowed dim (the rows a window needs
   from each neighbour's shard, one permute per side and hop, forward and input gradient, on
   top of the input plan.jit gathers: haiku-resnet random0 0.00 -> 0.83, random1 0.00 -> 0.89,
@@ -54,7 +58,21 @@ Known differences, reported rather than tuned away:
   gradient, from the compute domain to the parameters') gets its summed axes after that
   slice (features on (model, data) from a batch on model: a permute of the bias's shard):
   nnx-cnn random0 0.53 -> 1.00, haiku-resnet random1 0.89 -> 1.00, cnn random1 0.00 ->
-  1.00 (six 8-16 B permutes of its bias gradients). "XLA
+  1.00 (six 8-16 B permutes of its bias gradients). An operand whose axes move between dims
+  while every dim's tiles divide (or, partially replicated, multiply) what it had is
+  resharded without an all-to-all: a permute of the shard onto the compatible sharding, then
+  all-gathers dim by dim, the last first (or a local slice and a permute of the new shard;
+  spmd_partitioner.cc's ReshardToPartialReplicateWithAllGather and
+  ReshardFromPartialReplicateWithDynamicSlice): moe maxtext's expert weights, experts on model
+  read as their hidden dim on model, collective-permute 0.02 -> 1.00, all-to-all 2.41 ->
+  0.53, peak 1.15 -> 0.97. Explicitly batched gathers and scatters are re-tiled whatever the
+  picks per position (moe fsdp+tp+sp's top-2 router: 0.27 -> 1.00). plan.jit pins both
+  sides of a reshape or concatenate the plan slices locally at: llama random1's rotate-half,
+  which XLA had carried back into the halves and cut as windows (8 permutes), now compiles
+  none, as the plan says; haiku-transformer random0's queries, which XLA's propagation had
+  sharded on heads (all-to-all 0.40 -> 1.00, all-gather 0.80 -> 1.00, all-reduce 1.13 ->
+  1.00), but equinox-attention random1 flops 1.00 -> 1.10 (XLA splits more of its
+  elementwise work than the plan says). "XLA
   other" is what XLA runs that no column compares (a collective-broadcast). The all-to-alls the model predicts: those
   XLA's scatter partitioner picks for a scatter contested on one axis (an FSDP embedding
   gradient); the re-tiling of the logits around a take_along_axis whose labels shard the
@@ -62,18 +80,18 @@ Known differences, reported rather than tuned away:
   its gradient: XLA runs it over part of an axis, the model over the whole); a segment sum
   whose messages outweigh its sums (the GNN: Shardy shards the scatter like the messages and
   its sums move after it); and a scan's parameter stacks whose slices take the stack's axes
-  on another dim. It misses XLA's own choices for MoE dispatch matmuls and a router's top-k
-  gradient (moe fsdp+tp+sp; moe maxtext, where XLA moves the dispatched activations and the
-  model moves the expert weights: equal bytes until the weights' move counted the gathered
-  buffer, now 2.4x), for a dynamic slice of a layer-sharded stack, and for a rotary
-  concatenate (llama random1: XLA moves its halves over data, the model gathers them; XLA
-  carries the concatenate's head-dim sharding back into the halves plan.jit leaves unpinned
-  and slices them as windows, 8 permutes; with every value pinned, constraints="all", it
-  compiles no permute or all-to-all), and
-  XLA's resharding around an average pool (nnx-cnn random1, 1.9x; and 3.6x its permute
-  bytes: XLA's propagation puts the conv bias's data axis on the pool input's features,
-  which the plan leaves whole, so data reaches the batch's (model, data) by another way and
-  no permute follows, where the model slices data, moves model and permutes). A
+  on another dim. It misses XLA's own choices for MoE dispatch matmuls (moe fsdp+tp+sp's
+  all-to-alls at a div and the dispatch dots; moe maxtext, where XLA moves the dispatched
+  activations twice, at the dot and again at the plan's constraint, the model once), for a
+  dynamic slice of a layer-sharded stack, for a backward matmul whose operand leaves an axis
+  its result holds on another dim (haiku-transformer random0, collective-permute 0.67: XLA
+  permutes the operand's rows onto free axes of more ways and gathers there, 7200 B; the
+  model gathers over the axis), and
+  XLA's resharding around an average pool (nnx-cnn random1, 1.9x; and 4.2x its permute
+  bytes: XLA's propagation carries the bias gradient's pinned read back into the unpinned
+  forward add, so the pool's input is gathered whole and sliced, no permute, where the model
+  slices data, moves model and permutes as the plan says; with every value pinned,
+  constraints="all", XLA's permutes are the model's exactly). A
   reshard that would both gather and move axes of a value the step already gathered whole
   is a local slice of that copy, as XLA's partitioner takes it from its reshard cache
   (gpt_scan random0: the tied embedding table, gathered for the logits, sliced for the
