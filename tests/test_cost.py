@@ -410,6 +410,25 @@ def test_a_dim_handed_to_other_axes_is_permuted_not_gathered_whole(compute, stor
     assert measured["collective-permute"] > 0
 
 
+def _compiled_and_estimated(fn, args, pins, constraints="compute"):
+    """(XLA's collective bytes by (kind, axes), the estimate's) of `fn` under `pins` on data=4
+    x model=2, compiled by plan.jit with `constraints`; the reduce-scatters counted as
+    all-reduces (XLA:CPU emits them so)."""
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+    plan = tl.Plan.replicated(an)
+    for name, axes in pins:
+        plan = plan.with_axes(name, axes)
+    jm = mesh.jax_mesh()
+    stats = read_compiled(plan.jit(fn, jm, constraints=constraints).lower(*args).compile(), jm)
+    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
+    est = {}
+    for (kind, axes), c in tl.estimate(an, plan, mesh).collectives.items():
+        key = ("all-reduce" if kind == "reduce-scatter" else kind, axes)
+        est[key] = est.get(key, 0.0) + c.bytes
+    return measured, est
+
+
 def _micro_batched_step(w, tokens):
     """Tokens [32, 16] split into 4 micro-batches of 8 examples that a scan reads (a step
     accumulating gradients)."""
@@ -435,15 +454,9 @@ def test_a_split_dims_axes_tile_its_parts_and_come_back_in_order(tokens, example
     the plan lists the examples' axes as (model, data), the same arrivals are in order
     exactly where they were not, and the reverse (tokens on model: a permute)."""
     args = (jnp.ones((16,), jnp.float32), jnp.ones((32, 16), jnp.int32))
-    an = tl.analyze(tl.trace(_micro_batched_step, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = (tl.Plan.replicated(an).with_axes("tokens[0]", tokens)
-            .with_axes("reshape[1]", examples))
-    jm = mesh.jax_mesh()
-    stats = read_compiled(plan.jit(_micro_batched_step, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
-    est = tl.estimate(an, plan, mesh)
-    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    measured, est = _compiled_and_estimated(_micro_batched_step, args,
+                                            [("tokens[0]", tokens), ("reshape[1]", examples)])
+    assert est == measured
     assert (("collective-permute", ("data", "model")) in measured) == (
         (examples == ("data", "model") and tokens != ("model",))
         or (examples == ("model", "data") and tokens == ("model",)))
@@ -465,14 +478,9 @@ def test_a_dim_gathered_over_its_major_axis_is_permuted_first(features, heads):
     projection; the model charged the gather alone). Dropping the minor axis needs no
     permute: (data, model) to data, (model, data) to model."""
     args = (jax.ShapeDtypeStruct((8, 32), jnp.float32),)
-    an = tl.analyze(tl.trace(_heads_step, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = tl.Plan.replicated(an).with_axes("x[1]", features).with_axes("reshape[1]", heads)
-    jm = mesh.jax_mesh()
-    stats = read_compiled(plan.jit(_heads_step, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
-    est = tl.estimate(an, plan, mesh)
-    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    measured, est = _compiled_and_estimated(_heads_step, args,
+                                            [("x[1]", features), ("reshape[1]", heads)])
+    assert est == measured
     assert (("collective-permute", ("data", "model")) in measured) == (
         features == ("model", "data") and heads == ("data",))
 
@@ -495,17 +503,12 @@ def test_a_merged_dims_axes_tile_its_parts_major_first(heads, features, expected
     data and features on model, only split each dim finer: every new tile lies in an old one,
     and XLA slices it and collective-permutes the 128 B tile (no all-to-all)."""
     args = (jax.ShapeDtypeStruct((8, 4, 8), jnp.float32),)
-    an = tl.analyze(tl.trace(_merged_heads_step, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = (tl.Plan.replicated(an).with_axes("x[1]", heads).with_axes("x[2]", features)
-            .with_axes("reshape[1]", ("data", "model")))
-    jm = mesh.jax_mesh()
     # every value pinned: the plan's shardings, not XLA's propagation, at the reshape
-    stats = read_compiled(plan.jit(_merged_heads_step, jm, constraints="all")
-                          .lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
-    est = tl.estimate(an, plan, mesh)
-    assert {k: c.bytes for k, c in est.collectives.items()} == measured
+    measured, est = _compiled_and_estimated(
+        _merged_heads_step, args,
+        [("x[1]", heads), ("x[2]", features), ("reshape[1]", ("data", "model"))],
+        constraints="all")
+    assert est == measured
     assert {k: v for k, v in measured.items() if k[0] != "all-reduce"} == expected
 
 
@@ -518,24 +521,6 @@ def _padded_twice(x):
     """The doubled x read by two pads: a shared read, resharded once."""
     y = x * 2.0
     return jnp.pad(y, ((0, 0), (0, 1), (0, 0))), jnp.pad(y, ((0, 0), (1, 0), (0, 0)))
-
-
-def _compiled_and_estimated(fn, args, pins):
-    """(XLA's collective bytes by (kind, axes), the estimate's) of `fn` under `pins` on data=4
-    x model=2, the reduce-scatters counted as all-reduces (XLA:CPU emits them so)."""
-    an = tl.analyze(tl.trace(fn, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = tl.Plan.replicated(an)
-    for name, axes in pins:
-        plan = plan.with_axes(name, axes)
-    jm = mesh.jax_mesh()
-    stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
-    measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
-    est = {}
-    for (kind, axes), c in tl.estimate(an, plan, mesh).collectives.items():
-        key = ("all-reduce" if kind == "reduce-scatter" else kind, axes)
-        est[key] = est.get(key, 0.0) + c.bytes
-    return measured, est
 
 
 @pytest.mark.parametrize("fn", [_padded, _padded_twice])
