@@ -8,10 +8,10 @@ training step each value is in (compute, parameters, optimizer state), for per-d
 
 from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
 from ._classes import NO_CLASS, REPLICATE, Conflict, ConflictSide, DimClass
-from ._domains import (COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, domain_boundaries,
-                       domains)
+from ._domains import (COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, crossing_reads,
+                       domain_boundaries, domains)
 
 __all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLICATE",
-           "NO_CLASS", "ToastWarning", "UnknownPrimitiveError", "domains", "domain_boundaries",
-           "Domains", "DOMAINS",
+           "NO_CLASS", "ToastWarning", "UnknownPrimitiveError", "domains", "crossing_reads",
+           "domain_boundaries", "Domains", "DOMAINS",
            "COMPUTE", "PARAMETERS", "OPTIMIZER"]

@@ -83,23 +83,36 @@ def domains(an) -> Domains:
     return an.derived("domains", lambda: find_domains(an))
 
 
+def crossing_reads(an) -> frozenset[tuple[int, int]]:
+    """(op id, operand value) of every read of one domain by an op that writes another (a
+    weight read by a matmul, a gradient summed into the parameters' domain): plan.jit pins
+    these reads where the plan reshards there, and the cost model follows what XLA does with
+    a pinned read."""
+    def find():
+        prog = an.program
+        of = domains(an).of_value
+        out: set[tuple[int, int]] = set()
+        for op in prog.ops:
+            results = [r for r in op.results if prog.values[r].ndim]
+            if op.body or not results:
+                continue
+            out.update((op.id, u) for u in op.operands
+                       if prog.values[u].ndim and of[u] != of[results[0]])
+        return frozenset(out)
+
+    return an.derived("crossing_reads", find)
+
+
 def domain_boundaries(an) -> frozenset[int]:
     """The values on either side of the ops that read one domain and write another: the
     results, and the operands from the other domain. Where a plan with per-domain overrides
     reshards, so plan.jit pins them and the cost model gathers a pinned relayout apart."""
     def find():
         prog = an.program
-        of = domains(an).of_value
         out: set[int] = set()
-        for op in prog.ops:
-            results = [r for r in op.results if prog.values[r].ndim]
-            if op.body or not results:
-                continue
-            crossing = [u for u in op.operands
-                        if prog.values[u].ndim and of[u] != of[results[0]]]
-            if crossing:
-                out.update(results)
-                out.update(crossing)
+        for n, u in crossing_reads(an):
+            out.add(u)
+            out.update(r for r in prog.ops[n].results if prog.values[r].ndim)
         return frozenset(out)
 
     return an.derived("domain_boundaries", find)

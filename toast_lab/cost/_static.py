@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis import domains
+from ..analysis import crossing_reads
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ..rules._attention import qkv_axes
@@ -80,9 +80,9 @@ class Static:
     # [O] bool: it reads a constant holding one number throughout (a broadcast literal, such
     # as optax.set_to_zero's update of a frozen parameter), which XLA all-gathers for free
     operand_uniform: np.ndarray
-    # [O] bool: a reduction (not a matmul or convolution) reads it from another domain, where
-    # plan.jit pins the read sliced like the result (plan._export.boundary_reads): the axes
-    # it sums over reach the result's dims after that slice (the kernel's _out_of_order)
+    # [O] bool: a reduce op (not a matmul, convolution or gather) reads it from another domain,
+    # where plan.jit pins the read sliced like the result (plan._export.boundary_reads): the
+    # axes it sums over reach the result's dims after that slice (the kernel's _out_of_order)
     operand_sliced_first: np.ndarray
     # ops
     num_ops: int
@@ -445,17 +445,13 @@ def _sliced_first(an, operand_op, operand_value) -> np.ndarray:
     result before it reduces, and the reduced axes come after (jax 0.10.2). Unpinned, XLA
     reduces it whole on the result's dims and slices the all-reduced sums as the plan lists
     them."""
-    from ..analysis import domains
-
     prog = an.program
-    of = domains(an).of_value
+    crossing = crossing_reads(an)
     out = np.zeros(len(operand_op), bool)
     for o, (n, u) in enumerate(zip(operand_op, operand_value)):
         op, rule = prog.ops[n], an.op_rules[n]
-        if (op.body or rule.fallback or REDUCTION not in rule.kinds or not op.results
-                or not op.primitive.startswith("reduce_")):
-            continue
-        out[o] = of[u] != of[op.results[0]]
+        out[o] = ((int(n), int(u)) in crossing and op.primitive.startswith("reduce_")
+                  and not rule.fallback and REDUCTION in rule.kinds)
     return out
 
 
@@ -642,7 +638,7 @@ def build_static(an) -> Static:
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
-        **_workspace(prog), **_scatters(prog), **_batched_indexing(prog, domains(an).of_value),
+        **_workspace(prog), **_scatters(prog), **_batched_indexing(prog, crossing_reads(an)),
         op_replicated_on_cpu=np.array([op.primitive in _CPU_WHOLE for op in ops], bool),
         op_gathered_partials=gathered_partials, op_halo=_halos(prog),
         op_gather=np.array([op.operands[:2] if op.primitive == "gather" else (-1, -1)
@@ -1002,7 +998,7 @@ def _scatters(prog) -> dict:
                 op_scatter_window=window)
 
 
-def _batched_indexing(prog, domain) -> dict:
+def _batched_indexing(prog, crossing) -> dict:
     """Gathers and combining scatters with explicit batching dims (take_along_axis, and its
     gradient; a router's top-k and its gradient): the value XLA may re-tile (the gather's
     operand, the scatter's result), its batching dims, its dims indexed one row at a time,
@@ -1013,8 +1009,8 @@ def _batched_indexing(prog, domain) -> dict:
     method and index-parallel are its preferred ones, dry-run cost (0, 0), ahead of every
     other (ScatterPartitionMethodCostModel, gather_scatter_handler.cc; the dry runs logged
     on jax 0.10.2), and the MoE's top-2 router gradient is re-tiled like a top-1 loss's.
-    Not where some op reads the indices from another domain than its result's (`domain`,
-    per value): plan.jit pins that read (plan/_export.py, boundary_reads) to the result's
+    Not where some op reads the indices from another domain than its result's (`crossing`:
+    analysis.crossing_reads): plan.jit pins that read (plan/_export.py, boundary_reads) to the result's
     sharding, which holds no axis of the indexed dim, and XLA's propagation gives the
     indices that sharding for every reader, so they arrive gathered and nothing is re-tiled
     (a descent step on logits, take_along_axis of two labels per token: the scatter-add is
@@ -1023,8 +1019,7 @@ def _batched_indexing(prog, domain) -> dict:
     N = len(prog.ops)
     # indices some op reads from another domain than its result's: plan.jit pins that read,
     # and XLA's propagation carries the pinned sharding back to the value for every reader
-    pinned = {u for op in prog.ops if op.results and not op.body for u in op.operands
-              if domain[u] != domain[op.results[0]]}
+    pinned = {u for _, u in crossing}
     value = np.full(N, -1, np.int64)
     dims = np.zeros(N, np.int64)
     indexed = np.zeros(N, np.int64)

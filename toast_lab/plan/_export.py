@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..analysis import domain_boundaries, domains
+from ..analysis import crossing_reads, domain_boundaries
 from ..program import as_function, check_args, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
@@ -238,16 +238,13 @@ def boundary_reads(plan) -> dict[tuple[int, int], object]:
     gathered spec, and XLA gathers it once."""
     an = plan.analysis
     prog = an.program
-    of = domains(an).of_value
+    crossing = crossing_reads(an)
     out = {}
     for op, rule in zip(prog.ops, an.op_rules):
         if op.body or rule.fallback:
             continue
-        results = [r for r in op.results if prog.values[r].ndim]
-        if not results:
-            continue
         for t, u in enumerate(op.operands):
-            if not prog.values[u].ndim or of[u] == of[results[0]]:
+            if (op.id, u) not in crossing:
                 continue
             spec = spec_of(read_axes(plan, op, rule, t))
             if spec != plan.partition_spec(u):
