@@ -78,9 +78,13 @@ def test_plan_files_load_v1_and_v2_and_remember_the_mesh(gpt, tmp_path):
     (tmp_path / "v1.json").write_text(json.dumps(v1, indent=2))
     old = tl.Plan.load(tmp_path / "v1.json", an)
     assert old == plan and old.pinned == plan.pinned and old.mesh == mesh
-    # A file without a mesh section, or for a device that is not a preset, has no mesh.
-    for section in (None, {"axes": {"data": 4, "model": 2}, "device": "my-own-chip"}):
-        (tmp_path / "m.json").write_text(json.dumps(v1 | {"mesh": section}))
+    # A file without a mesh section, or for a device that is not a preset (with a warning
+    # saying so), has no mesh.
+    (tmp_path / "m.json").write_text(json.dumps(v1 | {"mesh": None}))
+    assert tl.Plan.load(tmp_path / "m.json", an).mesh is None
+    own = {"axes": {"data": 4, "model": 2}, "device": "my-own-chip"}
+    (tmp_path / "m.json").write_text(json.dumps(v1 | {"mesh": own}))
+    with pytest.warns(tl.ToastWarning, match="'my-own-chip', which is no preset"):
         assert tl.Plan.load(tmp_path / "m.json", an).mesh is None
     # A newer format still fails clearly.
     (tmp_path / "v3.json").write_text(json.dumps(doc | {"version": 3}))

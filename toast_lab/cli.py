@@ -250,8 +250,17 @@ def _parse_mesh(text: str) -> dict[str, int]:
     return axes
 
 
-def _parse_pins(items: list[str]) -> dict:
-    """['batch=data', 'mlp=data+model', 'seq@...=keep_dim2'] -> pins for search()."""
+NO_AXES_WORDS = ("none", "replicated")  # --pin words for replicated, unless an axis is so named
+RESOLUTION_WORDS = ("replicate",)       # a conflict's resolution besides keep_dim<K>
+
+
+def _parse_pins(items: list[str], mesh_axes=()) -> dict:
+    """['batch=data', 'mlp=data+model', 'seq@...=keep_dim2'] -> pins for search().
+
+    A value is mesh axes joined by '+', or a conflict's resolution (keep_dim<K>, replicate),
+    or replicated: empty, `none` or `replicated`. In brackets, `[none]`, `[data+model]` (or
+    `[data,model]`), `[]`, it is always axis names, never a word: how to pin an axis of
+    `mesh_axes` called `none` or `replicated`, which the bare word would leave ambiguous."""
     pins = {}
     for item in items:
         name, sep, value = item.rpartition("=")
@@ -259,10 +268,19 @@ def _parse_pins(items: list[str]) -> dict:
             raise UsageError(f"--pin looks like batch=data or mlp=data+model, got {item!r}")
         if name in pins:
             raise UsageError(f"--pin {name}=... is given twice; pin each decision once")
-        if value.startswith("keep_") or value == "replicate":
-            pins[name] = value
+        bracketed = value.startswith("[") and value.endswith("]")
+        if bracketed:
+            parts = value[1:-1].replace(",", "+")
+            axes = tuple(parts.split("+")) if parts else ()
+        elif value.startswith("keep_") or value in RESOLUTION_WORDS:
+            pins[name] = value  # a class reads it as one axis of that name (tl.search)
             continue
-        axes = () if value in ("", "none", "replicated") else tuple(value.split("+"))
+        elif value in NO_AXES_WORDS and value in mesh_axes:
+            raise UsageError(f"--pin {item} is ambiguous: {value!r} is an axis of --mesh and "
+                             f"also the word for replicated; write --pin '{name}=[{value}]' for "
+                             f"the axis, or --pin {name}= to replicate")
+        else:
+            axes = () if value in ("",) + NO_AXES_WORDS else tuple(value.split("+"))
         if any(not a for a in axes):
             raise UsageError(f"--pin {item}: mesh axes are joined by '+', e.g. mlp=data+model")
         repeated = sorted({a for a in axes if axes.count(a) > 1})
@@ -273,10 +291,20 @@ def _parse_pins(items: list[str]) -> dict:
     return pins
 
 
-def _check_out(path: str | None) -> None:
-    """Fails before the search, not after it, when the plan could not be written."""
-    if path is not None:
-        _check_file("--out", path, "plan.json")
+def _check_out(path: str | None, force: bool = False) -> None:
+    """Fails before the search, not after it, when the plan could not be written: where it
+    cannot be written at all, or would replace a file that is not a plan file (a user's
+    train.py) without --force."""
+    from .plan import PLAN_FILE, is_plan_file, replace_refusal
+
+    if path is None:
+        return
+    _check_file("--out", path, "plan.json")
+    if not force:
+        why = replace_refusal(path, is_plan_file, PLAN_FILE,
+                              "pass --force to replace it, or choose another name")
+        if why is not None:
+            raise UsageError(f"--out {why}")
 
 
 def _check_file(flag: str, path: str, example: str) -> None:
@@ -343,8 +371,8 @@ def _partition(args) -> int:
     from .plan import PlanError
 
     mesh = _mesh(args)
-    pins = _parse_pins(args.pin)
-    _check_out(args.out)
+    pins = _parse_pins(args.pin, mesh.axis_names)
+    _check_out(args.out, args.force)
     # argparse's float() takes 'inf', 'nan' and 1e400 (inf): the search needs finite numbers
     if not (math.isfinite(args.budget) and args.budget > 0):
         raise UsageError(f"--budget {args.budget}: give a finite, positive number of seconds, "
@@ -376,7 +404,12 @@ def _partition(args) -> int:
     print(f"\nsearch: {result.message}\nplan: {result.plan!r}")
     if args.out:
         try:
-            path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict())
+            path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict(),
+                                    overwrite=args.force)
+        except FileExistsError:  # a file put there during the search
+            _check_out(args.out)  # says what it is and how to replace it
+            raise UsageError(f"--out {args.out}: a file appeared there during the search; pass "
+                             f"--force to replace it") from None
         except OSError as err:  # checked before the search; the disk can still refuse it
             raise UsageError(f"--out {args.out}: cannot write the plan: "
                              f"{err.strerror or err}") from None
@@ -393,7 +426,7 @@ def _demo(args) -> int:
         return code
     print()
     args.mesh, args.device, args.pin, args.seed = "data=4,model=2", "h100", [], 0
-    args.budget, args.memory_cap, args.out = 3.0, None, None
+    args.budget, args.memory_cap, args.out, args.force = 3.0, None, None, False
     return _partition(args)
 
 
@@ -447,9 +480,12 @@ def _lab(args) -> int:
         print(f"toast-lab: opening the existing notebook {path} (delete it for a fresh one)")
     else:
         _check_file("--notebook", path, f"toast-lab-{name}.ipynb")
-        try:
-            with open(path, "w") as f:
-                json.dump(lab_notebook(args.target, config, mesh, args.device), f, indent=1)
+        from .plan import write_file
+
+        text = json.dumps(lab_notebook(args.target, config, mesh, args.device), indent=1)
+        try:  # atomic, and never over a file: an existing notebook is opened above
+            write_file(path, text + "\n", kind="file toast-lab may replace",
+                       fix="pass another --notebook")
         except OSError as err:
             raise UsageError(f"--notebook {path}: cannot write it: {err.strerror or err}") from None
         print(f"toast-lab: wrote {path}")
@@ -509,8 +545,15 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--memory-cap", type=float, default=None,
                            help="bytes per device (default: the device's memory)")
             p.add_argument("--pin", action="append", default=[], metavar="NAME=AXES",
-                           help="fix a decision: batch=data, mlp=data+model, <conflict>=keep_dim2")
-            p.add_argument("--out", default=None, help="write the plan as JSON here")
+                           help="fix a decision: batch=data, mlp=data+model, batch= (or none, "
+                                "replicated) for replicated, <conflict>=keep_dim2, "
+                                "<class>@optimizer=data; '[...]' is always axis names: "
+                                "'batch=[none]' pins an axis called none")
+            p.add_argument("--out", default=None,
+                           help="write the plan as JSON here (it replaces an earlier plan file; "
+                                "any other file only with --force)")
+            p.add_argument("--force", action="store_true",
+                           help="let --out replace a file that is not a plan file")
     p = sub.add_parser("lab", help="open JupyterLab on a notebook with the Lab (the widget) "
                                    "for a model")
     p.add_argument("target", nargs="?", default="gpt",

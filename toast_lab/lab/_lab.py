@@ -180,11 +180,13 @@ class Lab:
     def wait(self, timeout: float | None = None):
         return self.session.wait(timeout)
 
-    def export(self, path="plan.json"):
+    def export(self, path="plan.json", *, overwrite: bool = False):
         """Writes the plan file (with the estimate and this view model, for the JupyterLab
-        viewer); `tl.Plan.load(path, lab.analysis)` gives `lab.plan` back."""
+        viewer); `tl.Plan.load(path, lab.analysis)` gives `lab.plan` back. Atomic; replaces an
+        earlier plan file, but any other file only with overwrite=True (see Session.export)."""
         view = self._view.to_dict() if self._view is not None else None
-        out = self.session.export(path, extra={"view": view} if view else None)
+        out = self.session.export(path, extra={"view": view} if view else None,
+                                  overwrite=overwrite)
         self.session.notice = f"wrote {out}"
         self.refresh()
         return out

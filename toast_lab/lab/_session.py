@@ -8,6 +8,8 @@
     s.stop()                           # within 0.2 s, keeping the best plan found
     s.export("plan.json")              # Plan.load gives the same plan; the file has the estimate
 
+How names and values of pins are read: _pins.py.
+
 `plan` is always a valid plan and `estimate` is always `tl.estimate` of it. Every change (a pin,
 a search's better plan, a refusal) is announced to the listeners, from whichever thread made it.
 One re-entrant lock guards the state and every use of the cost model, so the search thread and
@@ -27,22 +29,22 @@ from typing import Callable
 
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
-from ..plan import Plan, PlanError
+from ..plan import Plan, PlanError, write_plan_file
 from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis, override_name
-from ..plan._planfile import write as write_plan_file
+from ..plan._plan import check_analysis
 from ..plan_search import search as run_search
 from ..strategies import expert as expert_strategies
+from . import _pins
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
+from ._pins import PinError
 from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
 
 SELECTION_KINDS = ("op", "group", "class", "conflict")
-
-
-class PinError(ValueError):
-    """A pin the session refuses: the message says why and what would work."""
+# Changes the history keeps: the start and the latest others. Each holds its Plan (about 2 KB
+# on GPT-2), so a session pinned thousands of times stays small.
+HISTORY_LIMIT = 256
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class Session:
 
     @property
     def history(self) -> tuple[Change, ...]:
+        """The session's start, then its latest changes, oldest first: HISTORY_LIMIT entries at
+        most (older changes are dropped; `Change.plan` of each is the plan after it)."""
         with self.lock:
             return tuple(self._history)
 
@@ -170,8 +174,8 @@ class Session:
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                override = self._override(name)
-                decision = override[0] if override else self._decision(name)
+                override = _pins.override(self.analysis, name)
+                decision = override[0] if override else _pins.decision(self.analysis, name)
                 if override:
                     plan, note = self._pin_override(*override, value)
                 elif isinstance(decision, DimClass):
@@ -187,7 +191,8 @@ class Session:
                 self._set_plan(plan)
                 self.error = None
                 self.notice = "; ".join(n for n in (stopped, note) if n) or None
-                self._record("pin", str(name) if override else decision.name,
+                self._record("pin", f"{decision.name}@{override[1]}" if override
+                             else decision.name,
                              plan.axes_of(decision.id, override[1]) if override
                              else _value_of(plan, decision))
         self._notify("plan" if not refused else "error")
@@ -200,8 +205,9 @@ class Session:
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                # an override ("<class>@<domain>") by its name, once its class is known
-                key = str(name) if self._override(name) else self._decision(name).name
+                override = _pins.override(self.analysis, name)
+                key = (f"{override[0].name}@{override[1]}" if override
+                       else _pins.decision(self.analysis, name).name)
                 if key not in self._plan.pinned:
                     raise PinError(f"{key!r} is not pinned; pinned: "
                                    f"{sorted(self._plan.pinned) or 'nothing'}")
@@ -393,19 +399,22 @@ class Session:
 
     # --- export -------------------------------------------------------------------------------
 
-    def export(self, path, extra: dict | None = None) -> Path:
+    def export(self, path, extra: dict | None = None, *, overwrite: bool = False) -> Path:
         """Writes the current plan as a plan file with its estimate, the expert strategies and
         a view model, for JupyterLab to draw with no kernel; `Plan.load(path, analysis)` gives
         the same plan back. extra: sections added to the file; its "view" (the Lab's view
         model, as drawn) is the file's view, without the moment's error, notice and selection
-        (without one, the view a Lab on this plan would show first)."""
+        (without one, the view a Lab on this plan would show first).
+
+        Like `plan.save`: written atomically; an earlier plan file (or an empty file) at `path`
+        is replaced, any other file only with overwrite=True (else FileExistsError)."""
         with self.lock:
             plan, est = self._plan, self._estimate.to_dict()
         extra = dict(extra or {})
         view = extra.pop("view", None)
         doc = plan.to_dict(self.mesh, est, saved_view(view) if view is not None else None)
         doc.update(extra)
-        return write_plan_file(doc, path)
+        return write_plan_file(doc, path, overwrite)
 
     # --- listeners ----------------------------------------------------------------------------------
 
@@ -436,41 +445,20 @@ class Session:
         self._history.append(Change(action, name, value, est.step_time_s,
                                     est.peak_memory_bytes, time.perf_counter() - self._started,
                                     self._plan))
-
-    def _decision(self, name) -> DimClass | Conflict:
-        an = self.analysis
-        if isinstance(name, (DimClass, Conflict)):
-            return name
-        for c in an.classes:
-            if c.name == name:
-                return c
-        for c in an.conflicts:
-            if c.name == name:
-                return c
-        names = [c.name for c in an.classes] + [c.name for c in an.conflicts]
-        close = [n for n in names if str(name).lower() in n.lower()][:5]
-        hint = f" Did you mean {close}?" if close else ""
-        raise PinError(f"no class or conflict named {name!r}.{hint} Classes: "
-                       f"{[c.name for c in an.classes]}; conflicts: "
-                       f"{[c.name for c in an.conflicts]}")
-
-    def _override(self, name):
-        """(class, domain) of an override's name, "<class>@<domain>" (as tl.search's pins name
-        them), or None for any other name."""
-        override = override_name(name)
-        return None if override is None else (self._decision(override[0]), override[1])
+        if len(self._history) > HISTORY_LIMIT:  # keep the start, drop the oldest change
+            del self._history[1]
 
     def _pin_override(self, cls: DimClass, domain: str, value):
         if not isinstance(cls, DimClass):
             raise PinError(f"{cls.name!r} is a conflict: only a class takes axes per domain")
-        axes = _axes_value(cls, value)
+        axes = _pins.pin_axes(cls, value, self.mesh)
         why = refusal(self.analysis, self.mesh, cls, axes)
         if why:
             raise PinError(f"cannot pin {cls.name}@{domain} to {axes_label(axes)}: {why}")
         return self._plan.with_axes(cls.id, axes, pin=True, domain=domain), None
 
     def _pin_class(self, cls: DimClass, value):
-        axes = _axes_value(cls, value)
+        axes = _pins.pin_axes(cls, value, self.mesh)
         why = refusal(self.analysis, self.mesh, cls, axes)
         if why:
             raise PinError(f"cannot pin {cls.name} to {axes_label(axes)}: {why}")
@@ -546,18 +534,3 @@ def _value_of(plan: Plan, decision):
     if isinstance(decision, DimClass):
         return plan.axes_of(decision.id)
     return plan.resolution_of(decision.id)
-
-
-def _axes_value(cls: DimClass, value) -> tuple[str, ...]:
-    if value is None or value == "" or value == "replicated":
-        return ()
-    if isinstance(value, str):
-        return tuple(a for a in value.replace("×", "+").split("+") if a)
-    try:
-        axes = tuple(value)
-    except TypeError:
-        raise PinError(f"pin {cls.name} to mesh axes (a name or a tuple of names), got "
-                       f"{value!r}") from None
-    if not all(isinstance(a, str) for a in axes):
-        raise PinError(f"mesh axes are names (str), got {value!r} for {cls.name}")
-    return axes

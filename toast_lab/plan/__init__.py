@@ -6,6 +6,10 @@
   Analysis; from it every value gets a PartitionSpec. `random_plan` draws valid ones.
 - export: NamedSharding pytrees, sharding constraints, `plan.jit`, logical-axis rules, and the
   versioned JSON plan file (`plan.save`, `Plan.load`), which never executes code when read.
+- files: `write_file` writes every file toast-lab writes for a person atomically, and refuses
+  (`ExistingFileError`) to replace one that is not of its kind unless asked (`replace_refusal`
+  says so beforehand); `write_plan_file` writes a plan file's document (the Lab adds its view
+  to it), replacing only plan files (`is_plan_file`) unless asked.
 - display: what a plan looks like (its view model, estimate, expert rows) for plan files and
   `display(plan)`, built by whatever the Lab registers with `register_display` (stage 10 sits
   above this one, so it plugs in rather than being imported).
@@ -13,13 +17,16 @@
 
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
+from ._files import ExistingFileError, replace_refusal, write_file
 from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh
 from ._plan import Axes, Plan, PlanError
-from ._planfile import PlanFileError
+from ._planfile import PLAN_FILE, PlanFileError, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
 from ._units import format_bytes
 
 __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
            "PlanError", "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES",
-           "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME"]
+           "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME",
+           "ExistingFileError", "write_file", "replace_refusal", "write_plan_file", "is_plan_file",
+           "PLAN_FILE"]

@@ -357,15 +357,20 @@ class Plan:
 
     # --- plan files (see _planfile.py) ------------------------------------------------------
 
-    def save(self, path, mesh=None, estimate: dict | None = None, view: dict | None = None):
+    def save(self, path, mesh=None, estimate: dict | None = None, view: dict | None = None,
+             *, overwrite: bool = False):
         """Writes this plan as versioned JSON; returns the path.
 
         mesh: what the plan is for (default: the mesh it remembers). With one, the file also
         carries the estimate, the expert strategies on the same cost model and the view model
         that JupyterLab draws when the file is opened, with no kernel. estimate / view: ones
         already built, written instead (the Lab passes the view it shows).
+
+        The write is atomic: a failure midway (a full disk) leaves the previous file whole. A
+        plan file (an earlier save) or an empty file at `path` is replaced; any other file only
+        with overwrite=True (else FileExistsError, naming it).
         """
-        return _planfile.write(self.to_dict(mesh, estimate, view), path)
+        return _planfile.write(self.to_dict(mesh, estimate, view), path, overwrite)
 
     def to_dict(self, mesh=None, estimate: dict | None = None, view: dict | None = None) -> dict:
         """The plan file's document (see `save`)."""
@@ -400,7 +405,7 @@ class Plan:
         classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
                                                          check_fingerprint, mesh)
         overrides = _planfile.overrides(doc, source, mesh)
-        file_mesh = _planfile.file_mesh(doc, source)
+        file_mesh = _planfile.file_mesh(doc, source, warn=mesh is None)
         empty = cls(analysis)
         try:
             for what, names in (("the file's \"classes\" section", [n for n, _ in classes]),
@@ -408,6 +413,13 @@ class Plan:
                                  [n for n, _, _ in overrides])):
                 for name in names:
                     _in_section(what, empty._class, name)
+            for what, name, axes in ([("classes", n, a) for n, a in classes]
+                                     + [("overrides", f"{n}@{d}", a) for n, d, a in overrides]):
+                _in_section(f"the file's \"{what}\" section, {_planfile.echo(name)}", _as_axes,
+                            axes)
+            for name, resolution in conflicts.items():
+                _in_section("the file's \"conflicts\" section",
+                            lambda n, r=resolution: empty.with_resolution(n, r), name)
             for name in pinned:
                 _in_section("the file's \"pinned\" list", empty._decision, name)
             plan = cls.from_decisions(analysis, classes, conflicts, pinned, overrides)
@@ -415,7 +427,16 @@ class Plan:
                 return plan.with_mesh(mesh)
         except PlanError as err:
             raise _planfile.PlanFileError(f"{source}: {_planfile.shorten(str(err))}") from None
-        return _remember_file_mesh(plan, file_mesh)
+        if file_mesh is None:
+            return plan
+        try:
+            return plan.with_mesh(file_mesh)
+        except PlanError as err:
+            axes = _planfile.axes_text(file_mesh.shape)
+            raise _planfile.PlanFileError(_planfile.shorten(
+                f"{source}: the decisions do not fit the file's \"mesh\" section {axes} (fix "
+                f"that section or the decisions, or pass the mesh the plan is for: "
+                f"Plan.load(path, analysis, mesh=...)): {err}", 600)) from None
 
     # --- display (see _display.py) ----------------------------------------------------------
 
@@ -601,14 +622,3 @@ def _no_decision(an, name) -> str:
     return (f"no class, conflict or override named {_planfile.echo(name)}.{hint} Classes: "
             f"{_listed(classes)}; conflicts: {_listed(conflicts)}; an override is named "
             f"\"<class>@<domain>\" (domains: {', '.join(DOMAINS)})")
-
-
-def _remember_file_mesh(plan: Plan, mesh) -> Plan:
-    """`plan` remembering the file's mesh (`_planfile.file_mesh`: a preset device, or the
-    figures the file records) when there is one and the plan fits it; unchanged otherwise."""
-    if mesh is None:
-        return plan
-    try:
-        return plan.with_mesh(mesh)
-    except PlanError:
-        return plan

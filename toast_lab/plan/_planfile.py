@@ -29,17 +29,27 @@ name no preset has) it also carries "device_spec": every figure of the device
 (hardware.device_numbers) and its "source"; a mesh with its own links for some axes
 carries them in "links". Loading uses those, so the plan comes back for the
 device it was made for; a file without it (a preset, or written before it existed) names a
-preset, and a device that is not one is not remembered.
+preset, and a device that is not one is not remembered (a ToastWarning says so).
+
+Reading is strict: anything but a regular file is refused unopened, at most MAX_BYTES are read,
+a key given twice in one object is an error (JSON parsers keep the last silently), and a mesh
+section that is malformed, absurdly large or does not fit the decisions is an error naming
+"mesh", never a plan that quietly forgets its mesh. Writing is atomic and does not replace a
+file that is not a plan file unless asked (_files.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..analysis import DOMAINS
+from ..analysis import DOMAINS, ToastWarning
 from . import _skip
+from ._files import write_file
 from ._hardware import (device_from_numbers, device_numbers, get_device, is_preset,
                         link_from_numbers, link_numbers)
 
@@ -116,13 +126,30 @@ def _dumps(x, pad: str) -> str:
     return json.dumps(x, allow_nan=False)
 
 
-def write(doc: dict, path) -> Path:
-    path = Path(path)
-    path.write_text(to_text(doc))
-    return path
+PLAN_FILE = "toast-lab plan file"  # what a refusal to overwrite calls the kind written
+
+
+def write(doc: dict, path, overwrite: bool = False) -> Path:
+    """Writes `doc` to `path` atomically (_files.write_file): the text is made first, so a
+    document that cannot be written leaves the file as it was. An existing file is replaced
+    when it is a plan file (an earlier save of this or any plan) or empty; anything else only
+    with overwrite=True (else ExistingFileError, a FileExistsError naming the file)."""
+    return write_file(path, to_text(doc), overwrite=overwrite, replaceable=is_plan_file,
+                      kind=PLAN_FILE)
+
+
+def is_plan_file(path) -> bool:
+    """Whether `path` holds a toast-lab plan file (any version, for any program)."""
+    try:
+        doc = read(path)
+    except PlanFileError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 MAX_BYTES = 64 * 2**20  # a plan file is kilobytes; refuse to read a disk image by mistake
+MAX_DEVICES = 2**20     # the most devices a plan file's mesh may have (today's largest
+                        # clusters have about 10^5); more is a corrupted file
 _ECHO = 60  # longest piece of a file's content an error message repeats
 
 
@@ -139,17 +166,10 @@ def shorten(message: str, limit: int = 400) -> str:
 
 def read(path) -> dict:
     """The document stored in `path`. Raises PlanFileError when it is not a JSON plan file:
-    unreadable, too large, not UTF-8, not JSON, nested too deeply, or a number too long."""
+    not a regular file (a directory, a FIFO, a device), unreadable, too large, not UTF-8, not
+    JSON, a key twice in one object, nested too deeply, or a number too long."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise PlanFileError(f"{path}: {size} bytes is not a plan file (plan files are "
-                                f"kilobytes); check the path")
-        raw = path.read_bytes()
-    except OSError as err:
-        raise PlanFileError(f"cannot read plan file {str(path)!r}: {err.strerror or err}"
-                            ) from None
+    raw = _read_bytes(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -158,7 +178,11 @@ def read(path) -> dict:
                             f"saved by another program or corrupted?") from None
     try:
         # plain JSON: no pickle, no eval, nothing executes; the view is skipped unread
-        return json.loads(_skip.without_member(text, "view"))
+        return json.loads(_skip.without_member(text, "view"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        raise PlanFileError(f"{path}: the key {echo(err.key)} appears twice in one JSON object "
+                            f"(in {err.where}); a plan file names each decision once: remove "
+                            f"one of them") from None
     except json.JSONDecodeError as err:
         raise PlanFileError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
                             f"{err.msg}); the file is corrupted or was not written by toast-lab"
@@ -169,6 +193,61 @@ def read(path) -> dict:
     except ValueError as err:  # Python's limit on integer digits (CVE-2020-10735)
         raise PlanFileError(f"{path}: a number in the file is too long to read "
                             f"({str(err).split(';')[0]}); the file is corrupted") from None
+
+
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """At most MAX_BYTES of a regular file. What the file system reports about a size is not
+    trusted (/dev/zero reports 0 and never ends; a FIFO blocks until a writer comes): anything
+    but a regular file is refused before it is opened, it is opened without blocking, and the
+    read stops one byte past the limit."""
+
+    def refuse(mode: int) -> None:
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise PlanFileError(f"{path}: {kind}, not a plan file (a plan file is a regular JSON "
+                            f"file written by plan.save or lab.export); check the path")
+
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            refuse(mode)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_BINARY", 0))
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode  # what was opened, if the name moved since
+            if not stat.S_ISREG(mode):
+                refuse(mode)
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise PlanFileError(f"cannot read plan file {str(path)!r}: {err.strerror or err}"
+                            ) from None
+    if len(raw) > MAX_BYTES:
+        raise PlanFileError(f"{path}: more than {MAX_BYTES} bytes is not a plan file (plan "
+                            f"files are kilobytes); check the path")
+    return raw
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, where: str):
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json's object_pairs_hook: the object, or _DuplicateKey for a key given twice (json
+    keeps the last one, silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            keys = [k for k, _ in pairs]
+            where = "the object with keys " + echo(list(dict.fromkeys(keys)))
+            raise _DuplicateKey(key, where)
+        out[key] = value
+    return out
 
 
 def overrides(doc, source: str = "<dict>", mesh=None) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -252,11 +331,18 @@ def _file_mesh(section, fail) -> dict | None:
     if section is None:
         return None
     axes = section.get("axes") if isinstance(section, dict) else None
-    if not isinstance(axes, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-            for k, v in axes.items()):
+    if not isinstance(axes, dict) or not axes or not all(
+            isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool)
+            and v > 0 for k, v in axes.items()):
         fail(f"\"mesh\" must look like {{\"axes\": {{\"data\": 4, \"model\": 2}}, "
-             f"\"device\": ...}}, got {echo(section)}")
+             f"\"device\": ...}} (named axes, positive sizes), got {echo(section)}")
+    devices = 1
+    for size in axes.values():
+        devices *= size
+        if devices > MAX_DEVICES:
+            fail(f"\"mesh\": axes {echo(axes)} make more than {MAX_DEVICES} devices, which is "
+                 f"no mesh a plan is made for; the file is corrupted or hand-edited: fix its "
+                 f"\"mesh\" section")
     return dict(axes)
 
 
@@ -267,8 +353,8 @@ def _check_axes(classes, file_axes, mesh, fail, kind: str = "class",
     given."""
     given = None if mesh is None else dict(mesh.shape)
     if given is not None and file_axes is not None and file_axes != given:
-        fail(f"the plan was saved for mesh {_axes_text(file_axes)} but is loaded for mesh "
-             f"{_axes_text(given)}; load it with the mesh it was made for, or search a plan "
+        fail(f"the plan was saved for mesh {axes_text(file_axes)} but is loaded for mesh "
+             f"{axes_text(given)}; load it with the mesh it was made for, or search a plan "
              f"for this one")
     axes = given if given is not None else file_axes
     if axes is None:
@@ -277,18 +363,20 @@ def _check_axes(classes, file_axes, mesh, fail, kind: str = "class",
         missing = [a for a in used if a not in axes]
         if missing:
             fail(f"{kind} {echo(name)} is sharded over {echo(missing[0])}, which mesh "
-                 f"{_axes_text(axes)} does not have (axes: {', '.join(axes)}); fix the axis name "
+                 f"{axes_text(axes)} does not have (axes: {', '.join(axes)}); fix the axis name "
                  f"in the file's \"{section}\" section")
 
 
-def _axes_text(axes: dict) -> str:
+def axes_text(axes: dict) -> str:
+    """{'data': 4, 'model': 2} -> '(data=4, model=2)'."""
     return "(" + ", ".join(f"{k}={v}" for k, v in axes.items()) + ")"
 
 
-def file_mesh(doc, source: str = "<dict>"):
+def file_mesh(doc, source: str = "<dict>", warn: bool = True):
     """The Mesh of a plan document's mesh section, or None where it has none or names a device
-    that is neither a preset nor described by a "device_spec". Raises PlanFileError for a
-    "device_spec" that is not a device's figures. Call after `decisions`."""
+    that is neither a preset nor described by a "device_spec" (a ToastWarning says so, when
+    `warn`). Raises PlanFileError for a "device_spec" that is not a device's figures. Call
+    after `decisions`."""
     from ._mesh import Mesh
 
     def fail(msg: str):
@@ -313,6 +401,12 @@ def file_mesh(doc, source: str = "<dict>"):
         try:
             device = get_device(name)
         except ValueError:  # a device of the user's own, from before device_spec
+            if warn:
+                warnings.warn(f"{source}: the \"mesh\" section names device {echo(name)}, "
+                              f"which is no preset (tl.devices()), and has no \"device_spec\" "
+                              f"with its figures: the plan is loaded without a mesh. Pass the "
+                              f"mesh it is for: Plan.load(path, analysis, mesh=tl.Mesh(...))",
+                              ToastWarning, stacklevel=4)
             return None
         return Mesh(axes, device=device, links=links)
     if not isinstance(name, str) or not name.strip():
