@@ -80,3 +80,22 @@ def test_lab_on_a_module_target_imports_it_without_tracing(user_module, monkeypa
     assert main(["lab", "usersteps:step", "--no-launch"]) == 0
     assert "wrote toast-lab-usersteps-step.ipynb" in capsys.readouterr().out
     assert "load_target('usersteps:step', {})" in _code(user_module / "toast-lab-usersteps-step.ipynb")
+
+
+def test_the_notebook_for_a_module_target_runs_its_step_and_verifies_it(user_module, capsys):
+    """Every code cell of the notebook, run here in order: the Lab, the export, the step
+    sharded by the plan on arrays drawn for the example shapes, and tl.verify."""
+    assert main(["lab", "usersteps:step", "--no-launch"]) == 0
+    nb = json.loads((user_module / "toast-lab-usersteps-step.ipynb").read_text())
+    code = [("".join(c["source"]), c["id"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert len(code) == 5 and "plan.jit(fn" in code[3][0] and "tl.verify(" in code[4][0]
+    capsys.readouterr()
+    scope = {}
+    for source, cell_id in code:
+        exec(compile(source, cell_id, "exec"), scope)
+    out = capsys.readouterr().out
+    assert "wrote toast-lab-usersteps-step.plan.json" in out
+    assert "the step ran sharded over 8 devices (output arrays: 1)" in out
+    assert scope["report"].numerics_ok and "numerics: ok" in out
+    assert tl.Plan.load(user_module / "toast-lab-usersteps-step.plan.json",
+                        scope["lab"].analysis) == scope["lab"].plan

@@ -10,10 +10,15 @@ checked — and the tests assert on that text, not just on the absence of an exc
     python -m pytest tests/test_notebooks.py          # prints each notebook's time
     TOAST_LAB_NOTEBOOK_OUT=/tmp/nb python -m pytest tests/test_notebooks.py   # keeps the
                                                       # executed copies for a look in JupyterLab
+
+The concepts notebook ships its exercises unanswered; its test runs our solutions
+(TOAST_LAB_SOLUTIONS=1), then the exercises once more without them. The notebook that
+`toast-lab lab` writes runs top to bottom too, on a tiny model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -70,14 +75,20 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
-def _read(name: str):
-    return nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+def _read(name: str | Path):
+    path = name if isinstance(name, Path) else NOTEBOOK_DIR / f"{name}.ipynb"
+    return nbformat.read(path, as_version=4)
 
 
-def run_notebook(name: str, workdir: Path) -> Executed:
-    """Executes notebooks/<name>.ipynb in `workdir`; a failing cell fails with its traceback."""
+def run_notebook(name: str | Path, workdir: Path, env: dict | None = None,
+                 extra_cells=()) -> Executed:
+    """Executes notebooks/<name>.ipynb (or the notebook at a Path) in `workdir`, with `env`
+    added to the kernel's environment and `extra_cells` run after its own; a failing cell
+    fails with its traceback."""
     nb = _read(name)
-    env = dict(os.environ)
+    nb.cells.extend(extra_cells)
+    name = name.stem if isinstance(name, Path) else name
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cpu = [0.0]
 
@@ -101,10 +112,12 @@ def run_notebook(name: str, workdir: Path) -> Executed:
 
 @pytest.fixture
 def execute(tmp_path, capsys):
-    """execute(name) -> Executed, printing the notebook's times and failing past LIMIT_S."""
+    """execute(name, **options) -> Executed, printing the notebook's times and failing past
+    LIMIT_S (options: run_notebook's env and extra_cells)."""
 
-    def run(name: str) -> Executed:
-        ex = run_notebook(name, tmp_path)
+    def run(name: str | Path, **options) -> Executed:
+        ex = run_notebook(name, tmp_path, **options)
+        name = ex.name
         with capsys.disabled():
             print(f"\n[notebook] {name}.ipynb: kernel CPU {ex.cpu_seconds:.1f} s (limit "
                   f"{LIMIT_S:.0f} s), wall {ex.seconds:.1f} s")
@@ -177,9 +190,36 @@ def test_quickstart(execute):
     assert any("bokeh" in t for t in types), types
 
 
+def _exercise_cells(nb) -> list:
+    """The concepts notebook's exercise cells in order: answers, solutions and checks."""
+    tags = ("answer", "solution", "check-exercise")
+    return [c for c in nb.cells if set(c.get("metadata", {}).get("tags", ())) & set(tags)]
+
+
+def test_concepts_ships_its_exercises_unanswered():
+    """Run All leaves the answers to the reader: each answer cell is None, each solution
+    collapsed and run only under TOAST_LAB_SOLUTIONS=1, each check prints 'not answered yet'
+    for a None answer instead of failing (test_concepts runs that path)."""
+    cells = _exercise_cells(_read("concepts"))
+    answers = [c for c in cells if "answer" in c.metadata["tags"]]
+    solutions = [c for c in cells if "solution" in c.metadata["tags"]]
+    checks = [c for c in cells if "check-exercise" in c.metadata["tags"]]
+    assert len(answers) == len(solutions) == len(checks) == 4
+    for i, (answer, solution, check) in enumerate(zip(answers, solutions, checks), 1):
+        assert re.match(rf"answer_{i} = None  # your answer here", answer.source), answer.source
+        assert solution.metadata["jupyter"]["source_hidden"]
+        code = [line for line in solution.source.splitlines() if not line.startswith("#")]
+        assert code[0] == "if SOLUTIONS:" and code[1].startswith(f"    answer_{i} = "), code
+        assert check.source.startswith(f"if answered({i}, answer_{i}):"), check.source
+
+
 @pytest.mark.slow
 def test_concepts(execute):
-    ex = execute("concepts")
+    # our solutions pass their checks; then, in the same kernel, the exercises as shipped
+    again = [nbformat.v4.new_code_cell("SOLUTIONS = False")] + [
+        nbformat.v4.new_code_cell(c.source, metadata={"tags": ["check-unanswered"]})
+        for c in _exercise_cells(_read("concepts"))]
+    ex = execute("concepts", env={"TOAST_LAB_SOLUTIONS": "1"}, extra_cells=again)
     strategies = ex.tagged("check-strategies")
     # each strategy's signature collectives, as the cost model prices them
     expected = {
@@ -211,6 +251,10 @@ def test_concepts(execute):
     checks = ex.tagged("check-exercise")
     for i in range(1, 5):
         assert f"exercise {i}: correct" in checks, checks
+    unanswered = ex.tagged("check-unanswered")
+    for i in range(1, 5):
+        assert f"exercise {i}: not answered yet" in unanswered, unanswered
+    assert "correct" not in unanswered, unanswered
 
 
 @pytest.mark.slow
@@ -258,3 +302,23 @@ def test_bring_your_own_model(execute):
     assert re.search(r"\.py:\d+", warned), "the warning names the user's source line"
     fixed = ex.tagged("check-fixed")
     assert "no warnings" in fixed, fixed
+
+
+@pytest.mark.slow
+def test_the_notebook_toast_lab_lab_writes_runs_top_to_bottom(execute, tmp_path, capsys):
+    """`toast-lab lab` writes a notebook that goes on past the Lab: it exports the plan, runs
+    the step sharded by it (plan.jit) and verifies it (tl.verify) on the example arguments."""
+    from toast_lab.cli import main
+
+    path = tmp_path / "lab.ipynb"
+    assert main(["lab", "gpt", "-c", "size=tiny", "-c", "layers=1", "--mesh", "data=4,model=2",
+                 "--notebook", str(path), "--no-launch"]) == 0
+    capsys.readouterr()
+    ex = execute(path)
+    text = ex.text()
+    assert "wrote toast-lab-gpt.plan.json" in text, text
+    assert "the step ran sharded over 8 devices" in text, text
+    assert "numerics: ok" in text, text
+    assert "application/vnd.jupyter.widget-view+json" in ex.mime_types()
+    assert json.loads((tmp_path / "toast-lab-gpt.plan.json").read_text())["format"] == \
+        "toast-lab-plan"

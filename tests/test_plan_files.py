@@ -18,6 +18,7 @@ import toast_lab as tl
 from tests.cli_support import usage_error
 from toast_lab.cli import _parse_pins, main
 from toast_lab.lab import PinError, Session
+from toast_lab.lab._details import snippet
 from toast_lab.lab._session import HISTORY_LIMIT
 from toast_lab.plan import ExistingFileError, _planfile
 
@@ -414,3 +415,24 @@ def test_the_history_is_bounded_and_keeps_its_start(an):
     assert history[0].action == "start" and history[0].plan == tl.Plan.replicated(an)
     assert [(c.action, c.name) for c in history[-2:]] == [("pin", "batch"), ("unpin", "batch")]
     assert history[-1].plan == s.plan
+
+
+# --- export: the logical-axis rules say the overrides ---------------------------------------
+
+
+def test_the_export_snippet_gives_each_overridden_domain_its_rules():
+    fn, args = tl.zoo.get("mlp")
+    mlp = tl.analyze(tl.trace(fn, *args))
+    plan = (tl.Plan.replicated(mlp).with_axes("batch", "data")
+            .with_axes("features", "data", domain="optimizer"))
+    assert plan.logical_axis_rules_by_domain() == {"optimizer": plan.logical_axis_rules(
+        "optimizer")}
+    text = snippet(plan, MESH)
+    assert "('features', None),  # optimizer: 'data' (LOGICAL_AXIS_RULES_BY_DOMAIN)" in text
+    scope = {}
+    exec(text[text.index("LOGICAL_AXIS_RULES = ["):], scope)  # the rules are valid Python
+    assert dict(scope["LOGICAL_AXIS_RULES"])["features"] is None
+    assert dict(scope["LOGICAL_AXIS_RULES_BY_DOMAIN"]["optimizer"]) == {
+        "batch": "data", "features": "data", "hidden0": None, "hidden1": None, "classes": None}
+    assert "LOGICAL_AXIS_RULES_BY_DOMAIN" not in snippet(tl.Plan.replicated(mlp), MESH)
+    assert tl.Plan.replicated(mlp).logical_axis_rules_by_domain() == {}

@@ -431,29 +431,74 @@ def _demo(args) -> int:
 
 
 def lab_notebook(target: str, config: dict, mesh: dict[str, int], device: str) -> dict:
-    """A notebook (nbformat 4) whose first cell builds the Lab on `target` and shows it."""
+    """A notebook (nbformat 4) that runs top to bottom: it builds the Lab on `target` and shows
+    it, then exports the plan, runs the step sharded by it (`plan.jit`) on the example
+    arguments, and checks it against the unsharded step (`tl.verify`)."""
     axes = ", ".join(f"{a!r}: {n}" for a, n in mesh.items())
+    devices = math.prod(mesh.values())
     kwargs = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    name = target.replace(":", "-").replace(".", "-")
     if ":" in target:
         load = (f"from toast_lab.cli import load_target\n"
                 f"fn, args = load_target({target!r}, {config!r})")
+        example = ("example = tl.verification.concrete_args(args)  # arrays where the example "
+                   "arguments are shapes")
     else:
         load = f"fn, args = tl.zoo.get({target!r}{', ' if kwargs else ''}{kwargs})"
-    first = (f"import toast_lab as tl\n\n{load}\n"
-             f"lab = tl.Lab(fn, *args, mesh=tl.Mesh({{{axes}}}, device={device!r}))\nlab")
+        example = (f"example = tl.zoo.sample({target!r}{', ' if kwargs else ''}{kwargs})"
+                   f"  # initialized weights, a random batch")
+    first = (
+        f"import os\n\n"
+        f"# the step below runs on {devices} devices: simulated on the CPU where the machine has "
+        f"fewer\n"
+        f"if \"xla_force_host_platform_device_count\" not in os.environ.get(\"XLA_FLAGS\", \"\"):\n"
+        f"    os.environ[\"XLA_FLAGS\"] = (os.environ.get(\"XLA_FLAGS\", \"\") + "
+        f"\" --xla_force_host_platform_device_count={devices}\").strip()\n\n"
+        f"import jax\nimport toast_lab as tl\n\n{load}\n"
+        f"mesh = tl.Mesh({{{axes}}}, device={device!r})\n"
+        f"lab = tl.Lab(fn, *args, mesh=mesh)\nlab")
     notes = ("# toast-lab: the Lab\n\n"
              "Run the cell below (Shift+Enter). The graph is the program collapsed by name "
              "scope, coloured by sharding-equivalence class; pick axes for a class or a "
              "resolution for a conflict to pin it, run the search, and export the plan. The same "
              "from Python: `lab.pin(\"batch\", \"data\")`, `lab.search(budget_s=30)`, "
              "`lab.stop()`, `lab.export(\"plan.json\")`, `lab.plan`, `lab.estimate`.")
-    def cell(kind, text):
-        c = {"cell_type": kind, "metadata": {}, "source": text.splitlines(keepends=True)}
+    run_notes = ("## Run the plan\n\n"
+                 "Once the plan is the one you want: save it, run the training step sharded by "
+                 "it (`plan.jit`: `jax.jit` with the plan's shardings and constraints) on the "
+                 "example arguments, and check it against the unsharded step (`tl.verify` "
+                 "compiles it with XLA on simulated CPU devices, compares every output and "
+                 "lists the collectives XLA inserted). On a CPU this takes a while for a large "
+                 "model.")
+    export = (f"lab.stop()  # a running search ends here, keeping its best plan\n"
+              f"plan = lab.plan\n"
+              f"path = lab.export({f'toast-lab-{name}.plan.json'!r})  # replaces only a plan file\n"
+              f"print(f\"wrote {{path}}: {{plan!r}}\")")
+    run = (f"{example}\n"
+           f"devices = jax.devices() if jax.device_count() >= mesh.size else jax.devices(\"cpu\")\n"
+           f"step = plan.jit(fn, mesh.jax_mesh(devices), donate=False)  # donate=False keeps "
+           f"`example` for verify\n"
+           f"out = jax.block_until_ready(step(*example))\n"
+           f"print(f\"the step ran sharded over {{mesh.size}} devices (output arrays: "
+           f"{{len(jax.tree.leaves(out))}})\")")
+    verify = ("report = tl.verify(fn, example, plan, mesh, estimate=lab.estimate)\n"
+              "print(report)")
+
+    return _notebook([("markdown", notes), ("code", first), ("code", "lab.plan, lab.estimate"),
+                      ("markdown", run_notes), ("code", export), ("code", run),
+                      ("code", verify)])
+
+
+def _notebook(cells: list[tuple[str, str]]) -> dict:
+    """An nbformat 4.5 notebook of (cell type, source) pairs, for the python3 kernel."""
+
+    def cell(i, kind, text):
+        c = {"cell_type": kind, "id": f"toast-lab-{i}", "metadata": {},
+             "source": text.splitlines(keepends=True)}
         if kind == "code":
             c.update(execution_count=None, outputs=[])
         return c
-    return {"cells": [cell("markdown", notes), cell("code", first),
-                      cell("code", "lab.plan, lab.estimate")],
+    return {"cells": [cell(i, kind, text) for i, (kind, text) in enumerate(cells)],
             "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
                                         "name": "python3"},
                          "language_info": {"name": "python"}},

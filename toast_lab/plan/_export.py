@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..analysis import crossing_reads, domain_boundaries
+from ..analysis import DOMAINS, crossing_reads, domain_boundaries
 from ..program import as_function, check_args, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 
@@ -457,8 +457,11 @@ def same_structure(a, b) -> bool:
             for u, v in zip(a.values, b.values))
 
 
-def logical_axis_rules(plan, domain: str | None = None
-                       ) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+# (class name, mesh axes: one name, a tuple of them, or None for replicated) pairs
+AxisRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+
+def logical_axis_rules(plan, domain: str | None = None) -> AxisRules:
     """(class name, mesh axes) pairs in the style of flax's logical axis rules, every class
     listed (None for replicated), in decision order first. domain: the axes the classes take
     in that domain (a MaxText-style plan has one set of rules for the weights, "parameters",
@@ -474,3 +477,12 @@ def logical_axis_rules(plan, domain: str | None = None
                       else tuple(axes)))
     rules += [(c.name, None) for c in an.classes if c.id not in seen]
     return tuple(rules)
+
+
+def logical_axis_rules_by_domain(plan) -> dict[str, AxisRules]:
+    """{domain: logical_axis_rules(plan, domain)} for each domain in which the plan overrides
+    a class's axes (e.g. "optimizer" for ZeRO-1's embed@optimizer), in DOMAINS order: the
+    complete rules for that domain's arrays (its parameters, its optimizer state), which the
+    plan's own rules do not say. Empty for a plan without overrides."""
+    used = {domain for _, domain, _ in plan.overrides}
+    return {d: logical_axis_rules(plan, d) for d in DOMAINS if d in used}

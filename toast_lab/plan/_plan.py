@@ -355,6 +355,11 @@ class Plan:
         own axes, or those they take in `domain` (e.g. "parameters" for the weights' rules)."""
         return _export.logical_axis_rules(self, domain)
 
+    def logical_axis_rules_by_domain(self):
+        """{domain: its logical axis rules} for the domains where this plan overrides a class
+        (ZeRO-1's "optimizer", MaxText's "parameters"): the rules those arrays take."""
+        return _export.logical_axis_rules_by_domain(self)
+
     # --- plan files (see _planfile.py) ------------------------------------------------------
 
     def save(self, path, mesh=None, estimate: dict | None = None, view: dict | None = None,
