@@ -80,7 +80,6 @@ def test_interconnect_and_efficiency_figures_follow_their_sources():
     assert h100.units == 132 and get_device("h200").efficiency == h100
     assert get_device("a100").efficiency.matmul == pytest.approx(267.9 / 312, abs=1e-3)
     assert get_device("h100").torus_dims == 0  # NVLink is switched
-    assert not get_device("cpu").reassociates_all_reduce
     with pytest.raises(ValueError, match="fraction"):
         dataclasses.replace(h100, matmul=1.5)
 

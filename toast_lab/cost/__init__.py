@@ -5,11 +5,13 @@ an alpha-beta model per mesh axis, peak memory by liveness). The program is comp
 flat tables (_static.py), compressed into types (_types.py) and evaluated by a numba kernel
 (_kernel.py), fast enough for thousands of plans a second; `CostModel.incremental` edits one
 plan a decision at a time, and `CostModel.op_collectives` reads the estimate's collectives back
-to the ops that pay them (for views).
+to the ops that pay them (for views). `compiler_profile` says which of XLA's passes (per
+backend: cpu, gpu, tpu) the model follows for a device (`CompilerProfile`).
 """
 
 from __future__ import annotations
 
+from ._compiler import CompilerProfile, compiler_profile
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._op_collectives import OpCollective
@@ -40,4 +42,4 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
            "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays",
-           "axis_bits", "live_axis_bits", "plan_arrays"]
+           "axis_bits", "live_axis_bits", "plan_arrays", "CompilerProfile", "compiler_profile"]

@@ -90,8 +90,8 @@ def attention_kernels(prog):
 
     own: what each op is to the kernel that runs it on every compiler: KERNEL_MANUAL for a
     shard_map, KERNEL_ATTENTION for cuDNN's attention (a custom call), KERNEL_OWN otherwise.
-    kernel: the same where XLA's own attention fuses too (CostModel picks by the device's
-    fuses_attention): KERNEL_ATTENTION for jax.nn.dot_product_attention's matmuls,
+    kernel: the same where XLA's own attention fuses too (CostModel picks by its compiler
+    profile's fuses_attention): KERNEL_ATTENTION for jax.nn.dot_product_attention's matmuls,
     KERNEL_INSIDE for the ops that make values inside it (run within the kernel); inside: its
     score-shaped values (never written by a flash kernel). flop_scale: 0.5 for the matmuls of
     causal attention (a flash kernel skips the masked half), 1 otherwise.

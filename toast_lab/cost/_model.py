@@ -35,6 +35,7 @@ from ..plan import Plan, donated_arguments
 from ..program import NO_OP, state_inputs
 from . import _kernel
 from ._collectives import collective_costs
+from ._compiler import compiler_profile
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._plan_arrays import (PlanArrays, as_plan_arrays, axes_mask, live_axis_bits, plan_arrays,
                            split_classes)
@@ -100,6 +101,7 @@ class CostModel:
         self.mesh = mesh
         self.donate = donate
         self.overlap = overlap_mode(overlap)
+        self.compiler = compiler_profile(mesh.device)  # the XLA passes the estimates follow
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
@@ -117,7 +119,7 @@ class CostModel:
 
     def _device_tables(self, an, mesh):
         prog, st = an.program, self.st
-        dev = mesh.device
+        dev, compiler = mesh.device, self.compiler
         peak = np.empty(st.num_ops)
         cache = {}
         for op in prog.ops:
@@ -135,7 +137,7 @@ class CostModel:
         # what a streaming kernel reaches of the datasheet bandwidth (Efficiency.memory)
         self.memory_bandwidth = float(dev.memory_bandwidth) * e.memory
         self.device_table = np.array([(e.matmul, *map(float, e.tile), float(e.units), e.attention,
-                                       self.memory_bandwidth, dev.reduce_scatters,
+                                       self.memory_bandwidth, compiler.reduce_scatters,
                                        e.launch_s)], DEVICE)
         self.capacity = float(dev.memory_bytes)
         state = state_inputs(prog)
@@ -145,27 +147,27 @@ class CostModel:
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-        # Fusion follows the device's compiler: XLA's attention fuses where the device says
+        # Fusion follows the device's compiler: XLA's attention fuses where its profile says
         # so (a shard_map's body and cuDNN's attention are kernels of their own everywhere)
         fused, kernel = st.fused, st.op_kernel_own
-        if dev.fuses_attention:
+        if compiler.fuses_attention:
             fused, kernel = st.fused | st.attention_inside, st.op_kernel
         self.fused = fused
-        leaders = st.op_sum_leader if dev.reassociates_all_reduce else \
+        leaders = st.op_sum_leader if compiler.reassociates_all_reduce else \
             np.full(st.num_ops, -1, np.int64)
-        workspace = st.op_workspace if dev.allocates_op_workspace else np.zeros(st.num_ops)
+        workspace = st.op_workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
         pieces = []  # workspace that lives longer than its op (_order.workspace_temps)
-        if dev.allocates_op_workspace and dev.schedules_breadth_first:
+        if compiler.allocates_op_workspace and compiler.schedules_breadth_first:
             pieces = select_and_scatter_pieces(prog)
             workspace = workspace.copy()
             workspace[[op for op, *_ in pieces]] = 0.0
         flops = st.op_flops
-        if dev.clones_fused_producers:  # each copy after the first: the op's cloned flops
+        if compiler.clones_fused_producers:  # each copy after the first: the op's cloned flops
             flops = flops + st.op_clone_flops * (st.op_fusion_copies - 1.0)
         # ops the compiler computes whole want their operands whole: all-gathered, as XLA
         # does, and the result sliced locally
         row_kind = st.row_kind
-        if not dev.partitions_top_k:
+        if not compiler.partitions_top_k:
             whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
             row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
         self.ty = build_types(st, an, peak, memory_traffic(prog, fused), kernel,
@@ -179,12 +181,12 @@ class CostModel:
         # lives until the last library fusion reading it (loop fusions recompute it).
         position, live_start, live_end = memory_order(an, dev)
         min_nbytes = np.where(fused, np.inf, 0.0)
-        if dev.clones_fused_producers:  # an expensive op read by several fusions is written
+        if compiler.clones_fused_producers:  # an expensive op read by several fusions is written
             own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
             for op in np.nonzero(own)[0]:
                 min_nbytes[list(prog.ops[op].results)] = 0.0
         readers = {}
-        if dev.reduces_in_library:
+        if compiler.reduces_in_library:
             threshold, readers = an.derived("cost.library_inputs",
                                             lambda: library_inputs(prog, st.fused))
             min_nbytes = np.minimum(min_nbytes, threshold)
@@ -235,7 +237,7 @@ class CostModel:
         reads = ty.tables.shared_reads
         reads["memory_position"] = reads["ready"] = position[reads["position"]]
         operand_reads = np.zeros(0, OPERAND_READ)
-        if dev.schedules_breadth_first:  # a reshard runs as soon as its value is made
+        if compiler.schedules_breadth_first:  # a reshard runs as soon as its value is made
             ready = ready_positions(prog, position)
             shared = np.nonzero(ty.operand_read >= 0)[0]
             at = ty.operand_read[shared]
@@ -257,7 +259,7 @@ class CostModel:
         temp_slices = np.zeros(len(temps), TEMP_SLICES)
         temp_slices["whole_end"] = temps["end"]
         slice_reads = np.zeros(0, SLICE_READ)
-        if dev.schedules_breadth_first:
+        if compiler.schedules_breadth_first:
             slice_reads = _slice_reads(prog, st, ty, temp, position, live_end,
                                        temp_slices[:k])
         self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
@@ -269,7 +271,7 @@ class CostModel:
             inputs=inputs, outputs=outputs, aliases=aliases,
             instances_by_type=instances_by_type,
             instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-            deadline=st.op_deadline, combine_all_reduces=dev.combines_all_reduces,
+            deadline=st.op_deadline, combine_all_reduces=compiler.combines_all_reduces,
             position=position.astype(np.int64), result_end=result_end.astype(np.int64),
             operand_reads=operand_reads, computation=computation,
             num_computations=int(computation.max(initial=0)) + 1,

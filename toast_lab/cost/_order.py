@@ -26,6 +26,7 @@ from collections import deque
 import numpy as np
 
 from ..program import BODY_INPUT, NO_OP
+from ._compiler import compiler_profile
 from ._static import liveness, static_tables
 
 
@@ -119,9 +120,9 @@ def ready_positions(prog, position) -> np.ndarray:
 def memory_order(an, dev):
     """(position [N] of each op in the order the compiler runs them, live_start [V], live_end
     [V] in that order): the breadth-first schedule where the device's compiler schedules so
-    (XLA:CPU), else program order."""
+    (CompilerProfile.schedules_breadth_first: XLA:CPU), else program order."""
     st = static_tables(an)
-    if not dev.schedules_breadth_first:
+    if not compiler_profile(dev).schedules_breadth_first:
         return np.arange(st.num_ops), st.live_start, st.live_end
 
     def build():

@@ -189,7 +189,7 @@ class DeviceSpec:
     torus_wrap: the smallest torus side with wraparound links; a shorter ring is a line, with
         half the bandwidth.
     platform: "gpu", "tpu" or "cpu": the XLA backend that compiles for it, whose passes the
-        cost model follows (see `reassociates_all_reduce`, `fuses_attention`).
+        cost model follows (its profile: toast_lab.cost.compiler_profile).
     """
 
     name: str
@@ -287,70 +287,6 @@ class DeviceSpec:
                 self.platform,
             ),
         )
-
-    @property
-    def reassociates_all_reduce(self) -> bool:
-        """XLA adds partial sums before reducing them (AllReduceReassociate runs in the GPU and
-        TPU pipelines; XLA:CPU's has no such pass and decomposes reduce-scatters)."""
-        return self.platform != "cpu"
-
-    @property
-    def fuses_attention(self) -> bool:
-        """jax.nn.dot_product_attention's XLA implementation (JAX's default) runs as one
-        flash-attention kernel: assumed on TPUs (unmeasured); not on GPUs, where XLA runs its
-        ops as written (measured on an H100, jax 0.11.2: a Llama step with it took 137 ms,
-        61 ms with implementation="cudnn", whose custom call is costed as a flash kernel on
-        every device: benchmarks/device_rates.py); nor on XLA:CPU."""
-        return self.platform == "tpu"
-
-    # What XLA:CPU's pipeline does that the GPU and TPU ones do not, as the cost model follows
-    # it (each measured against what XLA:CPU compiles: benchmarks/fidelity.py).
-
-    @property
-    def reduce_scatters(self) -> bool:
-        """A reduce-scatter runs as one (XLA:CPU decomposes it into an all-reduce of the whole
-        buffer and a slice)."""
-        return self.platform != "cpu"
-
-    @property
-    def combines_all_reduces(self) -> bool:
-        """XLA:CPU combines the step's independent all-reduces into one, so their partial
-        sums wait for it (AllReduceCombiner; the GPU and TPU schedulers reduce them as they
-        come)."""
-        return self.platform == "cpu"
-
-    @property
-    def allocates_op_workspace(self) -> bool:
-        """XLA:CPU allocates workspace inside some ops (convolutions, max-pool gradients);
-        other compilers' kernels need none that the model counts."""
-        return self.platform == "cpu"
-
-    @property
-    def clones_fused_producers(self) -> bool:
-        """XLA:CPU copies cheap elementwise ops into every fusion that reads them and runs each
-        copy (cost_analysis() counts them); other compilers' fusion is not modelled so."""
-        return self.platform == "cpu"
-
-    @property
-    def schedules_breadth_first(self) -> bool:
-        """XLA:CPU runs every op as soon as its operands are ready (its concurrency-optimised
-        BFSMemoryScheduler, which it always takes for a module with collectives), so buffers
-        live from their earliest possible op; the GPU and TPU schedulers keep program order
-        closer (the cost model's liveness follows program order there)."""
-        return self.platform == "cpu"
-
-    @property
-    def reduces_in_library(self) -> bool:
-        """XLA:CPU runs large reductions as YNNPACK library fusions, which read the values they
-        cannot take in from memory (a layer norm's x - mean): those are written, where a loop
-        fusion would recompute them (_fusion.library_inputs)."""
-        return self.platform == "cpu"
-
-    @property
-    def partitions_top_k(self) -> bool:
-        """top_k is split by the SPMD partitioner (XLA:CPU lowers it to a TopK custom call the
-        partitioner cannot split: it all-gathers the operand and computes it whole)."""
-        return self.platform != "cpu"
 
     def __repr__(self) -> str:
         return (
