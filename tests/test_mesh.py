@@ -1,7 +1,9 @@
 """Mesh and hardware presets (DESIGN.md §4)."""
 
 import dataclasses
+import json
 import pickle
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import pytest
 
 from toast_lab import DeviceSpec, Link, devices, get_device
 from toast_lab import Mesh
+from toast_lab.plan._hardware import device_numbers
 
 PRESETS = [
     "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "a100-80gb", "h100-80gb", "h100-96gb", "h200",
@@ -38,6 +41,7 @@ def test_presets_are_plausible(name):
     assert spec.peak_flops["float32"] <= spec.peak_flops["bfloat16"]
     assert spec.intra_node.bandwidth >= spec.inter_node.bandwidth
     assert spec.intra_node.latency <= spec.inter_node.latency
+    assert "issue #" not in spec.source  # where the figures come from, not a tracker
     assert spec.memory_bytes >= 2**30 and spec.memory_bandwidth > 1e9
     assert spec.devices_per_node >= 1
     assert spec.source
@@ -82,6 +86,27 @@ def test_interconnect_and_efficiency_figures_follow_their_sources():
     assert get_device("h100").torus_dims == 0  # NVLink is switched
     with pytest.raises(ValueError, match="fraction"):
         dataclasses.replace(h100, matmul=1.5)
+
+
+def test_every_preset_keeps_its_recorded_figures():
+    """Every figure of every preset (all a plan file records of a device) as
+    tests/data/device_presets.json has it: a change to how presets are built moves none."""
+    recorded = json.loads((Path(__file__).parent / "data" / "device_presets.json").read_text())
+    assert sorted(recorded) == sorted(PRESETS)
+    for name in PRESETS:
+        assert device_numbers(get_device(name)) == recorded[name], name
+
+
+def test_hopper_variants_are_the_h100_with_their_own_memory():
+    h100 = get_device("h100-80gb")
+    for name in ("h100-96gb", "h200"):
+        spec = get_device(name)
+        assert dataclasses.replace(spec, name=h100.name, memory_bytes=h100.memory_bytes,
+                                   memory_bandwidth=h100.memory_bandwidth,
+                                   source=h100.source) == h100
+        assert spec.memory_bytes > h100.memory_bytes
+        # each source says where its own numbers come from, then the H100's notes
+        assert spec.source.endswith(h100.source[h100.source.index(" float32 is"):])
 
 
 def test_get_device_by_name_or_spec():

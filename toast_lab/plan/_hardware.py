@@ -30,7 +30,7 @@ on a local device, beside the model's time for each measured function, and print
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -381,7 +381,6 @@ def _tpu(
     *,
     bf16: float,
     int8: float | None,
-    fp8: float | None,
     memory_gib: float,
     hbm: float,
     ici_link_one_way: float,
@@ -391,6 +390,7 @@ def _tpu(
     dcn_per_chip: float,
     slice_chips: int,
     source: str,
+    fp8: float | None = None,
 ) -> DeviceSpec:
     flops = {"bfloat16": bf16, "float16": bf16, "float32": bf16 / TPU_FLOAT32_PASSES}
     if int8 is not None:
@@ -419,6 +419,24 @@ def _tpu(
     )
 
 
+def _nvidia_notes(matmul: float, sms: int, measured: str | None) -> str:
+    """What an NVIDIA preset's `source` says after its datasheet: the float32 rates, and
+    where its Efficiency comes from (see `_nvidia`)."""
+    return (
+        " float32 is the non-tensor-core rate; tensorfloat32 the TF32 tensor-core rate (which"
+        " float32 matmuls run at under JAX's default precision)."
+        + (f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
+           f" SMs [CUTLASS], cuDNN flash attention (forward and backward) at"
+           f" {HOPPER_ATTENTION:.0%}, elementwise kernels at {HOPPER_MEMORY:.0%} of the HBM"
+           f" bandwidth, no kernel under {HOPPER_LAUNCH_S * 1e6:.1f} us, {measured}"
+           " [H100-MEASURED]; collectives at 82% of link bandwidth"
+           " [SB-GPU]." if measured else
+           f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
+           " SMs [MAMF, CUTLASS], flash attention at 75% [FA3], the datasheet bandwidth,"
+           " collectives at 82% of link bandwidth [SB-GPU].")
+    )
+
+
 def _nvidia(
     name: str,
     *,
@@ -437,9 +455,10 @@ def _nvidia(
     source: str,
     measured: str | None = None,
 ) -> DeviceSpec:
-    """measured: where the efficiencies were measured ([H100-MEASURED]); without it, large
-    matmuls at `matmul` [MAMF], flash attention at FA3's forward rate and the datasheet
-    bandwidth."""
+    """An NVIDIA GPU in an 8-GPU NVLink node with one NIC per GPU. source: its datasheet's
+    figures (the notes on rates and efficiencies are appended). measured: where the
+    efficiencies were measured ([H100-MEASURED]); without it, large matmuls at `matmul`
+    [MAMF], flash attention at FA3's forward rate and the datasheet bandwidth."""
     flops = {
         "bfloat16": bf16,
         "float16": bf16,
@@ -458,18 +477,7 @@ def _nvidia(
         intra_node=Link(bandwidth=nvlink_bidirectional / 2, latency=2e-6),
         inter_node=Link(bandwidth=nic_bits_per_s / 8, latency=5e-6),
         devices_per_node=8,
-        source=source
-        + " float32 is the non-tensor-core rate; tensorfloat32 the TF32 tensor-core rate (which"
-        " float32 matmuls run at under JAX's default precision)."
-        + (f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
-           f" SMs [CUTLASS], cuDNN flash attention (forward and backward) at"
-           f" {HOPPER_ATTENTION:.0%}, elementwise kernels at {HOPPER_MEMORY:.0%} of the HBM"
-           f" bandwidth, no kernel under {HOPPER_LAUNCH_S * 1e6:.1f} us, {measured}"
-           " [H100-MEASURED]; collectives at 82% of link bandwidth"
-           " [SB-GPU]." if measured else
-           f" Efficiency: large matmuls at {matmul:.1%} of peak in 128x128x64 tiles over {sms}"
-           " SMs [MAMF, CUTLASS], flash attention at 75% [FA3], the datasheet bandwidth,"
-           " collectives at 82% of link bandwidth [SB-GPU]."),
+        source=source + _nvidia_notes(matmul, sms, measured),
         efficiency=Efficiency(matmul=matmul, tile=(128, 128, 64), units=sms,
                               attention=HOPPER_ATTENTION if measured else 0.75,
                               collectives=0.82, memory=HOPPER_MEMORY if measured else 1.0,
@@ -495,13 +503,13 @@ HOPPER_MATMUL = 0.78
 HOPPER_ATTENTION = 0.48
 HOPPER_MEMORY = 0.73
 HOPPER_LAUNCH_S = 4.5e-6
+_H100_MEASURED = "measured on an H100 80GB"
 
 
 TPU_V4 = _tpu(
     "tpu-v4",
     bf16=275e12,
     int8=275e12,
-    fp8=None,
     memory_gib=32,
     hbm=1200e9,
     ici_link_one_way=4.5e10,
@@ -518,7 +526,6 @@ TPU_V5E = _tpu(
     "tpu-v5e",
     bf16=197e12,
     int8=394e12,
-    fp8=None,
     memory_gib=16,
     hbm=819e9,
     ici_link_one_way=4.5e10,
@@ -555,7 +562,6 @@ TPU_V6E = _tpu(
     "tpu-v6e",
     bf16=918e12,
     int8=1836e12,
-    fp8=None,
     memory_gib=32,
     hbm=1638e9,
     ici_link_one_way=9e10,
@@ -603,49 +609,35 @@ H100_80GB = _nvidia(
     nic_bits_per_s=400e9,
     sms=132,
     matmul=HOPPER_MATMUL,
-    measured="measured on an H100 80GB",
+    measured=_H100_MEASURED,
     source="NVIDIA H100 datasheet (SXM5): dense 989 TFLOP/s bf16/fp16, 1979 fp8, 494.5 tf32, "
     "67 fp32, 67 fp64 tensor core; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s; 132 SMs; one "
     "400 Gb/s ConnectX-7 NIC per GPU (DGX H100).",
 )
 
-H100_96GB = _nvidia(
-    "h100-96gb",
-    bf16=989e12,
-    fp32=67e12,
-    tf32=494.5e12,
-    fp8=1979e12,
-    int8=1979e12,
-    fp64=67e12,
-    memory_gib=96,
-    hbm=2.4e12,
-    nvlink_bidirectional=900e9,
-    nic_bits_per_s=400e9,
-    sms=132,
-    matmul=HOPPER_MATMUL,
-    measured="measured on an H100 80GB",
-    source="H100 with 96 GB of HBM2e at 2.4 TB/s, as issue #12 describes it (we found no NVIDIA "
-    "datasheet for this part: the SXM5 datasheet lists 80 GB HBM3 at 3.35 TB/s, the NVL 94 GB "
-    "HBM3 at 3.9 TB/s); compute, NVLink and NIC as the H100 SXM5.",
+# The other Hopper parts: the H100 SXM5's chip, NVLink, NIC and measured efficiencies, with
+# their own memory.
+_HOPPER_NOTES = _nvidia_notes(HOPPER_MATMUL, H100_80GB.efficiency.units, _H100_MEASURED)
+
+H100_96GB = replace(
+    H100_80GB,
+    name="h100-96gb",
+    memory_bytes=96 * GiB,
+    memory_bandwidth=2.4e12,
+    source="H100 with 96 GB of HBM2e at 2.4 TB/s, the figures toast-lab's users quote for this "
+    "part; we found no NVIDIA datasheet for it (the SXM5 datasheet lists 80 GB HBM3 at "
+    "3.35 TB/s, the NVL 94 GB HBM3 at 3.9 TB/s); compute, NVLink and NIC as the H100 SXM5."
+    + _HOPPER_NOTES,
 )
 
-H200 = _nvidia(
-    "h200",
-    bf16=989e12,
-    fp32=67e12,
-    tf32=494.5e12,
-    fp8=1979e12,
-    int8=1979e12,
-    fp64=67e12,
-    memory_gib=141,
-    hbm=4.8e12,
-    nvlink_bidirectional=900e9,
-    nic_bits_per_s=400e9,
-    sms=132,
-    matmul=HOPPER_MATMUL,
-    measured="measured on an H100 80GB",
+H200 = replace(
+    H100_80GB,
+    name="h200",
+    memory_bytes=141 * GiB,
+    memory_bandwidth=4.8e12,
     source="NVIDIA H200 datasheet (SXM): H100 compute, 141 GB HBM3e at 4.8 TB/s, NVLink "
-    "900 GB/s, one 400 Gb/s NIC per GPU; the H100 SXM's matmul ceiling [MAMF].",
+    "900 GB/s, one 400 Gb/s NIC per GPU; the H100 SXM's matmul ceiling [MAMF]."
+    + _HOPPER_NOTES,
 )
 
 B200 = _nvidia(
