@@ -99,3 +99,42 @@ def test_no_import_cycles_between_modules():
     cycles = list(nx.simple_cycles(deps))
     assert not cycles, "import cycles:\n" + "\n".join("  " + " -> ".join(c + c[:1])
                                                       for c in cycles[:10])
+
+
+def _private_imports(path: Path, module: str) -> list[str]:
+    """Each import in `path` of a private module (`_name`) or a private name of another
+    subpackage, as "module -> what" (the root package and cli count as one subpackage each)."""
+    tree = ast.parse(path.read_text())
+    here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            imported = [(target, a.name) for a in node.names]
+        else:
+            continue
+        for target, name in imported:
+            if not target.startswith("toast_lab") or _stage(target) == _stage(module):
+                continue
+            if name is not None and _exists(f"{target}.{name}"):  # `from ..plan import _x`
+                target, name = f"{target}.{name}", None
+            parts = target.split(".")[1:] + ([name] if name else [])
+            if any(p.startswith("_") for p in parts):
+                found.append(f"{module} -> {target}" + (f".{name}" if name else ""))
+    return found
+
+
+def test_no_private_import_across_subpackages():
+    """A subpackage's `__init__` says what it offers the others; what it keeps private stays
+    so (its `_modules` and `_names` can change without another stage noticing)."""
+    found = [line for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _private_imports(path, _module_name(path))]
+    assert not found, ("private names imported from another subpackage (make them public "
+                       "in that subpackage's __init__ and import them from there):\n"
+                       + "\n".join(f"  {line}" for line in found))

@@ -15,8 +15,7 @@ from ._compiler import CompilerProfile, compiler_profile
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._op_collectives import OpCollective
-from ..plan import PlanError
-from ..plan._plan import check_analysis
+from ..plan import PlanError, check_analysis
 from ._plan_arrays import PlanArrays, axis_bits, live_axis_bits, plan_arrays
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..program import CONST, LITERAL, NO_OP
-from ..rules._attention import is_causal
+from ..rules import is_causal
 
 # cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
 # each way, its scores never in memory (rules/_attention.py).

@@ -24,7 +24,7 @@ import numpy as np
 from ..analysis import crossing_reads
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
-from ..rules._attention import qkv_axes
+from ..rules import qkv_axes
 from ._fusion import (CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels,
                       fused_values, fusion_copies)
 from ._plan_arrays import split_classes

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 from ..cost import cost_model
 from ..plan import PLAN_MIME, Plan
-from ..plan._mesh import check_mesh
-from ..plan._planfile import echo
+from ..plan import check_mesh, echo
 
 DIFF_MIME = "application/vnd.toast-lab.plan-diff+json"
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import INPUT, NO_OP, Program
-from ..rules._elementwise import NARY, UNARY
+from ..rules import NARY, UNARY
 from ._calls import PATH_INDEX as _PATH_INDEX
 from ._calls import call_paths, calls_of, calls_within, collapse_chains
 

@@ -29,9 +29,7 @@ from typing import Callable
 
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
-from ..plan import Plan, PlanError, write_plan_file
-from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis
+from ..plan import Plan, PlanError, check_analysis, check_mesh, write_plan_file
 from ..plan_search import search as run_search
 from ..strategies import expert as expert_strategies
 from . import _pins

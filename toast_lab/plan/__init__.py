@@ -13,15 +13,19 @@
 - display: what a plan looks like (its view model, estimate, expert rows) for plan files and
   `display(plan)`, built by whatever the Lab registers with `register_display` (stage 10 sits
   above this one, so it plugs in rather than being imported).
+- for the later stages' entry points: `check_analysis` and `check_mesh` (the one check of an
+  analysis or mesh argument, with an error that says what to pass), `override_name` (the class
+  and domain of an override named "<class>@<domain>") and `echo` (the shortened repr with
+  which errors quote what a user gave).
 """
 
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._files import ExistingFileError, replace_refusal, write_file
 from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
-from ._mesh import Mesh
-from ._plan import Axes, Plan, PlanError
-from ._planfile import PLAN_FILE, PlanFileError, is_plan_file, write as write_plan_file
+from ._mesh import Mesh, check_mesh
+from ._plan import Axes, Plan, PlanError, check_analysis, override_name
+from ._planfile import PLAN_FILE, PlanFileError, echo, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
 from ._units import format_bytes
 
@@ -29,4 +33,4 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "PlanError", "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES",
            "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME",
            "ExistingFileError", "write_file", "replace_refusal", "write_plan_file", "is_plan_file",
-           "PLAN_FILE"]
+           "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo"]

@@ -9,8 +9,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..cost import CostModel
-from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis
+from ..plan import check_analysis, check_mesh
 from ..strategies import expert
 from . import _mcts
 from ._space import OVERRIDE_CLASSES, plan_order

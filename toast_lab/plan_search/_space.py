@@ -35,7 +35,7 @@ import numpy as np
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
 from ..plan import Plan, PlanError
-from ..plan._plan import override_name
+from ..plan import override_name
 
 CLASS, CONFLICT, OVERRIDE = "class", "conflict", "override"
 # Override decisions the search offers per domain without being asked for: the classes with

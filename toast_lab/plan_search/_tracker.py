@@ -12,8 +12,7 @@ import numpy as np
 
 from ..cost import CostModel, Estimate, cost_model
 from ..plan import Plan, PlanError, format_bytes
-from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis
+from ..plan import check_analysis, check_mesh
 from ._space import Space
 
 

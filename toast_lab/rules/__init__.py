@@ -2,6 +2,9 @@
 below. Takes an op's operand and result shapes and params; gives its OpRule — the factors, each
 mapped to at most one dim of every operand and result, with a kind (pass-through, reduction,
 need-replication) that says what sharding it costs. Unknown primitives get `conservative_rule`.
+For the later stages: `UNARY` and `NARY` (the elementwise primitives' names, of one operand and
+of several), `qkv_axes` and `is_causal` (a fused attention op's layout and causal mask, which
+the cost model's flop counts read).
 """
 
 from ._core import (NEED_REPLICATION, PASS_THROUGH, REDUCTION, FactorKind, OpRule, RuleBuilder,
@@ -11,9 +14,11 @@ from ._table import RULES, has_rule, register, rule_for
 # Importing a module registers its rules.
 from . import (_attention, _control, _elementwise, _equinox, _identity,  # noqa: F401,E402
                _indexing, _linalg, _opaque, _random, _reduce, _shape)
+from ._attention import is_causal, qkv_axes  # noqa: E402
+from ._elementwise import NARY, UNARY  # noqa: E402
 
 __all__ = [
     "FactorKind", "OpRule", "RuleBuilder", "PASS_THROUGH", "REDUCTION", "NEED_REPLICATION",
     "RULES", "register", "rule_for", "has_rule",
-    "conservative_rule", "factor_letter",
+    "conservative_rule", "factor_letter", "UNARY", "NARY", "qkv_axes", "is_causal",
 ]

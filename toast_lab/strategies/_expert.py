@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ..analysis import OPTIMIZER, PARAMETERS, domains
 from ..plan import Plan
-from ..plan._mesh import check_mesh
-from ..plan._plan import check_analysis
+from ..plan import check_analysis, check_mesh
 from ._roles import Roles, find_roles
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
