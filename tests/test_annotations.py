@@ -114,10 +114,12 @@ def test_annotated_parameters_name_their_classes(make, monkeypatch):
     x = an.program.inputs[-1]
     assert an.class_of(x, 1) is embed
     # before, the same classes were named by path; those names are kept for old plan files
+    # (without the annotations, they are named from the field, and their path is a former name)
     old = _without_annotations(monkeypatch, case)
     assert [c.id for c in old.classes] == [c.id for c in an.classes]
-    assert embed.formerly == (old.classes[embed.id].name,)
-    assert mlp.formerly == (old.classes[mlp.id].name,)
+    assert embed.formerly == old.classes[embed.id].formerly[:1]
+    assert mlp.formerly == old.classes[mlp.id].formerly[:1]
+    assert old.classes[mlp.id].name == "mlp"
     assert "[" in mlp.formerly[0], mlp.formerly  # a path and a dim: 'down/kernel[0]'
 
 

@@ -24,9 +24,9 @@ rules use.
   window `kernel_height` and `kernel_width`.
 - `experts`: the group dim of a `ragged_dot_general`, or a batch dim of a contraction with a
   parameter (stacked expert weights).
-- `mlp`: the other feature classes on two weight matrices or more (a transformer's or an MLP's
+- `features`: a data input's dim that a parameter contracts (an MLP's input features);
+  `mlp`: the other feature classes on two weight matrices or more (a transformer's or an MLP's
   hidden dim, out of one weight and into the next);
-  `features`: a data input's dim that a parameter contracts (an MLP's input features);
   `positions`: a class made by an `iota` (position ids, a causal mask's positions), or the rows
   of a learned table indexed by them.
 
@@ -89,8 +89,8 @@ def field_words(an, roles) -> dict[int, Word]:
     for c, word in sorted(convs["spatial"].items()):
         put(c, word)
     _experts(an, state, put)
-    _hidden(an, roles, put)
     _features(an, data, state, put)
+    _hidden(an, roles, put)
     for op, classes in zip(prog.ops, an.op_factor_classes):
         if op.primitive == "iota":
             for c in classes:
