@@ -3,6 +3,7 @@
 `nn.LogicallyPartitioned` boxes. A plan written with those names exports and verifies; plan
 files saved when the classes were named by path still load."""
 
+import json
 import warnings
 
 import jax
@@ -177,11 +178,17 @@ def test_a_plan_saved_with_path_names_loads_onto_annotation_names(make, monkeypa
     case = make()
     old = _without_annotations(monkeypatch, case)
     embed_id = _class_of(_analysed(case), "x", 1).id
-    old_plan = (tl.Plan.replicated(old).with_axes(old.classes[embed_id].name, ("model",),
-                                                   pin=True))
-    path = old_plan.save(tmp_path / "old.json", MESH)
+    # (without the annotations the class is named from the field; its path is a former name)
+    path_name = old.classes[embed_id].formerly[0]
+    old_plan = tl.Plan.replicated(old).with_axes(path_name, ("model",), pin=True)
+    doc = old_plan.to_dict(MESH)
+    doc["classes"] = {path_name if k == old.classes[embed_id].name else k: v
+                      for k, v in doc["classes"].items()}
+    doc["pinned"] = [path_name if k == old.classes[embed_id].name else k for k in doc["pinned"]]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
     saved = path.read_text()
-    assert '"embed"' not in saved and old.classes[embed_id].name in saved
+    assert '"embed"' not in saved and path_name in saved
     an = _analysed(case)
     plan = tl.Plan.load(path, an)
     assert plan.axes_of("embed") == ("model",)

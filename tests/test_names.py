@@ -158,12 +158,15 @@ def test_labels_shifted_inside_the_step_are_the_sequence(name):
     roles = find_roles(an)
     assert roles.sequence is not None
     assert an.classes[roles.sequence].name == "seq"
-    assert "sp" in tl.strategies.expert(an, MESH)
+    # sequence parallelism applies (here the 15 positions left after the shift do not divide
+    # over the mesh, which is another reason)
+    experts = tl.strategies.expert(an, MESH)
+    assert "sp" in experts or "cannot be split" in experts.skipped["sp"], experts.skipped
 
 
 def test_names_are_deterministic():
     fn, args, an = analysed("hf-llama")
-    with warnings.catch_warnings():
+    with jax.numpy_rank_promotion("allow"), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         again = tl.analyze(tl.trace(fn, *args))
     assert [c.name for c in again.classes] == [c.name for c in an.classes]
@@ -223,7 +226,7 @@ def test_argument_names_come_from_the_signature():
     x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
     y = jax.ShapeDtypeStruct((8, 4), jnp.float32)
     prog = tl.trace(step, w, x, y)
-    assert prog.input_names == ["w", "batch/0", "batch/1"]
+    assert list(prog.input_names) == ["w", "batch/0", "batch/1"]
     bound = tl.trace(jax.jit(functools.partial(lambda scale, w, x: (x @ w).sum() * scale, 2.0)),
                      w, x)
-    assert bound.input_names == ["w", "x"]
+    assert list(bound.input_names) == ["w", "x"]

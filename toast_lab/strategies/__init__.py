@@ -4,7 +4,7 @@
     plans.skipped                              # {"sp": "the model has no sequence class", ...}
 
 Classes are picked by their role in the program (`toast_lab.analysis.find_roles`: the
-analysis finds them once), never by zoo names. On a mesh
+analysis finds the roles once, and names classes by them too), never by zoo names. On a mesh
 with several axes the last one is the model axis (innermost: the fastest links) unless an axis
 is named like one ("model", "tensor", "tp", "mp"); the others are data axes.
 """
