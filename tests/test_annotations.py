@@ -3,6 +3,7 @@
 `nn.LogicallyPartitioned` boxes. A plan written with those names exports and verifies; plan
 files saved when the classes were named by path still load."""
 
+import json
 import warnings
 
 import jax
@@ -114,10 +115,12 @@ def test_annotated_parameters_name_their_classes(make, monkeypatch):
     x = an.program.inputs[-1]
     assert an.class_of(x, 1) is embed
     # before, the same classes were named by path; those names are kept for old plan files
+    # (without the annotations, they are named from the field, and their path is a former name)
     old = _without_annotations(monkeypatch, case)
     assert [c.id for c in old.classes] == [c.id for c in an.classes]
-    assert embed.formerly == (old.classes[embed.id].name,)
-    assert mlp.formerly == (old.classes[mlp.id].name,)
+    assert embed.formerly == old.classes[embed.id].formerly[:1]
+    assert mlp.formerly == old.classes[mlp.id].formerly[:1]
+    assert old.classes[mlp.id].name == "mlp"
     assert "[" in mlp.formerly[0], mlp.formerly  # a path and a dim: 'down/kernel[0]'
 
 
@@ -175,11 +178,17 @@ def test_a_plan_saved_with_path_names_loads_onto_annotation_names(make, monkeypa
     case = make()
     old = _without_annotations(monkeypatch, case)
     embed_id = _class_of(_analysed(case), "x", 1).id
-    old_plan = (tl.Plan.replicated(old).with_axes(old.classes[embed_id].name, ("model",),
-                                                   pin=True))
-    path = old_plan.save(tmp_path / "old.json", MESH)
+    # (without the annotations the class is named from the field; its path is a former name)
+    path_name = old.classes[embed_id].formerly[0]
+    old_plan = tl.Plan.replicated(old).with_axes(path_name, ("model",), pin=True)
+    doc = old_plan.to_dict(MESH)
+    doc["classes"] = {path_name if k == old.classes[embed_id].name else k: v
+                      for k, v in doc["classes"].items()}
+    doc["pinned"] = [path_name if k == old.classes[embed_id].name else k for k in doc["pinned"]]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
     saved = path.read_text()
-    assert '"embed"' not in saved and old.classes[embed_id].name in saved
+    assert '"embed"' not in saved and path_name in saved
     an = _analysed(case)
     plan = tl.Plan.load(path, an)
     assert plan.axes_of("embed") == ("model",)

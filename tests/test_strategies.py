@@ -55,9 +55,10 @@ def test_megatron_splits_an_mlps_hidden_dim():
     an = tl.analyze(tl.trace(step, params, opt.init(params), jnp.ones((32, 64)),
                              jnp.zeros((32,), jnp.int32)))
     roles = find_roles(an).describe(an)
-    assert roles["width"] is None and roles["tensor_parallel"][0] == "w1[1]"
+    assert roles["width"] is None and roles["tensor_parallel"][0] == "mlp"
     plan = tl.strategies.expert(an, MESH)["dp+tp"]
-    assert plan.axes_of("x[0]") == ("data",) and plan.axes_of("w1[1]") == ("model",)
+    assert plan.axes_of("batch") == ("data",) and plan.axes_of("mlp") == ("model",)
+    assert an.class_named("x[0]").name == "batch" and an.class_named("w1[1]").name == "mlp"
     prog = an.program
     w1, w2 = (prog.inputs[prog.input_names.index(n)] for n in ("params/w1", "params/w2"))
     assert plan.value_axes(w1) == ((), ("model",)) and plan.value_axes(w2) == (("model",), ())

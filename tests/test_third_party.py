@@ -70,17 +70,23 @@ def test_class_names_are_readable_unique_and_whole_in_the_summary(name):
 
 
 def test_keras_parameters_are_named_by_the_layer_that_reads_them():
+    """Their path names, which the classes' field names replace, still name them."""
     _, _, an = built("keras")
-    names = {c.name for c in an.classes}
-    assert any(n.startswith("query/kernel[") for n in names), names
-    assert any(n.startswith("embedding/table[") for n in names), names
+    former = {n for c in an.classes for n in c.formerly}
+    assert any(n.startswith("query/kernel[") for n in former), former
+    assert any(n.startswith("embedding/table[") for n in former), former
+    assert an.class_named("query/kernel[1]").name == "heads"
+    assert an.class_named("embedding/table[0]").name == "vocab"
 
 
 def test_haiku_paths_are_shortened_to_unique_suffixes():
     _, _, an = built("haiku")
     names = {c.name for c in an.classes}
-    assert "block_group_3/block_0/batchnorm_0/offset[3]" in names
-    assert not any(n.startswith("res_net18/~") for n in names)
+    former = {n for c in an.classes for n in c.formerly}
+    assert "block_group_3/block_0/batchnorm_0/offset[3]" in former
+    assert (an.class_named("block_group_3/block_0/batchnorm_0/offset[3]").name
+            == "channels(block_group_3/block_0/batchnorm_0)")
+    assert not any(n.startswith("res_net18/~") for n in names | former)
 
 
 def test_megatron_on_a_convnet_shards_conv_channels():

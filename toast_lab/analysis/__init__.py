@@ -4,14 +4,19 @@ every factor of every op's rule and gives an `Analysis` — the sharding-equival
 one value, with its resolutions), each op's rule and the class of each of its factors. Repeated
 layers can be grouped so one decision covers them all. `domains(an)` says which part of a
 training step each value is in (compute, parameters, optimizer state), for per-domain plans.
+`find_roles(an)` says what each class is for (the batch, the sequence, the residual width, what
+tensor parallelism and FSDP split), read off the structure; class names and the expert
+strategies both use it. `minor_classes(an)`: the classes with almost nothing at stake.
 """
 
-from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze
-from ._classes import NO_CLASS, REPLICATE, Conflict, ConflictSide, DimClass
+from ._analysis import Analysis, ToastWarning, UnknownPrimitiveError, analyze, minor_classes
+from ._classes import MINOR_SHARE, NO_CLASS, REPLICATE, Conflict, ConflictSide, DimClass
 from ._domains import (COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, crossing_reads,
                        domain_boundaries, domains)
+from ._roles import Roles, find_roles
 
 __all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLICATE",
            "NO_CLASS", "ToastWarning", "UnknownPrimitiveError", "domains", "crossing_reads",
            "domain_boundaries", "Domains", "DOMAINS",
-           "COMPUTE", "PARAMETERS", "OPTIMIZER"]
+           "COMPUTE", "PARAMETERS", "OPTIMIZER", "Roles", "find_roles", "minor_classes",
+           "MINOR_SHARE"]

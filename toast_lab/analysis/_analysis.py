@@ -10,12 +10,17 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import defaultdict
+from dataclasses import replace
 
-from ._classes import NO_CLASS, Conflict, DimClass, unique_name
+from ._classes import MINOR_SHARE, NO_CLASS, Conflict, DimClass, unique_name
 from ._conflicts import find_conflicts
+from ._domains import domains
+from ._field_names import field_names
 from ._layers import group_layers as _group_layers
 from ._names import class_names
 from ._nodes import factor_places, whole_nodes
+from ._roles import find_roles
+from ._words import field_words
 from ..program import Program
 from ._summary import summary_text
 from ._unionfind import UnionFind
@@ -63,6 +68,12 @@ class Analysis:
             for name in c.formerly:
                 if name not in self._by_name:
                     self._former.setdefault(name, c)
+        origins = defaultdict(list)
+        for c in self.classes:
+            origins[c.origin].append(c)
+        for origin, alike in origins.items():  # an origin names a class where only one has it
+            if origin and len(alike) == 1 and origin not in self._by_name:
+                self._former.setdefault(origin, alike[0])
         self._derived: dict = {}
         self._derived_lock = threading.RLock()
 
@@ -77,8 +88,9 @@ class Analysis:
 
     def class_named(self, name: str) -> DimClass:
         """The class called `name`, or formerly called so (plan files saved before classes
-        that share a dim name were told apart: `head_dim_1`; before flax's annotations named
-        them: `up/kernel[0]` for `embed`)."""
+        were named from the field: `lm_head/kernel[0]` for `embed`; before classes that share
+        a dim name were told apart: `head_dim_1`; before flax's annotations named them:
+        `up/kernel[0]` for `embed`), or by its origin (`params/lm_head/kernel[0]`)."""
         try:
             return self._by_name[name] if name in self._by_name else self._former[name]
         except (KeyError, TypeError):
@@ -125,16 +137,39 @@ def analyze(program: Program, group_layers: bool = True, strict: bool = False) -
     rules, op_nodes, fallback_ops = _apply_rules(program, uf, base, part_nodes, part_size, strict)
 
     merged = _group_layers(program, uf, base) if group_layers else {}
-    classes, root_to_class = _make_classes(program, uf, base, part_nodes, part_size, merged)
+    classes, root_to_class, path_names, hinted = _make_classes(
+        program, uf, base, part_nodes, part_size, merged)
     value_classes = tuple(
         tuple(root_to_class[uf.find(base[v.id] + d)] if n > 1 else NO_CLASS
               for d, n in enumerate(v.shape))
         for v in values)
     op_factor_classes = tuple(tuple(root_to_class[uf.find(n)] if n >= 0 else NO_CLASS
                                     for n in nodes) for nodes in op_nodes)
+    # The roles and shape patterns that name classes read an analysis: one with the path
+    # names first, whose roles and domains (which depend on ids, not names) the result keeps.
+    draft = Analysis(program, classes, (), value_classes, tuple(rules), op_factor_classes,
+                     fallback_ops, group_layers)
+    roles = find_roles(draft)
+    names = field_names(draft, field_words(draft, roles), path_names, hinted)
+    classes = _renamed(classes, names)
     conflicts = find_conflicts(program, classes, value_classes, rules, uf, base, group_layers)
-    return Analysis(program, classes, conflicts, value_classes, tuple(rules), op_factor_classes,
-                    fallback_ops, group_layers)
+    an = Analysis(program, classes, conflicts, value_classes, tuple(rules), op_factor_classes,
+                  fallback_ops, group_layers)
+    an.derived("roles", lambda: roles)
+    an.derived("domains", lambda: domains(draft))
+    return an
+
+
+def _renamed(classes, names) -> list[DimClass]:
+    """The classes under their field names; the path name each had goes first in `formerly`,
+    and a class with almost nothing at stake is marked `minor` (see `minor_classes`)."""
+    top = max((c.bytes for c in classes), default=0)
+    out = []
+    for c, name in zip(classes, names):
+        formerly = tuple(n for n in dict.fromkeys((c.name, *c.formerly)) if n != name)
+        out.append(replace(c, name=name, formerly=formerly,
+                           minor=c.bytes < MINOR_SHARE * top))
+    return out
 
 
 # --- rules -> unions --------------------------------------------------------------------------
@@ -246,8 +281,8 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             sizes[r] = part_size[node]
             first_part[r] = key
         compound[r] += 1
-    names, eras = class_names(program, list(members.values()),
-                              [first_part.get(r) for r in members])
+    names, eras, hinted = class_names(program, list(members.values()),
+                                      [first_part.get(r) for r in members])
     classes, root_to_class, taken = [], {}, set()
     taken_then = [set() for _ in eras]
     for (r, mem), (name, aliases, origin) in zip(members.items(), names):
@@ -263,4 +298,17 @@ def _make_classes(program, uf, base, part_nodes, part_size, merged):
             bytes=sum(values[v].nbytes for v in vals), num_values=len(vals), aliases=aliases,
             layers=merged.get(r, 1), origin=origin,
             formerly=tuple(n for n in dict.fromkeys(then) if n != name)))
-    return classes, root_to_class
+    # the path names as the field names start from: the user's and flax's names as made
+    # unique, the others not yet (two alike are told apart there, not by a suffix)
+    path_names = [c.name if hint else name
+                  for c, hint, (name, _, _) in zip(classes, hinted, names)]
+    return classes, root_to_class, path_names, hinted
+
+
+def minor_classes(an: Analysis, share: float = MINOR_SHARE) -> tuple[DimClass, ...]:
+    """The classes whose bytes at stake are under `share` of the largest class's (with the
+    default share, those marked `DimClass.minor`), largest first: a decision list shows them
+    under one "minor" entry."""
+    top = max((c.bytes for c in an.classes), default=0)
+    return tuple(sorted((c for c in an.classes if c.bytes < share * top),
+                        key=lambda c: (-c.bytes, c.id)))

@@ -6,6 +6,10 @@ from dataclasses import dataclass, replace
 
 REPLICATE = "replicate"  # the conflict resolution that shards neither side
 NO_CLASS = -1  # sentinel in Analysis.value_classes: a dim of size 1, never sharded
+# A class is minor when its bytes at stake are under this share of the largest class's: what
+# sharding it could save or cost is noise beside the decisions that matter, so a decision list
+# shows such classes under one "minor" entry rather than one by one.
+MINOR_SHARE = 0.01
 
 
 def unique_name(name: str, taken: set[str]) -> str:
@@ -27,7 +31,7 @@ class DimClass:
     is at stake when deciding it). layers: how many repeated layers it covers when grouped.
     origin: where it first appears (an argument path and dim, or an op). formerly: the names
     older toast-labs gave it, newest first, still accepted by `Analysis.class_named` (none
-    where the same).
+    where the same). minor: its bytes are under `MINOR_SHARE` of the largest class's.
     """
 
     id: int
@@ -41,13 +45,15 @@ class DimClass:
     origin: str = ""
     compound_members: int = 0
     formerly: tuple[str, ...] = ()
+    minor: bool = False
 
     def __repr__(self) -> str:
         also = f" aka {'/'.join(self.aliases)}" if self.aliases else ""
         layers = f" x{self.layers} layers" if self.layers > 1 else ""
+        minor = ", minor" if self.minor else ""
         return (f"DimClass(#{self.id} {self.name!r}{also} size={self.size}, "
                 f"{len(self.members)} dims in {self.num_values} values, "
-                f"{self.bytes / 2**20:.1f} MiB{layers})")
+                f"{self.bytes / 2**20:.1f} MiB{layers}{minor})")
 
 
 @dataclass(frozen=True)

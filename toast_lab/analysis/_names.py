@@ -17,6 +17,9 @@ A class is named, in order of preference:
 3. by the op where the class first appears: its scope, primitive and dim (`attn/iota[0]`); an
    op with no scope is placed by the function that made it (`lru/pad[1]`), unless that is
    the traced step itself.
+
+These are the path names. A class that none of 1 names but a role or a shape pattern explains
+is then named by the field's word (`_field_names.py`); its path name stays a former name.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ _PASS_ON = frozenset({"convert_element_type", "copy", "reshape", "broadcast_in_d
 _MIN_PARTS = 2  # a shortened path keeps at least this many parts
 
 
-def class_names(program, members_by_class,
-                first_parts) -> tuple[list[tuple[str, tuple, str]], list[list[str]]]:
+def class_names(program, members_by_class, first_parts
+                ) -> tuple[list[tuple[str, tuple, str]], list[list[str]], list[bool]]:
     """(name, aliases, origin) per class, names not yet made unique across the analysis
-    (`unique_name` does that for the rare op-labelled duplicates); and the names earlier
+    (`unique_name` does that for the rare op-labelled duplicates); the names earlier
     toast-labs gave the classes, which plan files saved then still hold: one list per era,
     newest first, with a name per class — before flax's annotations were read, and before
-    `_told_apart` and before ops were placed by their function."""
+    `_told_apart` and before ops were placed by their function; and whether each class is
+    named by a hint (`dim_names` or an annotation)."""
     input_index = {v: i for i, v in enumerate(program.inputs)}
     state = state_inputs(program)
     drafts = [_draft(program, mem, input_index, first, state)
@@ -59,7 +63,7 @@ def class_names(program, members_by_class,
     earlier = [_unplaced(program, d, mem, first, input_index)
                for d, mem, first in zip(plain, members_by_class, first_parts)]
     eras = [[n for n, _, _ in unannotated], [n for n, _, _ in _finish(earlier)]]
-    return names, eras
+    return names, eras, [d[0] == "hint" for d in drafts]
 
 
 def _hint_tables(program, annotated: bool = True):

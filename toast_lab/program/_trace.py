@@ -279,13 +279,18 @@ def _join(*parts: str) -> str:
 
 
 def _arg_names(fn, n: int) -> list[str]:
+    """The names of `fn`'s first `n` positional parameters, from its signature — through
+    `functools.partial` (the bound ones are not among them) and `jax.jit` and other wrappers
+    that keep `__wrapped__`. Those past the named ones take the name of `*args`, with their
+    place in it (`args/0`); `arg{i}` only where `fn` has no signature (a builtin)."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        names = [p.name for p in params[:n]]
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        names = []
-    return names + [f"arg{i}" for i in range(len(names), n)]
+        return [f"arg{i}" for i in range(n)]
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
+    rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "arg")
+    return names + [f"{rest}/{i - len(names)}" for i in range(len(names), n)]
 
 
 def _path_name(path, arg_names: list[str]) -> str:
@@ -303,7 +308,7 @@ def _path_name(path, arg_names: list[str]) -> str:
         else:
             part = str(key)
         if i == 1 and path[0] == jax.tree_util.SequenceKey(0):  # a positional argument
-            part = arg_names[part] if part < len(arg_names) else f"arg{part}"
+            part = arg_names[part]
         if i > 0:
             parts.append(str(part))
     return "/".join(parts)

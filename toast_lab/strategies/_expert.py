@@ -4,10 +4,9 @@ domains of the step (ZeRO-1/2, MaxText), each a Plan built from the class roles.
 
 from __future__ import annotations
 
-from ..analysis import OPTIMIZER, PARAMETERS, domains
+from ..analysis import OPTIMIZER, PARAMETERS, Roles, domains, find_roles
 from ..plan import Plan
 from ..plan import check_analysis, check_mesh
-from ._roles import Roles, find_roles
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 

@@ -15,8 +15,10 @@ and equinox's modules with `None` leaves all look the same here).
   within a micro-batch, the dim after the scanned one: that is what data parallelism splits;
   the inputs' own leading dims (`micro_batched`) are sharded like it, as a data loader hands
   each device its share of the global batch.
-- sequence: a data class other than batch that two data inputs share (tokens and labels); it
-  may touch state (learned positions).
+- sequence: a data class other than batch that two data inputs share (tokens and labels), or
+  two shifted copies of one (labels made inside the step: `tokens[:, :-1]` and `tokens[:, 1:]`,
+  `jnp.roll(tokens, -1, 1)`: slices, pads and concatenations of a data input along a dim each
+  count as a copy of it); it may touch state (learned positions).
 - feature classes: classes on a result dim of a contraction (dot_general, a convolution, a
   grouped matmul) that is not contracted there — what tensor parallelism can split: a
   layer's output features or channels, attention heads, the vocabulary. A convolution's window
@@ -31,6 +33,11 @@ and equinox's modules with `None` leaves all look the same here).
   channels).
 - FSDP classes: state classes chosen greedily, widest first then by the parameter bytes they
   cover, until every parameter has one (a bias's hidden dim, once the weights are covered).
+- loops: the scanned dims of `lax.scan`s (a stack of layers, or the micro-batches of gradient
+  accumulation): sharding one is pipelining, never FSDP or Megatron.
+
+The analysis finds the roles once (`Analysis.roles`); its class names and the expert strategies
+both read them there.
 """
 
 from __future__ import annotations
@@ -38,12 +45,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from ..analysis import domains
+from ._domains import domains
 from ..program import state_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH
 
 # Ops whose free (non-contracted) result dims are features that tensor parallelism splits.
 CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot_general"})
+# Ops that make a shifted or cut copy of a data input, dim for dim (labels made from the tokens
+# inside the step), and ops that only pass a copy on (casts).
+_SHIFTS = frozenset({"slice", "dynamic_slice", "pad", "concatenate", "rev"})
+_CASTS = frozenset({"convert_element_type", "copy", "reduce_precision"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Roles:
     tensor_parallel: tuple[int, ...]
     fsdp: tuple[int, ...]
     micro_batched: tuple[int, ...] = ()  # the data inputs' leading dims split into `batch`
+    loops: frozenset[int] = frozenset()  # the scanned dims of `lax.scan`s
 
     def describe(self, an) -> dict[str, object]:
         name = lambda c: None if c is None else an.classes[c].name  # noqa: E731
@@ -66,6 +78,11 @@ class Roles:
 
 
 def find_roles(an) -> Roles:
+    """The roles of `an`'s classes (see the module docstring), found once per analysis."""
+    return an.derived("roles", lambda: _find_roles(an))
+
+
+def _find_roles(an) -> Roles:
     prog = an.program
     state = state_inputs(prog)
     data = [v for v in prog.inputs if v not in state]
@@ -75,16 +92,15 @@ def find_roles(an) -> Roles:
         return {c for v in values for c in vc[v] if c >= 0}
 
     state_classes = classes_of(state)
-    data_classes = classes_of(data)
     # The scanned dim of a layer stack: sharding it is pipelining, not FSDP or Megatron.
     loops = {c for op, rule, classes in zip(prog.ops, an.op_rules, an.op_factor_classes)
              if op.primitive == "scan"
              for c, kind in zip(classes, rule.kinds) if kind is NEED_REPLICATION and c >= 0}
     batch, micro_batched = _batch(an, data, state_classes, loops)
-    by_bytes = sorted(data_classes, key=lambda c: (-an.classes[c].bytes, c))
     # A sequence runs from the inputs to the targets: tokens and labels share it (an MLP's
     # features, an image's height, stop at the first layer).
-    shared = Counter(c for v in data for c in set(vc[v]) if c >= 0)
+    shared = _copies(an, data)
+    by_bytes = sorted(shared, key=lambda c: (-an.classes[c].bytes, c))
     sequence = next((c for c in by_bytes if c != batch and shared[c] >= 2), None)
     features = feature_classes(an)
 
@@ -125,7 +141,42 @@ def find_roles(an) -> Roles:
     micro_batched = tuple(sorted(c for c in micro_batched
                                  if c != batch and c not in state_classes))
     return Roles(state, batch, sequence, width, tuple(tensor_parallel), tuple(fsdp),
-                 micro_batched)
+                 micro_batched, frozenset(loops))
+
+
+def _copies(an, data) -> Counter:
+    """Per class, how many copies of the data inputs carry it: each data input, and each
+    shifted or cut copy of one made by a slice, pad or concatenation along its dims (through
+    casts), counts once for each class on its dims."""
+    prog, vc = an.program, an.value_classes
+    count: Counter = Counter()
+    frontier, seen = list(data), set(data)
+    while frontier:
+        v = frontier.pop()
+        for c in set(vc[v]):
+            if c >= 0:
+                count[c] += 1
+        for o in prog.users(v):
+            op = prog.ops[o]
+            if op.primitive in _SHIFTS or op.primitive in _CASTS:
+                for r in op.results:
+                    if r not in seen and prog.values[r].ndim == prog.values[v].ndim:
+                        seen.add(r)
+                        frontier.append(r)
+    # a cast is the same copy: count the classes of what it casts only once
+    return count - _cast_repeats(an, seen)
+
+
+def _cast_repeats(an, copies) -> Counter:
+    prog, vc = an.program, an.value_classes
+    out: Counter = Counter()
+    for v in copies:
+        val = prog.values[v]
+        if val.producer >= 0 and prog.ops[val.producer].primitive in _CASTS:
+            for c in set(vc[v]):
+                if c >= 0:
+                    out[c] += 1
+    return out
 
 
 def _batch(an, data, state_classes, loops) -> tuple[int | None, set[int]]:
