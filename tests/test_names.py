@@ -158,10 +158,12 @@ def test_labels_shifted_inside_the_step_are_the_sequence(name):
     roles = find_roles(an)
     assert roles.sequence is not None
     assert an.classes[roles.sequence].name == "seq"
-    # sequence parallelism applies (here the 15 positions left after the shift do not divide
-    # over the mesh, which is another reason)
+    # sequence parallelism applies where the positions left after the shift divide over the
+    # mesh (the Hugging Face steps'); elsewhere it says why not
     experts = tl.strategies.expert(an, MESH)
     assert "sp" in experts or "cannot be split" in experts.skipped["sp"], experts.skipped
+    if name.startswith("hf-"):
+        assert "sp" in experts, experts.skipped
 
 
 def test_names_are_deterministic():
@@ -212,7 +214,7 @@ def test_minor_classes_are_those_with_almost_nothing_at_stake():
     assert minor and {c.id for c in minor} == {c.id for c in an.classes if c.minor}
     assert all(c.bytes < MINOR_SHARE * top for c in minor)
     assert not any(an.class_named(n).minor for n in ("batch", "seq", "embed", "mlp", "heads"))
-    assert an.class_named("positions").minor
+    assert any(c.minor for c in an.classes if c.name.startswith("head_dim(rotary_emb"))
     assert minor_classes(an, share=0.0) == ()
     assert [c.bytes for c in minor] == sorted((c.bytes for c in minor), reverse=True)
 

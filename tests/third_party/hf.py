@@ -1,6 +1,7 @@
 """Hugging Face Flax language models, built from tiny configs (no weights are downloaded),
 each in a training step written as the transformers docs write one: a causal LM's labels are
-its tokens shifted inside the step.
+its tokens shifted inside the step (SEQ + 1 tokens: SEQ positions after the shift, which a
+mesh axis divides).
 
 Every builder returns `(step, args)` like tests/third_party/models.py's.
 """
@@ -14,8 +15,8 @@ import optax
 BATCH, SEQ, VOCAB, WIDTH, MLP, HEADS = 8, 16, 64, 32, 64, 4
 
 
-def _tokens(seed=0):
-    return np.random.default_rng(seed).integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32)
+def _tokens(seed=0, length=SEQ):
+    return np.random.default_rng(seed).integers(0, VOCAB, (BATCH, length)).astype(np.int32)
 
 
 def _xent(logits, labels):
@@ -43,7 +44,8 @@ def gpt2():
                         n_head=HEADS)
     model = FlaxGPT2LMHeadModel(config, input_shape=(1, SEQ), seed=0)
     tx = optax.adamw(1e-3)
-    return _causal_lm_step(model, tx), (model.params, tx.init(model.params), _tokens())
+    return _causal_lm_step(model, tx), (model.params, tx.init(model.params),
+                                         _tokens(length=SEQ + 1))
 
 
 def llama():
@@ -55,7 +57,8 @@ def llama():
                          num_key_value_heads=2, max_position_embeddings=SEQ)
     model = FlaxLlamaForCausalLM(config, input_shape=(1, SEQ), seed=0)
     tx = optax.adamw(1e-3)
-    return _causal_lm_step(model, tx), (model.params, tx.init(model.params), _tokens())
+    return _causal_lm_step(model, tx), (model.params, tx.init(model.params),
+                                         _tokens(length=SEQ + 1))
 
 
 def bert():
