@@ -74,19 +74,17 @@ def test_the_lab_displays_its_widget_then_the_charts_under_it(gpt, monkeypatch):
     pytest.importorskip("ipywidgets")
     import IPython.display
 
-    from toast_lab.lab import _charts
-
     shown = []
-    monkeypatch.setattr(_charts, "load_bokehjs", lambda: shown.append("bokehjs"))
     monkeypatch.setattr(IPython.display, "display", lambda w: shown.append(w))
     lab = Lab.from_analysis(*gpt)  # a real LabView
     bundle = lab._repr_mimebundle_()
     data = bundle[0] if isinstance(bundle, tuple) else bundle
     assert data["application/vnd.jupyter.widget-view+json"]["model_id"] == lab.widget.model_id
     assert data["text/plain"].startswith("Lab('gpt_train_step'")
-    # After the cell (IPython's post_execute): BokehJS, then the charts, up to date.
+    # After the cell (IPython's post_execute): the charts, up to date, and nothing else (the
+    # JupyterLab extension loads BokehJS: no output embeds it).
     lab._show_charts()
-    assert shown == ["bokehjs", lab.charts.widget]
+    assert shown == [lab.charts.widget]
     assert "tl-charts" in lab.charts.widget._dom_classes
     lab.pin("batch", "data")
     assert lab._settle_charts()

@@ -1,5 +1,7 @@
 /**
- * toast-lab's JupyterLab extension: two plugins sharing one graph view (./view).
+ * toast-lab's JupyterLab extension: two plugins sharing one graph view (./view), and BokehJS.
+ *  - `toast-lab:bokehjs` loads BokehJS into the page once (./bokeh), before any notebook is
+ *    shown: the Lab's charts are jupyter_bokeh widgets, whose views need `window.Bokeh`;
  *  - `toast-lab:widget` registers the Lab widget (LabViewModel / LabView) with ipywidgets;
  *  - `toast-lab:plan-viewer` draws plan outputs (`application/vnd.toast-lab.plan+json`) and
  *    plan diffs (`application/vnd.toast-lab.plan-diff+json`), and opens plan files
@@ -10,6 +12,7 @@ import { IJupyterWidgetRegistry } from '@jupyter-widgets/base';
 import { MimeDocumentFactory } from '@jupyterlab/docregistry';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 
+import { BOKEHJS_VERSION, loadBokehJS } from './bokeh';
 import { diffRendererFactory } from './diffviewer';
 import { PLAN_MIME_TYPE, planRendererFactory } from './planviewer';
 import { MODULE_NAME, MODULE_VERSION } from './version';
@@ -18,6 +21,21 @@ import { MODULE_NAME, MODULE_VERSION } from './version';
 export const PLAN_FILE_PATTERN = '^(.*[._-])?plan\\.json$|\\.toastplan\\.json$';
 export const PLAN_FILE_TYPE = 'toast-lab-plan';
 export const PLAN_VIEWER = 'toast-lab plan';
+
+const bokehPlugin: JupyterFrontEndPlugin<void> = {
+  id: 'toast-lab:bokehjs',
+  description: `Loads BokehJS ${BOKEHJS_VERSION} for the Lab's charts (no output embeds it).`,
+  autoStart: true,
+  // JupyterLab shows its shell, and with it any notebook, once every plugin that starts with
+  // it has activated: awaiting BokehJS here puts it in the page before a chart's view exists.
+  activate: async () => {
+    try {
+      await loadBokehJS();
+    } catch (err) {
+      console.error(`toast-lab: ${err}; the Lab's charts will not draw`);
+    }
+  }
+};
 
 const widgetPlugin: JupyterFrontEndPlugin<void> = {
   id: 'toast-lab:widget',
@@ -70,4 +88,4 @@ const planViewerPlugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [widgetPlugin, planViewerPlugin];
+export default [bokehPlugin, widgetPlugin, planViewerPlugin];

@@ -29,6 +29,32 @@ def test_built_bundle_version_matches_the_python_package():
     assert LabView._view_module_version.default_value == f"^{bundle['version']}"
 
 
+def test_the_bundled_bokehjs_is_the_python_bokeh():
+    """The extension loads BokehJS for the charts (no output embeds it): the version that
+    package.json pins, that the lock file installs and that the built bundle carries is the
+    Python `bokeh` installed, and the one pyproject.toml pins."""
+    import bokeh
+
+    source = json.loads((REPO / "package.json").read_text())
+    pinned = source["dependencies"]["@bokeh/bokehjs"]
+    lock = json.loads((REPO / "package-lock.json").read_text())
+    locked = lock["packages"]["node_modules/@bokeh/bokehjs"]["version"]
+    python = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"bokeh=={pinned}" in python, python
+    assert pinned == locked == bokeh.__version__, (
+        f"package.json pins @bokeh/bokehjs {pinned}, the lock has {locked}, Python has bokeh "
+        f"{bokeh.__version__}: they must be one release")
+    ext = built_extension()
+    if ext is None:
+        unavailable("the toast-lab extension is not built: run `pip install .` or `npm run build`")
+    bundle = json.loads((ext / "package.json").read_text())
+    assert bundle["dependencies"]["@bokeh/bokehjs"] == pinned
+    # BokehJS's own build, as published, beside the bundle (src/bokeh.ts loads it)
+    emitted = list((ext / "static").glob("bokeh.min.*.js"))
+    assert len(emitted) == 1, emitted
+    assert f'version="{pinned}"' in emitted[0].read_text()[:2_000_000]
+
+
 def test_jupyter_lists_the_extension_enabled(tmp_path):
     """`jupyter labextension list` (as a user checks an install) shows toast-lab, this
     release, enabled and OK: its package.json, install.json and bundle are what JupyterLab

@@ -76,11 +76,10 @@ display(w, log)
 '''
 
 CHARTS = r'''
-from toast_lab.lab._charts import SearchProgressChart, MemoryChart, load_bokehjs
+from toast_lab.lab._charts import SearchProgressChart, MemoryChart
 hist = view["search"]["history"]
 progress = SearchProgressChart(hist[:1], references={e["name"]: e["step_time_s"] for e in view["experts"][:2]})
 memory = MemoryChart(view["estimate"]["memory_breakdown"], view["estimate"]["memory_capacity_bytes"])
-load_bokehjs()
 display(ipywidgets.VBox([progress.widget, memory.widget]))
 '''
 

@@ -5,26 +5,22 @@ in the Lab's layout and an `update(...)` that takes plain numbers; updating chan
 document, which jupyter_bokeh sends to the page as a patch (so it works from the background
 search thread too, without redrawing the widget).
 
-Offline: BokehJS is loaded inline, from this same `bokeh` package, never from a CDN, so the
-Python and JavaScript halves are always the same version. `load_bokehjs()` must be displayed in
-the page before a chart's widget is: call it each time the charts are displayed (the page may
-have been reloaded while the kernel kept running, so "already loaded" is not the kernel's to
-know), e.g.
+BokehJS is not embedded in any output: toast-lab's JupyterLab extension loads it into the page
+once (labextension/src/bokeh.ts), from the npm package `@bokeh/bokehjs` pinned to this `bokeh`'s
+version (pyproject.toml pins `bokeh` to the same version; a test checks both), so a chart is
+displayed like any widget and a saved notebook holds only the widget's reference:
 
-    load_bokehjs()
-    display(ipywidgets.VBox([lab_view, ipywidgets.HBox([progress.widget, memory.widget])]))
+    display(ipywidgets.HBox([progress.widget, memory.widget]))
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from bokeh.io import output_notebook
 from bokeh.layouts import row
 from bokeh.models import (ColumnDataSource, Legend, LegendItem, NumeralTickFormatter,
                           Range1d, Span)
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 from jupyter_bokeh import BokehModel
 
 # Okabe–Ito: distinguishable with the common colour-vision deficiencies.
@@ -34,15 +30,6 @@ BAD = "#C62828"
 # Reference lines: Okabe–Ito without its yellow (too faint as a dashed line on white).
 REFERENCE_COLORS = ["#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#999999"]
 MAX_REFERENCES = 4
-
-
-def load_bokehjs() -> None:
-    """Displays BokehJS inline (no CDN), so that the Bokeh widgets displayed after it render.
-
-    jupyter_bokeh's JupyterLab extension runs the `application/vnd.bokehjs_load.v0+json`
-    output this makes; the page ignores a second load of the same BokehJS.
-    """
-    output_notebook(resources=INLINE, hide_banner=True)
 
 
 def _ms(seconds: float) -> float:
@@ -210,8 +197,7 @@ class LabCharts:
     reference lines) and memory per device against capacity, both fed from the Lab's view
     model on every change (`update(view)`: a pin, a search's progress, its end).
 
-    `widget` is an ipywidgets.HBox; call `load_bokehjs()` and `rebundle()` before displaying
-    it.
+    `widget` is an ipywidgets.HBox; call `rebundle()` before displaying it.
     """
 
     def __init__(self, view, width: int = 1060) -> None:

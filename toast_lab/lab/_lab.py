@@ -383,25 +383,21 @@ class Lab:
             log.exception("toast-lab: the charts could not be made")
 
     def _show_charts(self) -> None:
-        """Displays the charts (BokehJS first, inline, and their saved documents brought up to
-        date, so that this display starts from the current numbers and follows every later
-        change)."""
+        """Displays the charts (their saved documents brought up to date, so that this display
+        starts from the current numbers and follows every later change). BokehJS is in the
+        page already: the JupyterLab extension loads it."""
         charts = self.charts
         if charts is None:
             return
         from IPython.display import display
 
-        from ._charts import load_bokehjs
-
         with self._charts_lock:
             charts.rebundle()
-        load_bokehjs()
         display(charts.widget)
 
     def _show_charts_after_the_cell(self) -> None:
-        """The charts go under the widget once the cell has run: BokehJS, inline, is 4 MB of
-        script that the page runs before the outputs after it, so the graph, shown first, is
-        not kept waiting for it (2 s of a 2.3 s first display, measured)."""
+        """The charts go under the widget once the cell has run: the graph, shown first, is not
+        kept waiting for Bokeh's documents (made in a thread of their own, `_prepare_charts`)."""
         try:
             from IPython import get_ipython
         except ImportError:
