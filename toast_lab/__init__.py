@@ -13,9 +13,10 @@ DESIGN.md, each stage importing only earlier ones:
     verification/ compile on simulated devices and read what XLA did    (stage 9)
     lab/          the notebook widget                                   (stage 10)
     zoo/          built-in training steps
+    progress      long stages (tracing, compiling the cost model...) told to a listener
 """
 
-from . import rules, strategies, zoo
+from . import progress, rules, strategies, zoo
 from .analysis import (REPLICATE, Analysis, Conflict, ConflictSide, DimClass, ToastWarning,
                        UnknownPrimitiveError, analyze)
 from .cost import CostModel, Estimate, IncrementalEstimator, cost_model, estimate
@@ -34,5 +35,5 @@ __all__ = [
     "zoo", "Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
     "PlanError", "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
     "IncrementalEstimator", "search", "exhaustive", "random_search", "SearchResult",
-    "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff",
+    "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff", "progress",
 ]

@@ -1,12 +1,14 @@
 /**
  * The Lab as an ipywidgets widget: model `LabViewModel` and view `LabView` in module
- * "toast-lab". Traitlets (Python `toast_lab.lab._widget.LabView`): `view` (the ViewModel dict)
- * and `op_costs` (bytes: little-endian float64 [compute_s, comm_s] per op, op id order).
+ * "toast-lab". Traitlets (Python `toast_lab.lab._widget.LabView`): `view` (the ViewModel dict),
+ * `op_costs` (bytes: little-endian float64 [compute_s, comm_s] per op, op id order) and
+ * `progress` (what the kernel is still doing for the Lab, "" when nothing).
  * Events go to the kernel as custom messages `{"event": ..., ...}`.
  */
 import type * as Backbone from 'backbone';
 import { DOMWidgetModel, DOMWidgetView, IBackboneModelOptions, ISerializers } from '@jupyter-widgets/base';
 
+import { fill, h } from './dom';
 import { sharedLayout } from './layout';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 import { LabGraphView } from './view';
@@ -23,7 +25,8 @@ export class LabViewModel extends DOMWidgetModel {
       _view_module: MODULE_NAME,
       _view_module_version: MODULE_VERSION,
       view: {},
-      op_costs: null
+      op_costs: null,
+      progress: ''
     };
   }
 
@@ -66,6 +69,10 @@ export function opCostsFromBuffer(value: unknown): Float64Array | null {
 
 export class LabView extends DOMWidgetView {
   private graphView: LabGraphView | null = null;
+  /** What the Lab is still doing: the kernel's `progress`, and the first graph's layout. */
+  private building = h('div', { className: 'tl-building', role: 'status', hidden: true });
+  private laidOut = false;
+  private layingOut: string | null = null;
 
   render(): void {
     this.el.classList.add('tl-widget');
@@ -73,8 +80,10 @@ export class LabView extends DOMWidgetView {
       interactive: true,
       send: (event: LabEvent) => this.send(event)
     });
+    this.el.appendChild(this.building);
     this.el.appendChild(this.graphView.node);
     this.listenTo(this.model, 'change:view', () => this.draw());
+    this.listenTo(this.model, 'change:progress', () => this.showBuilding());
     this.listenTo(this.model, 'change:op_costs', () =>
       this.graphView?.setOpCosts(this.model.get('op_costs') as Float64Array | null)
     );
@@ -96,6 +105,22 @@ export class LabView extends DOMWidgetView {
       this.graphView.node.dataset.empty = 'true';
       return;
     }
-    void this.graphView.update(view, this.model.get('op_costs') as Float64Array | null);
+    const drawn = this.graphView.update(view, this.model.get('op_costs') as Float64Array | null);
+    if (!this.laidOut) {
+      this.layingOut = `laying out the graph (${view.graph.nodes.length} nodes)`;
+      this.showBuilding();
+      void drawn.finally(() => {
+        this.laidOut = true;
+        this.layingOut = null;
+        this.showBuilding();
+      });
+    }
+  }
+
+  /** The progress line: the kernel's work, then the page's; hidden when both are done. */
+  private showBuilding(): void {
+    const parts = [this.model.get('progress') as string, this.layingOut].filter(p => !!p);
+    this.building.hidden = parts.length === 0;
+    fill(this.building, parts.length ? h('span', { className: 'tl-spinner' }) : null, parts.join(' · '));
   }
 }

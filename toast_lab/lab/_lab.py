@@ -12,6 +12,7 @@ the view's `error`, never a dead widget.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -22,9 +23,11 @@ import numpy as np
 from ..analysis import analyze
 from ..plan import PlanError
 from ..program import trace
+from ..progress import reporting, stage
 from ._build import ViewBuilder
 from ._scopes import ROOT
 from ._session import PinError, Session
+from ._startup import CellProgress
 from ._viewmodel import ViewModel
 
 log = logging.getLogger("toast_lab.lab")
@@ -64,6 +67,27 @@ def _in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+@contextlib.contextmanager
+def _building(progress, title: str):
+    """Reports the stages run inside to `progress`: a callable (toast_lab.progress listener),
+    False (nobody), or None: the running cell's output in a Jupyter kernel (CellProgress),
+    else nobody. The cell's display ends as one line of totals."""
+    cell = None
+    if progress is None and _in_kernel():
+        try:
+            progress = cell = CellProgress(title)
+        except Exception:  # noqa: BLE001 - no display: build without showing progress
+            log.exception("toast-lab: could not show the Lab's progress")
+            progress = None
+    started = time.perf_counter()
+    try:
+        with reporting(progress or None):
+            yield
+    finally:
+        if cell is not None:
+            cell.close(time.perf_counter() - started)
+
+
 def _default_widget():
     """A LabView, or None where ipywidgets (or the view module) is not installed."""
     try:
@@ -81,29 +105,43 @@ class Lab:
     overlap / memory_cap / seed (the session's), dim_names (for `trace`), expanded (group ids
     drawn open; default the root and the repeated layers), widget (a LabView-like object with
     `view`, `op_costs` and `on_event`; None builds a LabView when ipywidgets is installed,
-    False shows no widget).
+    False shows no widget), progress (who is told of the construction's stages, tracing to
+    the first view: a toast_lab.progress listener, False for nobody; None shows them in the
+    running cell in a Jupyter kernel).
     """
 
     def __init__(self, fn, *args, mesh, plan=None, group_layers: bool = True,
-                 strict: bool = False, dim_names=None, **options):
-        program = trace(fn, *args, dim_names=dim_names)
-        analysis = analyze(program, group_layers=group_layers, strict=strict)
-        self._setup(analysis, mesh, plan, **options)
+                 strict: bool = False, dim_names=None, progress=None, **options):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        with _building(progress, f"building the Lab on {name}, {mesh}"):
+            with stage("trace", "tracing the step") as run:
+                program = trace(fn, *args, dim_names=dim_names)
+                run.detail = f"{len(program.ops):,} ops"
+            with stage("analysis", "analysing the dataflow") as run:
+                analysis = analyze(program, group_layers=group_layers, strict=strict)
+                run.detail = (f"{len(analysis.classes)} classes, "
+                              f"{len(analysis.conflicts)} conflicts")
+            self._setup(analysis, mesh, plan, **options)
 
     @classmethod
-    def from_analysis(cls, analysis, mesh, plan=None, **options) -> "Lab":
-        """A Lab on an existing Analysis (no tracing)."""
+    def from_analysis(cls, analysis, mesh, plan=None, progress=None, **options) -> "Lab":
+        """A Lab on an existing Analysis (no tracing); progress as for Lab(...)."""
         lab = cls.__new__(cls)
-        lab._setup(analysis, mesh, plan, **options)
+        with _building(progress, f"building the Lab on {analysis.program.fn_name}, {mesh}"):
+            lab._setup(analysis, mesh, plan, **options)
         return lab
 
     def _setup(self, analysis, mesh, plan=None, *, donate: bool = True, overlap="scheduled",
                memory_cap: float | None = None, seed: int = 0, expanded=None, widget=None,
                progress_every_s: float = 0.2):
-        self.session = Session(analysis, mesh, plan, donate=donate, overlap=overlap,
-                               memory_cap=memory_cap, seed=seed,
-                               progress_every_s=progress_every_s)
-        self.builder = ViewBuilder(analysis, mesh)
+        with stage("cost model", "building the cost model and estimating the first plan"):
+            self.session = Session(analysis, mesh, plan, donate=donate, overlap=overlap,
+                                   memory_cap=memory_cap, seed=seed,
+                                   progress_every_s=progress_every_s)
+        with stage("experts", "estimating the expert plans") as run:
+            self.builder = ViewBuilder(analysis, mesh)
+            with self.session.lock:
+                run.detail = f"{len(self.builder.experts(self.session.model))} plans"
         self._expanded = set(self.builder.default_expanded if expanded is None
                              else set(expanded) | {ROOT})
         self._error: str | None = None        # a crash of the view layer itself
@@ -121,8 +159,10 @@ class Lab:
         if self.widget is not None:
             self.widget.on_event(self._on_event)
         self.session.add_listener(self._on_change)
-        self.refresh()
+        with stage("first view", "pricing the choices and drawing the first view"):
+            self.refresh()
         if self.widget is not None and _in_kernel():
+            self._building_line("preparing the charts")
             threading.Thread(target=self._prepare_charts, name="toast-lab charts",
                              daemon=True).start()
 
@@ -381,6 +421,14 @@ class Lab:
             self._make_charts()
         except Exception:  # noqa: BLE001 - displaying will try again and say what broke
             log.exception("toast-lab: the charts could not be made")
+        finally:
+            self._building_line("")
+
+    def _building_line(self, text: str) -> None:
+        """What the Lab is still doing once displayed, on the widget's progress line ("":
+        nothing)."""
+        if self.widget is not None and hasattr(self.widget, "progress"):
+            self.widget.progress = text
 
     def _show_charts(self) -> None:
         """Displays the charts (their saved documents brought up to date, so that this display

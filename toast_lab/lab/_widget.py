@@ -7,7 +7,9 @@ notes/VIEWMODEL.md:
 - `view`: the view model, a JSON-ready dict (``format: "toast-lab-view"``), replaced whole on
   every change;
 - `op_costs`: bytes, little-endian float64 ``[compute_s, comm_s]`` per op in op id order (a
-  binary buffer, so a large program's per-op costs do not travel as JSON).
+  binary buffer, so a large program's per-op costs do not travel as JSON);
+- `progress`: what the Lab is still doing once displayed ("preparing the charts"), drawn as a
+  line over the view; "" when nothing.
 
 The front end sends events as custom messages ``{"event": name, ...}``: ``pin {name, value}``,
 ``unpin {name}``, ``toggle {group}``, ``select {kind, id}``, ``search {budget_s}``, ``stop {}``,
@@ -75,6 +77,7 @@ class LabView(ipywidgets.DOMWidget):
 
     view = traitlets.Dict().tag(sync=True)
     op_costs = traitlets.Bytes(None, allow_none=True).tag(sync=True, to_json=_bytes_to_json)
+    progress = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
