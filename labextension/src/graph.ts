@@ -15,12 +15,17 @@ export interface GraphCallbacks {
 }
 
 /**
- * Graphviz draws in points; at scale 1 a 10 pt label is 10 px. Below MIN_FIT_SCALE a fitted
- * graph is too small to read, so a tall graph opens at a readable scale, at its top, and the
- * wheel scrolls it.
+ * Graphviz draws in points; at scale 1 an 11 pt label is 11 px. A graph opens fitted to its
+ * pane, and fitted again when a group opens or closes; below MIN_FIT_SCALE the whole graph is
+ * too small to read, so it opens as wide as the pane, at its top, and the wheel scrolls it.
  */
-const MIN_FIT_SCALE = 0.9;
+const MIN_FIT_SCALE = 0.8;
 const MAX_FIT_SCALE = 1.35;
+/** Room kept free around a fitted graph, and under it for the zoom buttons (px). */
+const FIT_PAD = 16;
+const FIT_PAD_BOTTOM = 40;
+/** An edge's label (the collective it pays) is never smaller than this on screen (px). */
+const MIN_EDGE_LABEL_PX = 11;
 
 export class GraphPane {
   readonly node: HTMLDivElement;
@@ -196,7 +201,7 @@ export class GraphPane {
     this.decorate();
     const focus = this.pendingFocus;
     this.pendingFocus = null;
-    if (firstLayout) {
+    if (firstLayout || (focus !== null && this.fitScale() >= MIN_FIT_SCALE)) {
       this.fit(false);
     } else if (focus === null || !this.showGroup(focus)) {
       this.applyZoom(); // keep the user's pan and zoom across updates
@@ -262,6 +267,7 @@ export class GraphPane {
       }
     });
     this.highlight(this.highlighted);
+    this.keepEdgeLabelsReadable();
     const sel = view.selected;
     this.markSelected(
       sel?.kind === 'op'
@@ -294,6 +300,7 @@ export class GraphPane {
     t.textContent = text;
     g.appendChild(t);
     parent.appendChild(g);
+    g.dataset.anchor = `${x} ${y} ${parseFloat(getComputedStyle(t).fontSize) || 10}`;
     const b = t.getBBox();
     const r = svg('rect', {
       x: b.x - 4,
@@ -340,15 +347,30 @@ export class GraphPane {
     return true;
   }
 
+  /** The scales at which the whole graph fits the pane's width, and its height. */
+  private fitScales(): [number, number] {
+    const W = this.viewport.clientWidth || 600;
+    const H = this.viewport.clientHeight || 400;
+    return [(W - 2 * FIT_PAD) / this.graphW, (H - FIT_PAD - FIT_PAD_BOTTOM) / this.graphH];
+  }
+
+  private fitScale(): number {
+    return Math.min(...this.fitScales(), MAX_FIT_SCALE);
+  }
+
+  /**
+   * The whole graph in the pane, centred, clear of the zoom buttons; when that is too small to
+   * read (and not `always`, the Fit button), the whole width from the top.
+   */
   private fit(always: boolean): void {
     const W = this.viewport.clientWidth || 600;
     const H = this.viewport.clientHeight || 400;
-    const pad = 16;
-    let k = Math.min((W - 2 * pad) / this.graphW, (H - 2 * pad) / this.graphH, MAX_FIT_SCALE);
-    let top = (H - this.graphH * k) / 2;
+    const [kW] = this.fitScales();
+    let k = this.fitScale();
+    let top = FIT_PAD + (H - FIT_PAD - FIT_PAD_BOTTOM - this.graphH * k) / 2;
     if (k < MIN_FIT_SCALE && !always) {
-      k = Math.max(Math.min((W - 2 * pad) / this.graphW, MAX_FIT_SCALE), MIN_FIT_SCALE);
-      top = pad;
+      k = Math.min(kW, MAX_FIT_SCALE);
+      top = FIT_PAD;
     }
     this.setZoom(k, (W - this.graphW * k) / 2, top);
   }
@@ -371,6 +393,27 @@ export class GraphPane {
   private applyZoom(): void {
     this.zoomG?.setAttribute('transform', `translate(${this.tx},${this.ty}) scale(${this.k})`);
     this.node.dataset.zoom = this.k.toFixed(3);
+    this.keepEdgeLabelsReadable();
+  }
+
+  /**
+   * Edge labels grow as the graph shrinks, to stay MIN_EDGE_LABEL_PX on screen: Graphviz's
+   * labels by their font size (their anchor stays), the badges added here about their centre.
+   */
+  private keepEdgeLabelsReadable(): void {
+    const root = this.svgEl;
+    if (!root) {
+      return;
+    }
+    root.querySelectorAll<SVGTextElement>('g.edge > text').forEach(t => {
+      const base = Number((t.dataset.baseSize ??= t.getAttribute('font-size') ?? '12'));
+      t.setAttribute('font-size', Math.max(base, MIN_EDGE_LABEL_PX / this.k).toFixed(2));
+    });
+    root.querySelectorAll<SVGGElement>('.tl-collective-badge').forEach(g => {
+      const [x, y, size] = (g.dataset.anchor ?? '0 0 10').split(' ').map(Number);
+      const f = Math.max(1, MIN_EDGE_LABEL_PX / (size * this.k));
+      g.setAttribute('transform', f > 1 ? `translate(${x} ${y}) scale(${f}) translate(${-x} ${-y})` : '');
+    });
   }
 
   private installPanZoom(): void {

@@ -107,7 +107,7 @@ class SearchProgressChart:
         self.t_range.end = max(columns["t_s"] + [0.0]) * 1.05 or 1.0
         self.sims_range.end = max(columns["sims"] + [0.0]) * 1.05 or 100.0
         self.by_time.title.text = (f"Best plan so far: {best[-1]:.3g} ms" if best
-                                   else "Best plan so far (no search yet)")
+                                   else "No search yet")
         ys = best + refs
         if ys:
             lo = min(ys)
@@ -139,8 +139,10 @@ class MemoryChart:
         self.fig.add_layout(self.capacity)
         self.fig.ygrid.visible = False
         # Below the bar, so the categories never hide it.
+        # Two rows of two: four category names in one row are wider than the bar's plot.
         self.fig.add_layout(Legend(orientation="horizontal", label_text_font_size="9pt",
-                                   border_line_alpha=0, click_policy="none"), "below")
+                                   border_line_alpha=0, click_policy="none", ncols=2),
+                            "below")
         self._categories: tuple[str, ...] = ()
         self._renderers: list = []
         self.update(breakdown, capacity)
@@ -214,10 +216,14 @@ class LabCharts:
                              est.get("memory_capacity_bytes", 0.0))
         self.memory = MemoryChart(*self._last_memory, width=int(width * 0.42), height=220,
                                   sizing_mode="stretch_width")
-        self.progress.widget.layout = ipywidgets.Layout(flex="1.4 1 0", min_width="0")
-        self.memory.widget.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
+        # Side by side when the card is wide enough for both to read, else one under the other
+        # (a 1280 px screen with JupyterLab's side bar open): Bokeh draws on canvases, which
+        # clip what does not fit them.
+        self.progress.widget.layout = ipywidgets.Layout(flex="1.4 1 520px", min_width="420px")
+        self.memory.widget.layout = ipywidgets.Layout(flex="1 1 340px", min_width="320px")
         self.dirty = False  # whether a chart changed since its widget's document was saved
-        self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget])
+        self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget],
+                                      layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.widget.add_class("tl-charts")  # drawn as the bottom of the Lab's card
 
     def update(self, view) -> None:

@@ -17,14 +17,15 @@ import graphviz
 from ._palette import COLLECTIVE, CONFLICT, GROUP_FILL, NEUTRAL, tint
 from ._scopes import ROOT
 
-# Sizes in points: the page draws a graph wider than its pane at 0.9 px per point (graph.ts,
-# MIN_FIT_SCALE), so 11 pt node labels read as 10 px, the smallest that stays legible.
+# Sizes in points: the page fits the graph to its pane, down to 0.8 px per point (graph.ts,
+# MIN_FIT_SCALE), so 11 pt node labels read as 9 px or more; an edge's collective label is
+# 12 pt, 11 px from a scale of 0.92 on (the page enlarges it below that).
 GRAPH_ATTRS = {"rankdir": "TB", "nodesep": "0.25", "ranksep": "0.3", "fontname": "Helvetica",
                "fontsize": "11", "bgcolor": "transparent", "pad": "0.2", "newrank": "true"}
 NODE_ATTRS = {"shape": "box", "style": "rounded,filled", "fillcolor": "white",
               "color": "#5B6570", "fontname": "Helvetica", "fontsize": "11", "height": "0.3",
               "margin": "0.1,0.04"}
-EDGE_ATTRS = {"color": NEUTRAL, "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "9"}
+EDGE_ATTRS = {"color": NEUTRAL, "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "12"}
 
 
 def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree) -> str:
