@@ -52,7 +52,9 @@ export class GraphPane {
   private waiting: ViewModel | null = null;
   /** Per-op [compute_s, comm_s] pairs from the widget's op_costs buffer, when it has one. */
   opCosts: Float64Array | null = null;
-  /** ms from update() to the graph in the page, for the last layout (also data-render-ms). */
+  /** ms from update() to the graph in the page, for the last layout (also data-render-ms).
+   * data-framing says how the last layout was framed: "whole" (fitted), "width" (as wide as
+   * the pane, from the top), "group" (a group just opened or closed, shown readably). */
   lastRenderMs = 0;
 
   constructor(
@@ -344,6 +346,7 @@ export class GraphPane {
     const tx = w * k <= W - 2 * pad ? (W - w * k) / 2 - x * k : pad - x * k;
     const ty = cluster && hgt * k > H - 2 * pad ? pad - y * k : (H - hgt * k) / 2 - y * k;
     this.setZoom(k, tx, ty);
+    this.node.dataset.framing = 'group';
     return true;
   }
 
@@ -368,11 +371,14 @@ export class GraphPane {
     const [kW] = this.fitScales();
     let k = this.fitScale();
     let top = FIT_PAD + (H - FIT_PAD - FIT_PAD_BOTTOM - this.graphH * k) / 2;
+    let framing = 'whole';
     if (k < MIN_FIT_SCALE && !always) {
       k = Math.min(kW, MAX_FIT_SCALE);
       top = FIT_PAD;
+      framing = 'width';
     }
     this.setZoom(k, (W - this.graphW * k) / 2, top);
+    this.node.dataset.framing = framing;
   }
 
   private setZoom(k: number, tx: number, ty: number): void {

@@ -103,3 +103,36 @@ BOKEH_SOURCE = '''name => {
   }
   return null;
 }'''
+
+
+def save_notebook(page, server, name: str) -> int:
+    """Saves the notebook in front (File > Save) and returns the size of `name` on disk, bytes."""
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("!window.jupyterapp.shell.currentWidget.context.model.dirty",
+                           timeout=60_000)
+    return (Path(server.root) / name).stat().st_size
+
+
+# What the page shows of a cell as it runs, in order: when the cell's first output with
+# `data-toast-lab-progress` (the Lab's progress as it builds) and the Lab itself appear (ms
+# after `watch`), and each text the progress output held. Installed before the cell runs.
+WATCH_OUTPUTS = '''() => {
+  const seen = window.tlSeen = {texts: [], building: []};
+  const t0 = performance.now();
+  const look = () => {
+    const p = document.querySelector('[data-toast-lab-progress]');
+    if (p) {
+      seen.progressMs ??= performance.now() - t0;
+      const text = p.textContent;
+      if (seen.texts[seen.texts.length - 1] !== text) { seen.texts.push(text); }
+    }
+    if (document.querySelector('.tl-widget .tl-lab') && seen.widgetMs === undefined) {
+      seen.widgetMs = performance.now() - t0;
+      seen.progressAtWidget = p ? p.textContent : null;
+    }
+    const b = document.querySelector('.tl-widget .tl-building:not([hidden])');
+    if (b && seen.building[seen.building.length - 1] !== b.textContent) { seen.building.push(b.textContent); }
+  };
+  new MutationObserver(look).observe(document.body,
+    {subtree: true, childList: true, characterData: true, attributes: true});
+}'''
