@@ -98,7 +98,7 @@ GRAPH = r'''(root) => {
   };
   const labels = [...zoom.querySelectorAll('g.edge text, .tl-collective-badge text')]
     .map(t => ({ text: t.textContent, px: px(t) }));
-  const nodeText = [...zoom.querySelectorAll('g.node text')].map(px);
+  const nodeText = [...zoom.querySelectorAll('g.node > text')].map(px);
   const box = zoom.getBoundingClientRect();
   return { pane: [p.width, p.height], drawn: [box.width, box.height], outside, covered, labels,
            nodeTextPx: nodeText.length ? Math.min(...nodeText) : null,
