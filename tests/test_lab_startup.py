@@ -7,7 +7,7 @@ import time
 import pytest
 
 import toast_lab as tl
-from toast_lab.lab import Lab, _lab
+from toast_lab.lab import Lab, _startup
 from toast_lab.lab._startup import CellProgress
 from toast_lab.progress import ProgressEvent
 
@@ -110,7 +110,7 @@ def test_cell_progress_keeps_a_failure_on_screen():
 
 def test_in_a_kernel_the_lab_shows_its_progress_in_the_cell(monkeypatch):
     display = Display()
-    monkeypatch.setattr(_lab, "_in_kernel", lambda: True)
+    monkeypatch.setattr(_startup, "in_kernel", lambda: True)
     monkeypatch.setattr("IPython.display.display", display)
     fn, args = tl.zoo.get("gpt", size="tiny", layers=2)
     lab = Lab(fn, *args, mesh=tl.Mesh({"data": 2}), widget=NullWidget())

@@ -12,7 +12,6 @@ the view's `error`, never a dead widget.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -23,11 +22,12 @@ import numpy as np
 from ..analysis import analyze
 from ..plan import PlanError
 from ..program import trace
-from ..progress import reporting, stage
+from ..progress import stage
 from ._build import ViewBuilder
 from ._scopes import ROOT
 from ._session import PinError, Session
-from ._startup import CellProgress
+from ._chartfeed import ChartFeed
+from ._startup import building, in_kernel
 from ._viewmodel import ViewModel
 
 log = logging.getLogger("toast_lab.lab")
@@ -57,37 +57,6 @@ def _field(event: dict, key: str):
     return event[key]
 
 
-def _in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel (where the Lab will be displayed)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-@contextlib.contextmanager
-def _building(progress, title: str):
-    """Reports the stages run inside to `progress`: a callable (toast_lab.progress listener),
-    False (nobody), or None: the running cell's output in a Jupyter kernel (CellProgress),
-    else nobody. The cell's display ends as one line of totals."""
-    cell = None
-    if progress is None and _in_kernel():
-        try:
-            progress = cell = CellProgress(title)
-        except Exception:  # noqa: BLE001 - no display: build without showing progress
-            log.exception("toast-lab: could not show the Lab's progress")
-            progress = None
-    started = time.perf_counter()
-    try:
-        with reporting(progress or None):
-            yield
-    finally:
-        if cell is not None:
-            cell.close(time.perf_counter() - started)
-
-
 def _default_widget():
     """A LabView, or None where ipywidgets (or the view module) is not installed."""
     try:
@@ -113,7 +82,7 @@ class Lab:
     def __init__(self, fn, *args, mesh, plan=None, group_layers: bool = True,
                  strict: bool = False, dim_names=None, progress=None, **options):
         name = getattr(fn, "__name__", type(fn).__name__)
-        with _building(progress, f"building the Lab on {name}, {mesh}"):
+        with building(progress, f"building the Lab on {name}, {mesh}"):
             with stage("trace", "tracing the step") as run:
                 program = trace(fn, *args, dim_names=dim_names)
                 run.detail = f"{len(program.ops):,} ops"
@@ -127,7 +96,7 @@ class Lab:
     def from_analysis(cls, analysis, mesh, plan=None, progress=None, **options) -> "Lab":
         """A Lab on an existing Analysis (no tracing); progress as for Lab(...)."""
         lab = cls.__new__(cls)
-        with _building(progress, f"building the Lab on {analysis.program.fn_name}, {mesh}"):
+        with building(progress, f"building the Lab on {analysis.program.fn_name}, {mesh}"):
             lab._setup(analysis, mesh, plan, **options)
         return lab
 
@@ -148,23 +117,15 @@ class Lab:
         self._refreshed_at = 0.0
         self._refresh_lock = threading.RLock()
         self._view: ViewModel | None = None
-        self._charts = None                   # LabCharts, made for the first display
-        self._charts_lock = threading.RLock()  # making, updating, saving the charts
-        self._charts_mutex = threading.Lock()  # the next view for the charts
-        self._charts_next: ViewModel | None = None
-        self._charts_busy = False
-        self._charts_idle = threading.Event()
-        self._charts_idle.set()
+        self._feed = ChartFeed(self)
         self.widget = _default_widget() if widget is None else (widget or None)
         if self.widget is not None:
             self.widget.on_event(self._on_event)
         self.session.add_listener(self._on_change)
         with stage("first view", "pricing the choices and drawing the first view"):
             self.refresh()
-        if self.widget is not None and _in_kernel():
-            self._building_line("preparing the charts")
-            threading.Thread(target=self._prepare_charts, name="toast-lab charts",
-                             daemon=True).start()
+        if self.widget is not None and in_kernel():
+            self._feed.prepare()
 
     # --- the session, as a notebook uses it -------------------------------------------------------
 
@@ -271,46 +232,9 @@ class Lab:
             self._view = vm
             self._refreshed_at = time.perf_counter()
             self._send(vm.to_dict(), costs)
-            if self._charts is not None:
-                self._update_charts_later(vm)
+            if self._feed.charts is not None:
+                self._feed.update_later(vm)
             return vm
-
-    # --- the charts, off the critical path ------------------------------------------------------
-
-    def _update_charts_later(self, vm: ViewModel) -> None:
-        """Moves the charts to `vm` in a thread of their own: a pin's new view reaches the page
-        without waiting for Bokeh (each chart property set is a document patch, ~2 ms), and
-        views that arrive while the charts update (a search) collapse into the newest."""
-        with self._charts_mutex:
-            self._charts_next = vm
-            if self._charts_busy:
-                return
-            self._charts_busy = True
-            self._charts_idle.clear()
-        threading.Thread(target=self._update_charts, name="toast-lab charts update",
-                         daemon=True).start()
-
-    def _update_charts(self) -> None:
-        while True:
-            with self._charts_mutex:
-                vm, self._charts_next = self._charts_next, None
-                if vm is None:
-                    self._charts_busy = False
-                    self._charts_idle.set()
-                    return
-            try:
-                with self._charts_lock:
-                    self._charts.update(vm)
-            except Exception as err:  # noqa: BLE001 - a chart must not stop the Lab
-                log.exception("toast-lab: the charts could not be updated")
-                with self._refresh_lock:
-                    self._error = (f"the charts could not be updated: {type(err).__name__}: "
-                                   f"{err}")
-                    self._push_error()
-
-    def _settle_charts(self, timeout: float = 10.0) -> bool:
-        """Waits until the charts show the latest view (tests, benchmarks)."""
-        return self._charts_idle.wait(timeout)
 
     def _send(self, doc: dict, costs: bytes | None) -> None:
         w = self.widget
@@ -326,6 +250,12 @@ class Lab:
             if costs is not None:
                 w.op_costs = costs
             w.view = doc
+
+    def _show_error(self, message: str) -> None:
+        """Shows `message` as the view's error (the last good view stays drawn)."""
+        with self._refresh_lock:
+            self._error = message
+            self._push_error()
 
     def _push_error(self) -> None:
         if self._view is None:
@@ -392,37 +322,15 @@ class Lab:
         """The live Bokeh charts (search progress against the expert strategies, memory per
         device against capacity), made on first use and then fed on every change; None where
         Bokeh or jupyter_bokeh is missing."""
-        if self._charts is None:
-            self._make_charts()
-        return self._charts
+        return self._feed.make()
 
-    def _make_charts(self) -> None:
-        # Made outside the view's lock (importing Bokeh and building the figures takes a
-        # second or more), then brought up to the view of the moment under it.
-        with self._charts_lock:
-            if self._charts is not None or self._view is None:
-                return
-            try:
-                from ._charts import LabCharts
-            except ImportError as err:
-                log.info("toast-lab: no charts (%s)", err)
-                return
-            view = self._view
-            charts = LabCharts(view)
-            with self._refresh_lock:  # from now on every refresh reaches the charts
-                self._charts = charts
-                if self._view is not view:
-                    self._update_charts_later(self._view)
+    def _settle_charts(self, timeout: float = 10.0) -> bool:
+        """Waits until the charts show the latest view (tests, benchmarks)."""
+        return self._feed.settle(timeout)
 
-    def _prepare_charts(self) -> None:
-        """Makes the charts in a background thread, so that displaying the Lab (usually the
-        next thing a notebook does) finds them ready."""
-        try:
-            self._make_charts()
-        except Exception:  # noqa: BLE001 - displaying will try again and say what broke
-            log.exception("toast-lab: the charts could not be made")
-        finally:
-            self._building_line("")
+    def _show_charts(self) -> None:
+        """Displays the charts, up to date (ChartFeed.show)."""
+        self._feed.show()
 
     def _building_line(self, text: str) -> None:
         """What the Lab is still doing once displayed, on the widget's progress line ("":
@@ -430,46 +338,13 @@ class Lab:
         if self.widget is not None and hasattr(self.widget, "progress"):
             self.widget.progress = text
 
-    def _show_charts(self) -> None:
-        """Displays the charts (their saved documents brought up to date, so that this display
-        starts from the current numbers and follows every later change). BokehJS is in the
-        page already: the JupyterLab extension loads it."""
-        charts = self.charts
-        if charts is None:
-            return
-        from IPython.display import display
-
-        with self._charts_lock:
-            charts.rebundle()
-        display(charts.widget)
-
-    def _show_charts_after_the_cell(self) -> None:
-        """The charts go under the widget once the cell has run: the graph, shown first, is not
-        kept waiting for Bokeh's documents (made in a thread of their own, `_prepare_charts`)."""
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        shell = get_ipython()
-        if shell is None:
-            return
-
-        def once(*_args):
-            shell.events.unregister("post_execute", once)
-            try:
-                self._show_charts()
-            except Exception:  # noqa: BLE001 - the Lab itself is on the page already
-                log.exception("toast-lab: the charts could not be displayed")
-
-        shell.events.register("post_execute", once)
-
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         w = self.widget
         bundle = None
         if w is not None and hasattr(w, "_repr_mimebundle_"):
             bundle = w._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
             if bundle:
-                self._show_charts_after_the_cell()
+                self._feed.show_after_the_cell()
         if not bundle:
             return {"text/plain": self.to_text()}
         if isinstance(bundle, tuple):  # (data, metadata)

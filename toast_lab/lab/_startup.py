@@ -8,12 +8,16 @@ needs IPython only, not ipywidgets. When the Lab is built it ends as one line of
 
 from __future__ import annotations
 
+import contextlib
 import html
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
-from ..progress import ProgressEvent
+from ..progress import ProgressEvent, reporting
+
+log = logging.getLogger("toast_lab.lab")
 
 TICK_S = 1.0  # how often a running stage's seconds are redrawn
 _MARK = {"start": "⋯", "done": "✓", "failed": "✗"}
@@ -138,3 +142,34 @@ _STYLE = ("font-family:var(--jp-ui-font-family,sans-serif);font-size:12.5px;line
           "white-space:pre-wrap;")
 _COLOR = {"start": "", "done": "color:var(--jp-ui-font-color2,#666);",
           "failed": "color:var(--jp-error-color1,#c62828);"}
+
+
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where the Lab will be displayed)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+@contextlib.contextmanager
+def building(progress, title: str):
+    """Reports the stages run inside to `progress`: a callable (toast_lab.progress listener),
+    False (nobody), or None: the running cell's output in a Jupyter kernel (CellProgress),
+    else nobody. The cell's display ends as one line of totals."""
+    cell = None
+    if progress is None and in_kernel():
+        try:
+            progress = cell = CellProgress(title)
+        except Exception:  # noqa: BLE001 - no display: build without showing progress
+            log.exception("toast-lab: could not show the Lab's progress")
+            progress = None
+    started = time.perf_counter()
+    try:
+        with reporting(progress or None):
+            yield
+    finally:
+        if cell is not None:
+            cell.close(time.perf_counter() - started)
