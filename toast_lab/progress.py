@@ -35,10 +35,10 @@ STATES = ("start", "done", "failed")
 # Whose numba compiles are reported (functions of modules under this prefix).
 COMPILED_MODULES = "toast_lab."
 # The stage numba's compiles of toast_lab's functions are reported as: (key, message, note).
-# The cost model's kernel is toast_lab's only numba code; the note is its first compile from
-# empty caches on a 2-core machine.
+# The cost model's kernel is toast_lab's only numba code; from empty caches it took 2 to 7
+# minutes on a shared 2-core machine (benchmarks/lab_latency.py, cold start).
 COMPILE = ("compile", "compiling the cost model",
-           "first run only, about 2 min; numba caches it for the next runs")
+           "first run only, a few minutes; numba caches it for the next runs")
 
 
 @dataclass(frozen=True)
