@@ -108,6 +108,23 @@ def test_cell_progress_keeps_a_failure_on_screen():
     assert 'data-toast-lab-progress="failed"' in final["text/html"]
 
 
+def test_a_lab_that_fails_outside_any_stage_is_not_shown_as_built(monkeypatch):
+    display = Display()
+    monkeypatch.setattr(_startup, "in_kernel", lambda: True)
+    monkeypatch.setattr("IPython.display.display", display)
+
+    class BrokenWidget(NullWidget):
+        def on_event(self, callback):
+            raise RuntimeError("no front end")
+
+    fn, args = tl.zoo.get("gpt", size="tiny", layers=2)
+    with pytest.raises(RuntimeError, match="no front end"):
+        Lab(fn, *args, mesh=tl.Mesh({"data": 2}), widget=BrokenWidget())
+    final = display.handles[0].bundles[-1]
+    assert 'data-toast-lab-progress="failed"' in final["text/html"]
+    assert "Lab built" not in final["text/plain"]
+
+
 def test_in_a_kernel_the_lab_shows_its_progress_in_the_cell(monkeypatch):
     display = Display()
     monkeypatch.setattr(_startup, "in_kernel", lambda: True)

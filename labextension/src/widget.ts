@@ -84,6 +84,7 @@ export class LabView extends DOMWidgetView {
     this.el.appendChild(this.graphView.node);
     this.listenTo(this.model, 'change:view', () => this.draw());
     this.listenTo(this.model, 'change:progress', () => this.showBuilding());
+    this.showBuilding();
     this.listenTo(this.model, 'change:op_costs', () =>
       this.graphView?.setOpCosts(this.model.get('op_costs') as Float64Array | null)
     );
@@ -109,11 +110,12 @@ export class LabView extends DOMWidgetView {
     if (!this.laidOut) {
       this.layingOut = `laying out the graph (${view.graph.nodes.length} nodes)`;
       this.showBuilding();
-      void drawn.finally(() => {
+      const done = () => {
         this.laidOut = true;
         this.layingOut = null;
         this.showBuilding();
-      });
+      };
+      void drawn.then(done, done);
     }
   }
 

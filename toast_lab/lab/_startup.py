@@ -79,9 +79,11 @@ class CellProgress:
                     self.lines.append(_Line(event))
         self._draw()
 
-    def close(self, total_s: float) -> None:
-        """Stops ticking; a Lab built without failure ends as one line of totals."""
+    def close(self, total_s: float, built: bool = True) -> None:
+        """Stops ticking; a Lab built (`built`) without a failed stage ends as one line of
+        totals, else the stages stay as they are, marked failed."""
         self._stop.set()
+        self.failed |= not built
         if not self.failed:
             top = [ln.event for ln in self.lines if ln.event.depth == 0]
             compiled = [ln.event for ln in self.lines if ln.event.key == "compile"]
@@ -167,9 +169,11 @@ def building(progress, title: str):
             log.exception("toast-lab: could not show the Lab's progress")
             progress = None
     started = time.perf_counter()
+    built = False
     try:
         with reporting(progress or None):
             yield
+        built = True
     finally:
         if cell is not None:
-            cell.close(time.perf_counter() - started)
+            cell.close(time.perf_counter() - started, built)
