@@ -29,6 +29,12 @@ from .verification import VerifyReport, verify
 
 __version__ = "0.1.0"
 
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the built JupyterLab extension is, for `jupyter labextension develop .` (a
+    development install links it instead of copying it)."""
+    return [{"src": "labextension", "dest": "toast-lab"}]
+
 __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies",

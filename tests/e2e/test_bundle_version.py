@@ -74,3 +74,15 @@ def test_jupyter_lists_the_extension_enabled(tmp_path):
     line = next((ln for ln in listing.splitlines() if "toast-lab" in ln), None)
     assert line is not None, listing
     assert f"toast-lab v{version}" in line and "enabled" in line and "OK" in line, listing
+
+
+def test_a_development_install_links_the_built_extension():
+    """`jupyter labextension develop .` links what toast_lab says is its built extension: the
+    bundle the package build writes, under the name JupyterLab loads it by."""
+    import toast_lab
+
+    [entry] = toast_lab._jupyter_labextension_paths()
+    built = REPO / "toast_lab" / entry["src"]
+    assert entry["dest"] == json.loads((REPO / "package.json").read_text())["name"]
+    assert built.resolve() == (REPO / json.loads((REPO / "package.json").read_text())
+                               ["jupyterlab"]["outputDir"]).resolve()
