@@ -14,9 +14,10 @@ import toast_lab as tl
 PACKAGE = Path(tl.__file__).parent
 
 # DESIGN.md's pipeline: a stage may import itself and earlier stages only. `zoo` is input data
-# (imports nothing of ours); `cli` and the package root sit on top.
+# and `progress` the listener any stage tells of its long steps (both import nothing of ours);
+# `cli` and the package root sit on top.
 STAGES = {
-    "zoo": 0, "program": 1, "rules": 2, "analysis": 3, "plan": 4, "cost": 6,
+    "zoo": 0, "progress": 0, "program": 1, "rules": 2, "analysis": 3, "plan": 4, "cost": 6,
     "strategies": 7, "plan_search": 7, "verification": 9, "lab": 10, "cli": 11, "": 11,
 }
 
