@@ -623,6 +623,10 @@ def _no_decision(an, name) -> str:
     text = str(name)
     close = difflib.get_close_matches(text, classes + conflicts, n=5, cutoff=0.6)
     close += [n for n in classes + conflicts if text.lower() in n.lower() and n not in close]
+    # a class's former names (its argument path, older plan files') point to it too
+    former = {f: c.name for c in an.classes for f in getattr(c, "formerly", ())}
+    close += [former[f] for f in difflib.get_close_matches(text, list(former), n=5, cutoff=0.6)
+              if former[f] not in close]
     hint = f" Did you mean {_listed(close[:5])}?" if close else ""
     return (f"no class, conflict or override named {_planfile.echo(name)}.{hint} Classes: "
             f"{_listed(classes)}; conflicts: {_listed(conflicts)}; an override is named "
