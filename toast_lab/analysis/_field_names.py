@@ -56,8 +56,8 @@ def field_names(an, words, path_names: list[str], hinted: list[bool]) -> list[st
             groups[base[c]].append(c)
     names = list(path_names)
     for c in range(n):
-        if not hinted[c] and c not in words and "%" in names[c]:
-            names[c] = _constant_name(an, c)
+        if not hinted[c] and c not in words and "%" in names[c] and an.classes[c].members:
+            names[c] = _constant_name(an, c)  # (a class of no whole dim keeps its path name)
     for word, members in groups.items():
         primary = [c for c in members if words[c].primary]
         bare = primary[0] if len(primary) == 1 and word not in taken else (

@@ -84,7 +84,7 @@ class Space:
         # naming it reads as without it (its bit is 0)
         bit = live_axis_bits(mesh)
         live = [a for a in names if bit[a]]
-        pins = dict(pins or {})
+        pins = _current_names(analysis, dict(pins or {}))
         self._check_pins(pins)
         axes_choices = []
         for k in range(1, 1 << len(live)):
@@ -195,7 +195,7 @@ class Space:
         """Class ids in rank order."""
         return tuple(self.decisions[p].index for p in self._rank_positions)
 
-    def _check_pins(self, pins: Mapping) -> None:
+    def _check_pins(self, pins: Mapping) -> None:  # (names as _current_names gives them)
         an = self.analysis
         known = {c.name for c in an.classes} | {c.name for c in an.conflicts}
         known |= {f"{c.name}@{d}" for c in an.classes for d in (PARAMETERS, OPTIMIZER)}
@@ -298,3 +298,22 @@ def _axes(value) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     return tuple(value)
+
+
+def _current_names(an, pins: dict) -> dict:
+    """`pins` with each class (or override of a class) named as it is now: a class's former
+    name (its argument path, a plan file's older name) or origin reads as the class."""
+    exact = {c.name for c in an.classes} | {c.name for c in an.conflicts}
+    out = {}
+    for name, value in pins.items():
+        if name in exact:
+            out[name] = value
+            continue
+        cls, _, domain = str(name).rpartition("@") if "@" in str(name) else (name, "", "")
+        try:
+            current = an.class_named(cls).name
+        except KeyError:
+            out[name] = value  # a conflict, or unknown: _check_pins says which
+            continue
+        out[f"{current}@{domain}" if domain else current] = value
+    return out
