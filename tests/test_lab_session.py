@@ -19,8 +19,9 @@ def gpt():
 
 @pytest.fixture
 def session(gpt):
+    """A session on the replicated plan: each test pins from nothing."""
     an, mesh = gpt
-    return Session(an, mesh)
+    return Session(an, mesh, tl.Plan.replicated(an))
 
 
 def test_pin_gives_the_estimate_of_the_new_plan(session, gpt):
@@ -228,3 +229,65 @@ def test_stop_from_another_thread_ends_the_search_within_0_2_s(gpt):
     elapsed = time.perf_counter() - t0
     assert fut.done() and elapsed < 0.2, elapsed
     assert s.plan == fut.result().plan
+
+
+# --- the first plan ---------------------------------------------------------------------------
+
+def _fastest_fitting(an, mesh, pins=None):
+    rows = []
+    for name, plan in tl.strategies.expert(an, mesh).items():
+        if pins and any(plan.axes_of(k) != v for k, v in pins.items()):
+            continue
+        est = tl.estimate(an, plan, mesh)
+        if est.feasible:
+            rows.append((est.step_time_s, name, plan))
+    return min(rows, key=lambda r: (r[0], r[1]))
+
+
+def test_a_session_starts_on_the_fastest_expert_plan_that_fits(gpt):
+    an, mesh = gpt
+    s = Session(an, mesh)
+    step, name, plan = _fastest_fitting(an, mesh)
+    assert s.start.name == name and s.start.how == "expert"
+    assert s.plan == plan and not s.plan.pinned
+    assert s.estimate == tl.estimate(an, plan, mesh)
+    assert s.start.step_time_s == pytest.approx(step)
+    assert s.start.label.startswith(f"start: {name}, ") and s.start.label.endswith(" ms")
+    assert "fastest" in s.start.note
+    assert s.history[0].action == "start" and s.history[0].plan == plan
+
+
+def test_pins_given_at_the_start_are_kept_and_choose_among_the_experts_they_allow(gpt):
+    an, mesh = gpt
+    s = Session(an, mesh, pins={"batch": "data"})
+    step, name, plan = _fastest_fitting(an, mesh, {"batch": ("data",)})
+    assert s.start.name == name and "under your pins" in s.start.note
+    assert s.plan.axes_of("batch") == ("data",) and s.pins == {"batch": ("data",)}
+    assert s.plan.class_axes == plan.class_axes
+    # the experts it rules out (batch over data×model) are not the start
+    assert tl.strategies.expert(an, mesh)[name].axes_of("batch") == ("data",)
+    with pytest.raises(PinError, match="no class or conflict named 'bacth'"):
+        Session(an, mesh, pins={"bacth": "data"})
+
+
+def test_a_given_plan_is_the_start_with_the_pins_on_top(gpt):
+    an, mesh = gpt
+    plan = tl.Plan.replicated(an).with_axes("mlp", "model")
+    s = Session(an, mesh, plan, pins={"batch": "data"})
+    assert s.start.name == "your plan" and s.start.how == "given"
+    assert s.plan.axes_of("mlp") == ("model",) and s.plan.axes_of("batch") == ("data",)
+    assert s.pins == {"batch": ("data",)}
+
+
+def test_where_no_expert_plan_fits_a_short_search_or_the_smallest_one_starts(gpt):
+    an, mesh = gpt
+    peaks = {n: tl.estimate(an, p, mesh).peak_memory_bytes
+             for n, p in tl.strategies.expert(an, mesh).items()}
+    cap = min(peaks.values()) * 0.999  # no expert plan fits; a search may find one
+    s = Session(an, mesh, memory_cap=cap)
+    assert s.start.how in ("search", "smallest")
+    if s.start.how == "search":
+        assert s.estimate.peak_memory_bytes <= cap and "search" in s.start.note
+    s = Session(an, mesh, memory_cap=1.0)  # nothing fits: the smallest peak, said so
+    assert s.start.how == "smallest" and "no plan found fits" in s.start.note
+    assert s.start.name == min(peaks, key=lambda n: (peaks[n], n))

@@ -383,7 +383,7 @@ def at_names():
 
 def test_a_class_whose_name_holds_an_at_sign_is_pinnable(at_names):
     assert {c.name for c in at_names.classes} >= {"feat@in", "out@parameters", "out"}
-    s = Session(at_names, MESH)
+    s = Session(at_names, MESH, tl.Plan.replicated(at_names))
     s.pin("feat@in", "data")
     s.pin("out@parameters", "model")  # the class of that exact name, not an override of "out"
     assert s.plan.class_axes == {"feat@in": ("data",), "out@parameters": ("model",)}
@@ -406,7 +406,7 @@ def test_a_class_whose_name_holds_an_at_sign_is_pinnable(at_names):
 
 
 def test_the_history_is_bounded_and_keeps_its_start(an):
-    s = Session(an, MESH)
+    s = Session(an, MESH, tl.Plan.replicated(an))
     for i in range(HISTORY_LIMIT):
         s.pin("batch", "data")
         s.unpin("batch")

@@ -25,15 +25,17 @@ from ._lab import Lab, op_costs_buffer
 from ._plan_display import plan_display
 from ._scopes import ROOT, Group, ScopeTree, build_scope_tree
 from ._session import Change, PinError, SearchState, Session
-from ._viewmodel import (ChoiceView, ClassView, ConflictView, DetailsView, EdgeView, ExpertRow,
-                         GraphView, GroupView, NodeView, SearchView, Selection, TensorView,
-                         ViewModel)
+from ._start import Start
+from ._viewmodel import (ChoiceView, ClassView, CollectiveView, ConflictView, DetailsView,
+                         EdgeView, ExpertRow, ExplainedView, GraphView, GroupView, NodeView,
+                         RemedyView, SearchView, Selection, StartView, TensorView, ViewModel)
 
 __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder", "ViewModel",
            "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
            "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
-           "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer", "diff", "PlanDiff", "ClassChange",
-           "ConflictChange", "CollectiveChange"]
+           "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer",
+           "diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "Start",
+           "StartView", "CollectiveView", "ExplainedView", "RemedyView"]
 
 # Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
 register_display(plan_display)

@@ -20,7 +20,8 @@ import traceback
 import numpy as np
 
 from ..analysis import analyze
-from ..plan import PlanError
+from ..cost import cost_model
+from ..plan import Plan, PlanError
 from ..program import trace
 from ..progress import stage
 from ._build import ViewBuilder
@@ -70,11 +71,12 @@ def _default_widget():
 class Lab:
     """The Lab on one program and mesh: see the module docstring.
 
-    Options: plan (the starting Plan), group_layers / strict (for `analyze`), donate /
-    overlap / memory_cap / seed (the session's), dim_names (for `trace`), expanded (group ids
-    drawn open; default the root and the repeated layers), widget (a LabView-like object with
-    `view`, `op_costs` and `on_event`; None builds a LabView when ipywidgets is installed,
-    False shows no widget), progress (who is told of the construction's stages, tracing to
+    Options: plan (the starting Plan; default the fastest expert plan that fits, see
+    Session), pins ({name: value} pinned from the start), group_layers / strict (for
+    `analyze`), donate / overlap / memory_cap / seed (the session's), dim_names (for
+    `trace`), expanded (group ids drawn open; default the root and the repeated layers),
+    widget (a LabView-like object with `view`, `op_costs` and `on_event`; None builds a
+    LabView when ipywidgets is installed, False shows no widget), progress (who is told of the construction's stages, tracing to
     the first view: a toast_lab.progress listener, False for nobody; None shows them in the
     running cell in a Jupyter kernel).
     """
@@ -100,17 +102,19 @@ class Lab:
             lab._setup(analysis, mesh, plan, **options)
         return lab
 
-    def _setup(self, analysis, mesh, plan=None, *, donate: bool = True, overlap="scheduled",
+    def _setup(self, analysis, mesh, plan=None, *, pins=None, donate: bool = True,
+               overlap="scheduled",
                memory_cap: float | None = None, seed: int = 0, expanded=None, widget=None,
                progress_every_s: float = 0.2):
         with stage("cost model", "building the cost model and estimating the first plan"):
-            self.session = Session(analysis, mesh, plan, donate=donate, overlap=overlap,
-                                   memory_cap=memory_cap, seed=seed,
-                                   progress_every_s=progress_every_s)
-        with stage("experts", "estimating the expert plans") as run:
-            self.builder = ViewBuilder(analysis, mesh)
-            with self.session.lock:
-                run.detail = f"{len(self.builder.experts(self.session.model))} plans"
+            # the first estimate compiles the cost model's kernel on a first run
+            cost_model(analysis, mesh, donate, overlap).estimate(Plan.replicated(analysis))
+        # its stages: the expert plans, and a short search where none of them fits
+        self.session = Session(analysis, mesh, plan, pins=pins, donate=donate,
+                               overlap=overlap, memory_cap=memory_cap, seed=seed,
+                               progress_every_s=progress_every_s)
+        self.session.expert_plans()
+        self.builder = ViewBuilder(analysis, mesh)
         self._expanded = set(self.builder.default_expanded if expanded is None
                              else set(expanded) | {ROOT})
         self._error: str | None = None        # a crash of the view layer itself
@@ -193,9 +197,16 @@ class Lab:
         return out
 
     def select(self, kind: str | None, id=None):
+        """Selects an op, group, class, conflict or drawn edge (see Session.select); an op or
+        an edge shows its collectives explained (`view.explained`)."""
         if kind == "group" and str(id) not in self.builder.tree.groups:
             self.session.fail(f"no group {id!r}")
             raise ValueError(f"no group {id!r}; groups: {list(self.builder.tree.groups)[:20]}")
+        if kind == "edge":
+            edges = [e.id for e in self.builder.graph(self._expanded).edges]
+            if str(id) not in edges:
+                self.session.fail(f"no edge {id!r} is drawn")
+                raise ValueError(f"no edge {id!r} is drawn; edges: {edges[:10]}")
         return self.session.select(kind, id)
 
     def toggle(self, group: str) -> bool:

@@ -1,6 +1,6 @@
 """The Lab's session: the state a person steers, with no UI (DESIGN.md §10).
 
-    s = Session(analysis, mesh)
+    s = Session(analysis, mesh)        # starts on the best expert plan that fits (s.start)
     s.pin("batch", ("data",))          # a class to mesh axes; () pins it replicated
     s.pin("seq@...", "keep_dim2")      # a conflict to a resolution
     s.unpin("batch")
@@ -8,7 +8,7 @@
     s.stop()                           # within 0.2 s, keeping the best plan found
     s.export("plan.json")              # Plan.load gives the same plan; the file has the estimate
 
-How names and values of pins are read: _pins.py.
+How names and values of pins are read: _pins.py. Which plan a session starts on: _start.py.
 
 `plan` is always a valid plan and `estimate` is always `tl.estimate` of it. Every change (a pin,
 a search's better plan, a refusal) is announced to the listeners, from whichever thread made it.
@@ -31,15 +31,16 @@ from ..analysis import Conflict, DimClass
 from ..cost import cost_model
 from ..plan import Plan, PlanError, check_analysis, check_mesh, write_plan_file
 from ..plan_search import search as run_search
+from ..progress import stage
 from ..strategies import expert as expert_strategies
-from . import _pins
+from . import _pins, _start
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
 from ._pins import PinError
 from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
 
-SELECTION_KINDS = ("op", "group", "class", "conflict")
+SELECTION_KINDS = ("op", "group", "class", "conflict", "edge")
 # Changes the history keeps: the start and the latest others. Each holds its Plan (about 2 KB
 # on GPT-2), so a session pinned thousands of times stays small.
 HISTORY_LIMIT = 256
@@ -93,13 +94,18 @@ class _LockedModel:
 
 class Session:
     """Analysis, mesh, plan, pins, estimate, search state and history, selection; see the
-    module docstring. Options: donate / overlap (the cost model's), memory_cap (bytes per
-    device; default the device's memory), seed (of the first search; each next one adds 1),
-    progress_every_s (how often a running search publishes its best plan)."""
+    module docstring.
 
-    def __init__(self, analysis, mesh, plan: Plan | None = None, *, donate: bool = True,
-                 overlap="scheduled", memory_cap: float | None = None, seed: int = 0,
-                 progress_every_s: float = 0.2):
+    plan: the plan to start on; None starts on the fastest expert plan that fits (_start.py;
+    `start` says which). pins: {name: value} fixed from the start, as `pin` takes them (the
+    start is then the fastest expert plan they do not rule out, with them on top). Options:
+    donate / overlap (the cost model's), memory_cap (bytes per device; default the device's
+    memory), seed (of the first search; each next one adds 1), progress_every_s (how often a
+    running search publishes its best plan). Raises PinError for a pin it refuses."""
+
+    def __init__(self, analysis, mesh, plan: Plan | None = None, *, pins=None,
+                 donate: bool = True, overlap="scheduled", memory_cap: float | None = None,
+                 seed: int = 0, progress_every_s: float = 0.2):
         self.analysis = check_analysis(analysis, "tl.lab.Session")
         self.mesh = check_mesh(mesh, "tl.lab.Session")
         self.lock = threading.RLock()
@@ -108,18 +114,16 @@ class Session:
         self.seed = seed
         self.progress_every_s = progress_every_s
         self.shared = shared_values(analysis)
-        plan = Plan.replicated(analysis) if plan is None else plan
-        if plan.analysis is not analysis:
+        if plan is not None and plan.analysis is not analysis:
             raise ValueError("the plan is for another analysis; build it from this one "
                              "(Plan.load(path, session.analysis))")
-        self._plan = plan.with_mesh(mesh)
-        self._estimate = self.model.estimate(plan)
+        self._expert_plans: dict | None = None  # {name: (Plan, Estimate)}, built once
+        self._plan, self._estimate, self.start = self._first_plan(plan, dict(pins or {}))
         self.error: str | None = None       # the last refusal or failure, readable
         self.notice: str | None = None      # what the last action did besides the obvious
         self.selected: Selection | None = None
         self._search = SearchState()
         self._generation = 0                # which search may publish
-        self._expert_plans: dict | None = None  # the expert strategies, built at first search
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._future: concurrent.futures.Future | None = None
@@ -239,8 +243,8 @@ class Session:
         return plan
 
     def select(self, kind: str | None, id=None) -> Selection | None:
-        """Selects an op (id: op id), group (scope path), class or conflict (id or name);
-        None clears. Raises ValueError for something that does not exist."""
+        """Selects an op (id: op id), group (scope path), class or conflict (id or name), or
+        a drawn edge (its id, "op.3->op.7"); None clears. Raises ValueError for something that does not exist."""
         refused = None
         with self.lock:
             if kind is None:
@@ -320,11 +324,80 @@ class Session:
         return future
 
     def _experts(self) -> dict:
-        """The expert strategies of this analysis and mesh (built once, on the search thread)."""
+        """{name: Plan} of the expert strategies of this analysis and mesh."""
+        return {name: plan for name, (plan, _) in self.expert_plans().items()}
+
+    def expert_plans(self) -> dict:
+        """{name: (Plan, Estimate)}: the expert strategies (tl.strategies.expert) of this
+        analysis and mesh, priced on the session's cost model (built once)."""
         with self.lock:
             if self._expert_plans is None:
-                self._expert_plans = dict(expert_strategies(self.analysis, self.mesh))
+                with stage("experts", "estimating the expert plans") as run:
+                    plans = expert_strategies(self.analysis, self.mesh)
+                    self._expert_plans = {name: (plan, self.model.estimate(plan))
+                                          for name, plan in plans.items()}
+                    run.detail = f"{len(plans)} plans"
             return self._expert_plans
+
+    # --- the first plan -----------------------------------------------------------------------
+
+    def _first_plan(self, plan: Plan | None, pins: dict):
+        """(plan, its estimate, Start): `plan` with `pins`, or the start _start.py chooses."""
+        if plan is not None:
+            plan = self._with_pins(plan.with_mesh(self.mesh), pins)
+            est = self.model.estimate(plan)
+            return plan, est, _start.Start("your plan", "given", est.step_time_s,
+                                          est.peak_memory_bytes, "the plan the session was given")
+        wanted = _pins_of(self._with_pins(Plan.replicated(self.analysis), pins))
+        experts = self.expert_plans()
+        mine = " under your pins" if wanted else ""
+        found = _start.best_expert(experts, wanted, self.memory_cap)
+        if found is not None:
+            name, plan, _ = found
+            plan = self._with_pins(plan.with_mesh(self.mesh), pins)
+            est = self.model.estimate(plan)
+            fitting = sum(1 for n, (p, e) in experts.items()
+                          if not _start.ruled_out(p, wanted) and _start.fits(e, self.memory_cap))
+            return plan, est, _start.Start(name, "expert", est.step_time_s,
+                                          est.peak_memory_bytes,
+                                          f"the fastest of the {fitting} expert plans that fit"
+                                          f"{mine}")
+        with stage("start search", "no expert plan fits: a short search for one"):
+            result = run_search(self.analysis, self.mesh, pins=wanted,
+                                simulations=_start.SEARCH_SIMULATIONS,
+                                budget_s=_start.SEARCH_BUDGET_S, seed=self.seed,
+                                memory_cap=self.memory_cap, cost_model=self.model,
+                                warm_start={n: p for n, (p, _) in experts.items()})
+        if result.plan is not None:
+            plan = result.plan.with_mesh(self.mesh)
+            est = result.estimate
+            return plan, est, _start.Start(
+                "search", "search", est.step_time_s, est.peak_memory_bytes,
+                f"no expert plan fits{mine}: the best of a {result.simulations:,}-simulation "
+                f"search")
+        smallest = _start.smallest(experts, wanted)
+        name, plan = (smallest[0], smallest[1]) if smallest else (
+            "replicated", Plan.replicated(self.analysis))
+        plan = self._with_pins(plan.with_mesh(self.mesh), pins)
+        est = self.model.estimate(plan)
+        return plan, est, _start.Start(name, "smallest", est.step_time_s,
+                                      est.peak_memory_bytes,
+                                      f"no plan found fits in memory{mine}: the expert plan "
+                                      f"with the smallest peak")
+
+    def _with_pins(self, plan: Plan, pins: dict) -> Plan:
+        """`plan` with each of `pins` pinned, in order, as `pin` would (PinError if refused)."""
+        self._plan = plan
+        for name, value in pins.items():
+            override = _pins.override(self.analysis, name)
+            decision = override[0] if override else _pins.decision(self.analysis, name)
+            if override:
+                self._plan, _ = self._pin_override(*override, value)
+            elif isinstance(decision, DimClass):
+                self._plan, _ = self._pin_class(decision, value)
+            else:
+                self._plan, _ = self._pin_conflict(decision, value)
+        return self._plan
 
     def stop(self, timeout: float = 5.0):
         """Ends a running search (within one simulation) and waits for it; the best plan found
@@ -502,7 +575,7 @@ class Session:
                 if str(c.id) == str(id) or c.name == id:
                     return str(c.id)
             raise ValueError(f"no {kind} {id!r}")
-        return str(id)  # a group: the view knows its scope tree
+        return str(id)  # a group or a drawn edge: the view knows its scope tree and graph
 
     def __repr__(self) -> str:
         est = self.estimate

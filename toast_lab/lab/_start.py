@@ -1,0 +1,105 @@
+"""The plan a session starts on: already an answer, and saying which one.
+
+A Lab that opens on the replicated plan shows a grey graph and a plan that rarely fits; the
+expert strategies (tl.strategies.expert) are priced on the same cost model anyway, so the
+session starts on the fastest of them that fits in memory ("start: fsdp, 31.8 ms"). Pins the
+person gives at the start are kept: the expert plans they rule out (an expert that decides a
+pinned class, override or conflict otherwise) are not candidates, and the rest get the pins
+on top. Where no candidate fits, a short search under the pins starts from all of them
+(SEARCH_SIMULATIONS, at most SEARCH_BUDGET_S); where that finds nothing that fits either, the
+candidate with the smallest peak memory is the start, and the start says nothing fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import PlanError
+
+SEARCH_SIMULATIONS = 2000   # the short search's simulations (seeded: the same start each time)
+SEARCH_BUDGET_S = 5.0       # ... and its wall-clock limit, on a model too large for them
+
+
+@dataclass(frozen=True)
+class Start:
+    """How the session's first plan was chosen.
+
+    name: the expert strategy ("fsdp"), "search" or "your plan"; how: "expert", "search",
+    "given" or "smallest" (nothing fits: the candidate with the smallest peak); step_time_s
+    and peak_memory_bytes: its estimate (s, bytes per device); note: why it is this one, in
+    words ("the fastest of 11 expert plans that fit", ...).
+    """
+
+    name: str
+    how: str
+    step_time_s: float
+    peak_memory_bytes: float
+    note: str
+
+    @property
+    def label(self) -> str:
+        """'start: fsdp, 31.8 ms' (the header's words)."""
+        return f"start: {self.name}, {_ms(self.step_time_s)}"
+
+
+def ruled_out(plan, pins: dict) -> tuple[str, ...]:
+    """The names in `pins` ({class, "<class>@<domain>" or conflict name: axes or resolution},
+    as Session.pins gives them) that `plan` decides otherwise: a search under those pins can
+    never reach it. A conflict pin rules out only a plan that shards its class (elsewhere the
+    conflict never arises)."""
+    an = plan.analysis
+    out = []
+    for name, value in pins.items():
+        conflict = next((c for c in an.conflicts if c.name == name), None)
+        if conflict is not None:
+            if plan.axes_of(conflict.class_id) and plan.resolution_of(conflict) != value:
+                out.append(name)
+            continue
+        try:
+            axes = plan.axes_of(name)
+        except PlanError:  # not a decision of this analysis: nothing to compare
+            continue
+        if tuple(axes) != tuple(value):
+            out.append(name)
+    return tuple(out)
+
+
+def fits(estimate, memory_cap: float | None) -> bool:
+    """Whether `estimate` fits in `memory_cap` bytes (None: the device's memory)."""
+    if memory_cap is None:
+        return bool(estimate.feasible)
+    return estimate.peak_memory_bytes <= memory_cap
+
+
+def best_expert(experts: dict, pins: dict, memory_cap: float | None):
+    """(name, plan, estimate) of the fastest expert plan that `pins` do not rule out and that
+    fits, else None. experts: {name: (Plan, Estimate)}."""
+    found = [(est.step_time_s, name, plan, est) for name, (plan, est) in experts.items()
+             if not ruled_out(plan, pins) and fits(est, memory_cap)]
+    if not found:
+        return None
+    _, name, plan, est = min(found, key=lambda t: (t[0], t[1]))
+    return name, plan, est
+
+
+def smallest(experts: dict, pins: dict):
+    """(name, plan, estimate) of the expert plan with the smallest peak memory among those
+    `pins` do not rule out (all of them where the pins rule out every one), else None."""
+    pool = {n: pe for n, pe in experts.items() if not ruled_out(pe[0], pins)} or experts
+    if not pool:
+        return None
+    name = min(pool, key=lambda n: (pool[n][1].peak_memory_bytes, n))
+    return (name, *pool[name])
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    if ms >= 100:
+        return f"{ms:,.0f} ms"
+    if ms >= 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.3g} ms"
+
+
+__all__ = ["Start", "ruled_out", "fits", "best_expert", "smallest", "SEARCH_SIMULATIONS",
+           "SEARCH_BUDGET_S"]
