@@ -3,6 +3,7 @@
 import collections
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.lab import Lab, Session, ViewBuilder, ViewModel, build_scope_tree
-from toast_lab.lab._palette import MUTED, NEUTRAL
+from toast_lab.lab._palette import LEGEND_TOP, MUTED, NEUTRAL
 
 LAYERS = 3
 
@@ -29,7 +30,9 @@ def builder(gpt):
 
 @pytest.fixture
 def session(gpt):
-    return Session(*gpt)
+    """A session on the replicated plan: each test pins from nothing."""
+    an, mesh = gpt
+    return Session(an, mesh, tl.Plan.replicated(an))
 
 
 # --- scope tree -----------------------------------------------------------------------------------
@@ -147,10 +150,49 @@ def test_colours_and_ids_are_deterministic(gpt):
     an, mesh = gpt
     docs = [ViewBuilder(an, mesh).build(Session(an, mesh)).to_dict() for _ in range(2)]
     assert docs[0] == docs[1]
-    colours = [c["color"] for c in docs[0]["classes"]]
+    shown = [c for c in docs[0]["classes"] if c["legend"]]
+    colours = [c["color"] for c in shown]
     assert len(set(colours)) == len(colours) and set(colours) <= set(MUTED)
     biggest = max(an.classes, key=lambda c: c.bytes)
-    assert colours[biggest.id] == MUTED[0]
+    assert docs[0]["classes"][biggest.id]["color"] == MUTED[0]
+
+
+def test_the_legend_shows_the_sharded_and_the_largest_classes_in_distinct_colours(gpt, builder,
+                                                                                   session):
+    an, _ = gpt
+    top = sorted(an.classes, key=lambda c: (-c.bytes, c.id))[:LEGEND_TOP]
+    vm = builder.build(session)  # replicated: the largest classes only, the rest grey
+    assert {c.id for c in vm.classes if c.legend} == {c.id for c in top}
+    assert all(c.color == NEUTRAL for c in vm.classes if not c.legend)
+    before = {c.id: c.color for c in vm.classes if c.legend}
+    # shard two classes outside the top: each takes a colour no shown class has
+    small = [c for c in sorted(an.classes, key=lambda c: c.bytes) if c not in top][:2]
+    for c in small:
+        session.pin(c.name, "model")
+    vm = builder.build(session)
+    shown = [c for c in vm.classes if c.legend]
+    assert {c.id for c in shown} == {c.id for c in top} | {c.id for c in small}
+    assert len({c.color for c in shown}) == len(shown) and NEUTRAL not in {c.color for c in shown}
+    assert all(vm.classes[k].color == colour for k, colour in before.items())  # not repainted
+    for c in small:  # and the graph draws them in their colour
+        assert vm.classes[c.id].color in vm.graph.dot
+
+
+def test_minor_classes_are_marked_and_stay_out_of_the_legend_unless_sharded():
+    fn, args = tl.zoo.get("cnn")
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    minor = tl.analysis.minor_classes(an)
+    assert minor
+    b = ViewBuilder(an, mesh)
+    s = Session(an, mesh, tl.Plan.replicated(an))
+    vm = b.build(s)
+    assert {c.id for c in vm.classes if c.minor} == {c.id for c in minor}
+    assert not any(c.legend for c in vm.classes if c.minor)
+    sizes = {c.id: c.size for c in an.classes}
+    pinned = next(c for c in minor if sizes[c.id] % 2 == 0)
+    s.pin(pinned.name, "model")
+    assert b.build(s).classes[pinned.id].legend
 
 
 def test_pin_recolours_the_graph_and_changes_the_estimate(gpt, builder, session):
@@ -213,19 +255,64 @@ def test_refused_choices_say_why(gpt, builder, session):
     assert by_label["replicated"].valid and by_label["model"].valid
 
 
-def test_conflict_is_marked_with_its_resolution(gpt, session):
+def test_an_unsharded_conflict_is_drawn_quietly_not_as_a_warning(gpt, session):
+    an, mesh = gpt
+    conflict = an.conflicts[0]
+    vm = ViewBuilder(an, mesh).build(session)  # seq replicated: the conflict costs nothing
+    marked = [n for n in vm.graph.nodes if conflict.id in n.conflicts]
+    assert marked, "the conflict site is drawn"
+    assert not vm.conflicts[conflict.id].active
+    assert "octagon" not in vm.graph.dot and "⚠" not in vm.graph.dot
+    assert "not sharded" not in vm.graph.dot and "tl-conflict-idle" in vm.graph.dot
+    assert "inactive" in vm.to_text()
+
+
+def test_a_sharded_conflict_is_a_warning_naming_what_its_resolution_keeps(gpt, session):
     an, mesh = gpt
     conflict = an.conflicts[0]
     b = ViewBuilder(an, mesh)
-    vm = b.build(session)
-    marked = [n for n in vm.graph.nodes if conflict.id in n.conflicts]
-    assert marked, "the conflict site is drawn"
-    assert "octagon" in vm.graph.dot and "not sharded" in vm.graph.dot
     session.pin(conflict.class_name, ("model",))
+    vm = b.build(session)
+    assert vm.conflicts[conflict.id].active
+    assert "octagon" in vm.graph.dot
+    assert f"⚠ {conflict.class_name}: keep the query positions" in vm.graph.dot
     session.pin(conflict.name, "replicate")
     vm = b.build(session)
-    assert vm.conflicts[conflict.id].active and vm.conflicts[conflict.id].resolution == "replicate"
-    assert f"{conflict.class_name}: replicate" in vm.graph.dot
+    assert vm.conflicts[conflict.id].resolution == "replicate"
+    assert vm.conflicts[conflict.id].label == "gather both"
+    assert f"⚠ {conflict.class_name}: gather both" in vm.graph.dot
+
+
+def test_resolutions_are_worded_by_what_they_keep(gpt, builder, session):
+    an, _ = gpt
+    conflict = an.conflicts[0]  # seq at attention's scores [batch, heads, q, k]
+    session.pin(conflict.class_name, ("model",))
+    cv = builder.build(session).conflicts[conflict.id]
+    assert cv.resolutions == ("keep_dim2", "keep_dim3", "replicate")
+    assert cv.labels == ("keep the query positions", "keep the key positions", "gather both")
+    assert [ch.label for ch in cv.choices] == list(cv.labels)
+    assert [ch.value for ch in cv.choices] == list(cv.resolutions)  # what a click pins
+    keep_q = cv.choices[0]
+    assert "[batch, heads, seq, seq] stays sharded on the query positions" in keep_q.note
+    assert "the key positions are gathered" in keep_q.note
+
+
+def test_a_gram_matrix_conflict_keeps_its_rows_or_its_columns():
+    import jax
+    import jax.numpy as jnp
+
+    def step(w, x):
+        def loss(w):
+            h = x @ w
+            return (h @ h.T).sum()
+        return w - 0.1 * jax.grad(loss)(w)
+
+    an = tl.analyze(tl.trace(step, jnp.ones((16, 16)), jnp.ones((32, 16))))
+    (conflict,) = an.conflicts
+    b = ViewBuilder(an, tl.Mesh({"data": 4, "model": 2}, device="h100"))
+    s = Session(an, b.mesh, tl.Plan.replicated(an).with_axes(conflict.class_name, "data"))
+    cv = b.build(s).conflicts[0]
+    assert cv.labels == ("keep the rows", "keep the columns", "gather both")
 
 
 def test_expanding_a_group_draws_its_ops_and_keeps_the_rest(builder, session):
@@ -310,11 +397,101 @@ def test_text_rendering(builder, session):
     assert repr(vm).startswith("ViewModel('gpt_train_step'")
 
 
-def test_prices_are_left_out_while_a_search_runs(builder, session):
-    vm = builder.build(session, price=False)
-    for cv in vm.classes:
-        for ch in cv.choices:
-            assert ch.current or ch.step_time_s is None
+def test_prices_are_kept_during_a_search_for_the_best_plan_so_far(gpt, builder):
+    an, mesh = gpt
+    s = Session(an, mesh, tl.Plan.replicated(an), progress_every_s=0.01)
+    future = s.search(budget_s=60)
+    try:
+        deadline = time.monotonic() + 30
+        while s.search_state.best_step_time_s is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with s.lock:  # the search waits: the view and the plan it shows are one moment's
+            vm, plan = builder.build(s), s.plan
+    finally:
+        s.stop()
+    assert vm.search.running and future.done()
+    priced = [(cv, ch) for cv in vm.classes for ch in cv.choices if ch.valid]
+    assert priced and all(ch.step_time_s is not None for _, ch in priced)
+    for cv, ch in priced[:6]:  # the prices are the best plan so far's counterfactuals
+        want = tl.estimate(an, plan.with_axes(cv.id, ch.value), mesh)
+        assert ch.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
+
+
+def test_expert_rows_that_a_pin_rules_out_say_which_pin(gpt, builder, session):
+    session.pin("batch", "data")
+    rows = {r.name: r for r in builder.build(session).experts}
+    # fsdp shards batch over data×model: batch pinned to data rules it out
+    assert rows["fsdp"].classes["batch"] == ("data", "model")
+    assert rows["fsdp"].ruled_out_by == ("batch=data",)
+    assert rows["dp+tp"].ruled_out_by == ()
+    assert "fsdp" in builder.build(session).to_text()
+    assert "— ruled out by batch=data" in builder.build(session).to_text()
+
+
+def _fsdp_session(gpt):
+    an, mesh = gpt
+    return Session(an, mesh, tl.strategies.expert(an, mesh)["fsdp"])
+
+
+def test_a_collective_is_explained_with_the_choice_that_removes_it(gpt, builder):
+    an, mesh = gpt
+    s = _fsdp_session(gpt)
+    colls = tl.cost_model(an, mesh).op_collectives(s.plan)
+    # the all-gather of an FSDP weight before its matmul
+    op, c = next((o, c) for o, cs in colls.items() for c in cs if c.kind == "all-gather"
+                 and c.operand is not None and an.program.ops[o].primitive == "dot_general")
+    s.select("op", op)
+    x = builder.build(s).explained
+    assert x.kind == "op" and x.subject == f"dot_general (op {op})"
+    cv = next(v for v in x.collectives
+              if (v.kind, v.axes, v.operand) == (c.kind, c.axes, c.operand))
+    o = an.program.ops[op]
+    assert cv.op == op and cv.primitive == "dot_general" and cv.source == o.source
+    assert cv.classes and all(isinstance(n, str) for n in cv.classes)
+    weight = o.operands[c.operand]
+    sharded = {an.classes[k].name for k, axes in zip(an.value_classes[weight],
+                                                        s.plan.value_axes(weight))
+               if axes and k >= 0}
+    assert set(cv.classes) <= sharded  # the classes the plan shards on the moved weight
+    assert cv.bytes > 0 and cv.time_s > 0 and cv.count >= 1
+    assert cv.why and cv.label == c.label
+    # the remedy: its price is the estimate of the plan with it, and it removes the charge
+    r = cv.remedy
+    assert r is not None
+    changed = (s.plan.with_resolution(r.name, r.value) if isinstance(r.value, str)
+               else s.plan.with_axes(r.name, r.value))
+    want = tl.estimate(an, changed, mesh)
+    assert r.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
+    assert r.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-9)
+    after = tl.cost_model(an, mesh).op_collectives(changed)
+    assert not any((x.kind, x.axes, x.operand) == (c.kind, c.axes, c.operand)
+                   for x in after.get(op, ()))
+    text = builder.build(s).to_text()
+    assert f"collectives of dot_general (op {op})" in text and "removed by:" in text
+
+
+def test_a_collective_badge_on_an_edge_is_explained(gpt, builder):
+    s = _fsdp_session(gpt)
+    vm = builder.build(s)
+    edge = next(e for e in vm.graph.edges if e.badge)
+    s.select("edge", edge.id)
+    x = builder.build(s).explained
+    assert x.kind == "edge" and x.id == edge.id and " → " in x.subject
+    assert x.collectives
+    assert {c.label for c in x.collectives} >= set(edge.badge.split(", "))
+    for c in x.collectives:
+        assert c.operand is not None and c.source and c.classes
+
+
+def test_tensors_carry_their_mesh_axes_per_dim(gpt, builder, session):
+    an, _ = gpt
+    session.pin("batch", "data")
+    op = next(o for o in an.program.ops if o.primitive == "dot_general")
+    session.select("op", op.id)
+    d = builder.build(session).details
+    for t in d.operands + d.results:
+        assert t.dim_axes == tuple(tuple(a) for a in session.plan.value_axes(t.value))
+    assert any(("data",) in t.dim_axes for t in d.operands + d.results)
 
 
 @pytest.mark.slow
@@ -387,6 +564,22 @@ def test_lab_feeds_the_widget_on_every_change(gpt, lab):
     assert w.view["details"]["op"] == 3
     w.send(event="unpin", name="batch")
     assert w.view["pinned"] == []
+
+
+def test_the_lab_opens_on_the_best_expert_plan_coloured_and_says_which(gpt):
+    an, mesh = gpt
+    lab = Lab.from_analysis(an, mesh, widget=RecordingWidget())
+    view = lab.widget.view
+    start = lab.session.start
+    assert start.how == "expert" and lab.plan == tl.strategies.expert(an, mesh)[start.name]
+    assert view["start"]["label"] == start.label and view["start"]["name"] == start.name
+    sharded = [e for e in view["graph"]["edges"] if e["sharded"]]
+    assert sharded  # the first view is coloured
+    colours = {c["id"]: c["color"] for c in view["classes"]}
+    assert any(colours[k] in view["graph"]["dot"] for e in sharded for k in e["sharded"])
+    assert lab.to_text().count(start.label) == 1
+    pinned = Lab.from_analysis(an, mesh, widget=False, pins={"batch": "data"})
+    assert pinned.plan.axes_of("batch") == ("data",) and "batch" in pinned.plan.pinned
 
 
 def test_refusals_and_crashes_show_in_the_widget_and_leave_it_usable(lab, monkeypatch):

@@ -1,10 +1,11 @@
 """ViewBuilder: a session's state -> ViewModel.
 
-What depends only on the program (the scope tree, the dataflow index, colours, the expert rows)
-is built once; the quotient graph once per set of open groups; a pin only recolours it, labels
-its collectives and re-prices the choices. During a search the choices are not re-priced (the
-plan changes several times a second, and pricing would take time from the search); they are
-priced again when it ends.
+What depends only on the program (the scope tree, the dataflow index, the conflicts' words) is
+built once; the quotient graph once per set of open groups; a pin only recolours it, labels its
+collectives and re-prices the choices. The prices are kept for the last plan priced: a running
+search publishes its best plan a few times a second, and each new best is priced once (tens of
+milliseconds on GPT-2-small), so the choices always show the best plan so far's prices. The
+collectives of a selected op or edge are explained (_explain.py) once per plan and selection.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from ..strategies import expert
-from ._counterfactuals import class_choices, conflict_choices, unpriced_choice
+from ._counterfactuals import axes_label, class_choices, conflict_choices, unpriced_choice
 from ._details import op_details, snippet
 from ._dot import to_dot
+from ._explain import Explainer
 from ._graph import ProgramIndex, VisibleGraph
-from ._palette import class_colors
+from ._palette import class_colors, legend_classes
+from ._resolutions import resolution_words
 from ._scopes import ROOT, build_scope_tree
-from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, GraphView, GroupView,
-                         NodeView, SearchView, ViewModel, _plain)
+from ._start import ruled_out
+from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, ExplainedView, GraphView,
+                         GroupView, NodeView, SearchView, StartView, ViewModel, _plain)
 
 GRAPH_CACHE = 8  # quotient graphs kept (sets of open groups a person toggles between)
 DEFAULT_NODES = 40  # what the graph opens with: about what one screen shows legibly
@@ -36,7 +39,7 @@ class ViewBuilder:
         self.tree = build_scope_tree(analysis.program,
                                      analysis.grouped if fold_layers is None else fold_layers)
         self.index = ProgramIndex(analysis, self.tree)
-        self.colors = class_colors(analysis.classes)
+        self.words = {c.id: resolution_words(analysis, c) for c in analysis.conflicts}
         prog = analysis.program
         self.program = {"name": prog.fn_name, "ops": len(prog.ops),
                         "fingerprint": prog.fingerprint()}
@@ -44,8 +47,9 @@ class ViewBuilder:
             "axes": dict(mesh.shape), "device": mesh.device.name,
             "memory_bytes": float(mesh.device.memory_bytes)}
         self._graphs: OrderedDict = OrderedDict()
-        self._experts: tuple[ExpertRow, ...] | None = None
         self._breakdown: tuple = (None, None, None)  # (model, plan, its op_breakdown)
+        self._priced: tuple = (None, None, None)     # (model, plan, its choices)
+        self._explained: tuple = (None, None)        # ((plan, selection, open groups), view)
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -85,39 +89,54 @@ class ViewBuilder:
         self._graphs.move_to_end(key)
         return g
 
-    def experts(self, model) -> tuple[ExpertRow, ...]:
-        if self._experts is None:
-            rows = []
-            for name, plan in expert(self.analysis, self.mesh).items():
-                est = model.estimate(plan)
-                rows.append(ExpertRow(name, est.step_time_s, est.peak_memory_bytes,
-                                      est.feasible, {k: tuple(v) for k, v
-                                                     in plan.class_axes.items()}))
-            self._experts = tuple(rows)
-        return self._experts
+    def experts(self, session) -> tuple[ExpertRow, ...]:
+        """The session's expert plans as rows, each with the pins that rule it out."""
+        pins = session.pins
+        rows = []
+        for name, (plan, est) in session.expert_plans().items():
+            against = ruled_out(plan, pins)
+            rows.append(ExpertRow(name, est.step_time_s, est.peak_memory_bytes, est.feasible,
+                                  {k: tuple(v) for k, v in plan.class_axes.items()},
+                                  tuple(self._pin_words(n, pins[n]) for n in against)))
+        return tuple(rows)
+
+    def _pin_words(self, name: str, value) -> str:
+        """'batch=data', 'embed@optimizer=data×model', 'seq: keep the query positions'."""
+        for c in self.analysis.conflicts:
+            if c.name == name:
+                return f"{c.class_name}: {self.words[c.id][value].label}"
+        return f"{name}={axes_label(value)}"
+
+    def colors(self, plan) -> tuple[tuple[str, ...], frozenset[int]]:
+        """(the colour of each class, the classes the legend shows) under `plan`."""
+        sharded = {k for k, axes in plan.assignments if axes}
+        sharded |= {k for k, _, axes in plan.overrides if axes}
+        shown = legend_classes(self.analysis.classes, sharded)
+        return class_colors(self.analysis.classes, shown), frozenset(shown)
 
     # --- the view model -------------------------------------------------------------------------
 
     def build(self, session, expanded=None, error: str | None = None,
-              price: bool | None = None) -> ViewModel:
+              price: bool = True) -> ViewModel:
         """The ViewModel of `session` now, with `expanded` groups open (default: ROOT and the
         repeated layers). Holds the session's lock while it reads the plan and the cost model.
-        price: compute the choices' prices (default: unless a search runs)."""
+        price: compute the choices' prices (kept for the last plan priced, see above)."""
         with session.lock:
             plan, est, model = session.plan, session.estimate, session.model
             state, selected = session.search_state, session.selected
             error = error or session.error
             notice = session.notice
-            if price is None:
-                price = not state.running
             expanded = self.default_expanded if expanded is None else expanded
             graph = self.graph(expanded)
             compute, comm, colls = self._op_breakdown(model, plan)
             self.op_costs = (compute, comm)  # the widget's op_costs buffer
-            current = (est.step_time_s, est.peak_memory_bytes)
-            classes = tuple(self._class_view(model, plan, c, current, session.shared, price)
+            colors, legend = self.colors(plan)
+            class_choice, conflict_choice = self._choices(model, plan, est, session.shared,
+                                                          price)
+            classes = tuple(self._class_view(plan, c, colors, legend, class_choice[c.id])
                             for c in self.analysis.classes)
-            conflicts = self._conflict_views(model, plan, current, price)
+            conflicts = tuple(self._conflict_view(plan, c, conflict_choice[c.id])
+                              for c in self.analysis.conflicts)
             nodes, edges = self._decorate(graph, plan, compute, comm, colls, conflicts)
             groups = self._group_views(graph, compute, comm)
             details = None
@@ -125,17 +144,20 @@ class ViewBuilder:
                 o = int(selected.id)
                 details = op_details(self.analysis, plan, o, compute[o], comm[o],
                                      colls.get(o, ()))
-            experts = self.experts(model)
+            explained = self._explain(model, plan, selected, graph, colls, classes, conflicts)
+            experts = self.experts(session)
             pinned = tuple(sorted(plan.pinned))
             snip = snippet(plan, self.mesh)
-        dot = to_dot(self.program["name"], graph, nodes, edges, self.colors, conflicts,
-                     self.tree)
+            start = session.start
+        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree)
         return ViewModel(
             program=dict(self.program), mesh=dict(self.mesh_view), classes=classes,
             conflicts=conflicts, groups=groups, graph=GraphView(dot, nodes, edges),
             estimate=estimate_view(est), experts=experts, search=_search_view(state),
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
-            notice=notice)
+            notice=notice, start=StartView(start.name, start.how, start.step_time_s,
+                                           start.peak_memory_bytes, start.note, start.label),
+            explained=explained)
 
     def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
         """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
@@ -143,22 +165,15 @@ class ViewBuilder:
         expanded = self.default_expanded if expanded is None else expanded
         graph = self.graph(expanded)
         zeros = np.zeros(len(self.analysis.program.ops))
-        classes = tuple(ClassView(
-            id=c.id, name=c.name, size=c.size, bytes=int(c.bytes), layers=c.layers,
-            color=self.colors[c.id], axes=tuple(plan.axes_of(c.id)),
-            pinned=c.name in plan.pinned, choices=(unpriced_choice(plan.axes_of(c.id)),))
-            for c in self.analysis.classes)
-        conflicts = tuple(ConflictView(
-            id=c.id, name=c.name, class_id=c.class_id, class_name=c.class_name, where=c.where,
-            source=c.source, active=bool(plan.axes_of(c.class_id)),
-            resolution=plan.resolution_of(c.id), resolutions=tuple(c.resolutions),
-            pinned=c.name in plan.pinned,
-            choices=tuple(unpriced_choice(r, r == plan.resolution_of(c.id))
-                          for r in c.resolutions))
-            for c in self.analysis.conflicts)
+        colors, legend = self.colors(plan)
+        classes = tuple(self._class_view(plan, c, colors, legend,
+                                         (unpriced_choice(plan.axes_of(c.id)),))
+                        for c in self.analysis.classes)
+        conflicts = tuple(self._conflict_view(plan, c, tuple(
+            unpriced_choice(r, r == plan.resolution_of(c.id), self.words[c.id][r].label)
+            for r in c.resolutions)) for c in self.analysis.conflicts)
         nodes, edges = self._decorate(graph, plan, zeros, zeros, {}, conflicts)
-        dot = to_dot(self.program["name"], graph, nodes, edges, self.colors, conflicts,
-                     self.tree)
+        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree)
         return ViewModel(
             program=dict(self.program), mesh=None, classes=classes, conflicts=conflicts,
             groups=self._group_views(graph, zeros, zeros), graph=GraphView(dot, nodes, edges),
@@ -183,25 +198,68 @@ class ViewBuilder:
 
     # --- parts ------------------------------------------------------------------------------------
 
-    def _class_view(self, model, plan, c, current, shared, price) -> ClassView:
+    def _choices(self, model, plan, est, shared, price) -> tuple[dict, dict]:
+        """({class id: its ChoiceViews}, {conflict id: its ChoiceViews}) priced from `plan`,
+        kept for the last plan priced (a search's best plan is priced once)."""
+        cached_model, cached_plan, cached = self._priced
+        if price and cached_model is model and cached_plan == plan:
+            return cached
+        an = self.analysis
+        current = (est.step_time_s, est.peak_memory_bytes)
+        classes = {c.id: class_choices(an, self.mesh, model, plan, current, c, shared, price)
+                   for c in an.classes}
+        inc = model.incremental(plan) if price and an.conflicts else None
+        conflicts = {c.id: conflict_choices(an, model, plan, current, c, inc, price,
+                                            self.words[c.id]) for c in an.conflicts}
+        if price:
+            self._priced = (model, plan, (classes, conflicts))
+        return classes, conflicts
+
+    def _class_view(self, plan, c, colors, legend, choices) -> ClassView:
         return ClassView(
             id=c.id, name=c.name, size=c.size, bytes=int(c.bytes), layers=c.layers,
-            color=self.colors[c.id], axes=tuple(plan.axes_of(c.id)), pinned=c.name in plan.pinned,
-            choices=class_choices(self.analysis, self.mesh, model, plan, current, c, shared,
-                                  price))
+            color=colors[c.id], axes=tuple(plan.axes_of(c.id)), pinned=c.name in plan.pinned,
+            choices=choices, minor=bool(c.minor), legend=c.id in legend)
 
-    def _conflict_views(self, model, plan, current, price) -> tuple[ConflictView, ...]:
-        an = self.analysis
-        inc = model.incremental(plan) if price and an.conflicts else None
-        out = []
-        for c in an.conflicts:
-            out.append(ConflictView(
-                id=c.id, name=c.name, class_id=c.class_id, class_name=c.class_name,
-                where=c.where, source=c.source, active=bool(plan.axes_of(c.class_id)),
-                resolution=plan.resolution_of(c.id), resolutions=tuple(c.resolutions),
-                pinned=c.name in plan.pinned,
-                choices=conflict_choices(an, model, plan, current, c, inc, price)))
-        return tuple(out)
+    def _conflict_view(self, plan, c, choices) -> ConflictView:
+        return ConflictView(
+            id=c.id, name=c.name, class_id=c.class_id, class_name=c.class_name, where=c.where,
+            source=c.source, active=bool(plan.axes_of(c.class_id)),
+            resolution=plan.resolution_of(c.id), resolutions=tuple(c.resolutions),
+            pinned=c.name in plan.pinned, choices=choices,
+            labels=tuple(self.words[c.id][r].label for r in c.resolutions))
+
+    def _explain(self, model, plan, selected, graph, colls, classes, conflicts):
+        """The ExplainedView of a selected op or drawn edge (None for other selections),
+        kept for the last (plan, selection, open groups)."""
+        if selected is None or selected.kind not in ("op", "edge"):
+            return None
+        key = (plan, selected, graph.expanded)
+        if self._explained[0] == key:
+            return self._explained[1]
+        prices = {("class", cv.id, tuple(ch.value)): (ch.step_time_s, ch.peak_memory_bytes)
+                  for cv in classes for ch in cv.choices if ch.valid}
+        prices.update({("conflict", cf.id, ch.value): (ch.step_time_s, ch.peak_memory_bytes)
+                       for cf in conflicts for ch in cf.choices})
+        explainer = Explainer(self.analysis, self.mesh, model, plan, colls, prices, self.words,
+                              self.tree.rep)
+        if selected.kind == "op":
+            op = self.analysis.program.ops[int(selected.id)]
+            view = ExplainedView("op", selected.id, f"{op.primitive} (op {op.id})",
+                                 explainer.op(op.id))
+        else:
+            spec = next((e for e in graph.edges if e.id == selected.id), None)
+            if spec is None:
+                view = None  # the edge is not drawn now (a group opened or closed)
+            else:
+                index = self.index
+                pairs = [(int(index.pair_dst[p]), int(index.pair_slot[p])) for p in spec.pairs
+                         if index.pair_dst[p] >= 0 and index.pair_slot[p] >= 0]
+                subject = (f"{graph.nodes[spec.source].title} → "
+                           f"{graph.nodes[spec.target].title}")
+                view = ExplainedView("edge", selected.id, subject, explainer.pairs(pairs))
+        self._explained = (key, view)
+        return view
 
     def _decorate(self, graph, plan, compute, comm, colls, conflicts):
         """NodeViews and EdgeViews of `graph` under `plan`: costs, colours, collectives."""

@@ -86,10 +86,11 @@ def first_decision_note(analysis, plan, cls, axes, shared: Counter) -> str | Non
     return "; ".join(notes) or None
 
 
-def unpriced_choice(value, current: bool = True) -> ChoiceView:
-    """A class's axes or a conflict's resolution shown without a price (no mesh to price it
-    on); a class without a mesh offers only its current axes."""
-    label = value if isinstance(value, str) else axes_label(value)
+def unpriced_choice(value, current: bool = True, label: str | None = None) -> ChoiceView:
+    """A class's axes or a conflict's resolution (`label`: in words) shown without a price
+    (no mesh to price it on); a class without a mesh offers only its current axes."""
+    if label is None:
+        label = value if isinstance(value, str) else axes_label(value)
     return ChoiceView(label=label, value=value if isinstance(value, str) else tuple(value),
                       current=current, valid=True, reason=None, step_time_s=None,
                       peak_memory_bytes=None)
@@ -129,10 +130,11 @@ def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, pr
     return tuple(out)
 
 
-def conflict_choices(analysis, model, plan, current, conflict, inc, price: bool
-                     ) -> tuple[ChoiceView, ...]:
+def conflict_choices(analysis, model, plan, current, conflict, inc, price: bool,
+                     words: dict) -> tuple[ChoiceView, ...]:
     """The resolutions of `conflict` with their prices (`inc`: an IncrementalEstimator of
-    `plan`, shared by the conflicts and left as it was found)."""
+    `plan`, shared by the conflicts and left as it was found), labelled by `words`
+    ({resolution: ResolutionWords}) with what each does as its note."""
     now = plan.resolution_of(conflict.id)
     active = bool(plan.axes_of(conflict.class_id))
     idle = None if active else (f"{conflict.class_name} is replicated: nothing to resolve "
@@ -144,10 +146,11 @@ def conflict_choices(analysis, model, plan, current, conflict, inc, price: bool
             step, peak = current
         elif price and inc is not None:
             step, peak = inc.set_resolution(conflict.id, j)
-        out.append(ChoiceView(label=res, value=res, current=res == now, valid=True, reason=None,
+        out.append(ChoiceView(label=words[res].label, value=res, current=res == now,
+                              valid=True, reason=None,
                               step_time_s=step if price or res == now else None,
                               peak_memory_bytes=peak if price or res == now else None,
-                              note=idle))
+                              note=idle or words[res].meaning))
     if price and inc is not None and active:
         inc.set_resolution(conflict.id, list(conflict.resolutions).index(now))
     return tuple(out)

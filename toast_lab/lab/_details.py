@@ -15,7 +15,8 @@ def tensor_view(analysis, plan, value: int) -> TensorView:
     val = analysis.program.values[value]
     return TensorView(value=value, shape=tuple(int(s) for s in val.shape),
                       dtype=val.dtype.name, classes=analysis.dim_names(value),
-                      spec=spec_text(plan.partition_spec(value)))
+                      spec=spec_text(plan.partition_spec(value)),
+                      dim_axes=tuple(tuple(a) for a in plan.value_axes(value)))
 
 
 def op_details(analysis, plan, op_id: int, compute_s: float, comm_s: float,

@@ -1,10 +1,11 @@
 """DOT of the drawn graph, written with the `graphviz` package (no `dot` binary needed: the
 browser lays it out with Graphviz compiled to WebAssembly).
 
-Conventions (notes/VIEWMODEL.md): node and edge ids are the view model's, also set as `id` so
-they become the SVG ids; `class="cls-<id> ..."` lists the classes of the tensors for
-highlighting; colours are the classes the plan shards (replicated: neutral grey); conflict sites
-are red double-bordered octagons labelled with their resolution; a collective paid on an edge is
+Conventions: node and edge ids are the view model's, also set as `id` so they become the SVG
+ids; `class="cls-<id> ..."` lists the classes of the tensors for highlighting; colours are the
+classes the plan shards (replicated: neutral grey); conflict sites whose class is sharded are
+red double-bordered octagons labelled with what their resolution keeps, those whose class is
+replicated (they cost nothing) have a quiet grey second border; a collective paid on an edge is
 its `xlabel` (placed after layout, so a new badge does not move the graph). Open groups are
 clusters. Edges that run against program order (gradients) do not constrain the ranks, so the
 graph reads top to bottom as the forward pass.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import graphviz
 
-from ._palette import COLLECTIVE, CONFLICT, GROUP_FILL, NEUTRAL, tint
+from ._palette import COLLECTIVE, CONFLICT, GROUP_FILL, IDLE, NEUTRAL, tint
 from ._scopes import ROOT
 
 # Sizes in points: the page fits the graph to its pane, down to 0.8 px per point (graph.ts,
@@ -72,11 +73,15 @@ def _node_attrs(view, colors, conflicts) -> dict:
         attrs.update(shape="invhouse" if view.kind == "input" else "house", style="filled",
                      fillcolor="#F4F4F4", color=main or "#5B6570")
     marks = [conflicts[c] for c in view.conflicts]
-    if marks:
+    active = [c for c in marks if c.active]
+    if active:  # its class is sharded: the resolution costs something, and says what it keeps
         attrs.update(shape="octagon", peripheries="2", color=CONFLICT, penwidth="1.4",
                      style="filled", fillcolor="#FFF4F3")
-        for c in marks:
-            lines.append(f"⚠ {c.class_name}: {c.resolution if c.active else 'not sharded'}")
+        for c in active:
+            lines.append(f"⚠ {c.class_name}: {c.label}")
+    elif marks:  # replicated: nothing to resolve, nothing to pay; a quiet second border
+        attrs.update(peripheries="2", color=IDLE)
+        attrs["class"] = " ".join(filter(None, (attrs.get("class"), "tl-conflict-idle")))
     attrs["label"] = "\n".join(lines)
     return attrs
 

@@ -76,9 +76,9 @@ class Lab:
     `analyze`), donate / overlap / memory_cap / seed (the session's), dim_names (for
     `trace`), expanded (group ids drawn open; default the root and the repeated layers),
     widget (a LabView-like object with `view`, `op_costs` and `on_event`; None builds a
-    LabView when ipywidgets is installed, False shows no widget), progress (who is told of the construction's stages, tracing to
-    the first view: a toast_lab.progress listener, False for nobody; None shows them in the
-    running cell in a Jupyter kernel).
+    LabView when ipywidgets is installed, False shows no widget), progress (who is told of
+    the construction's stages, tracing to the first view: a toast_lab.progress listener,
+    False for nobody; None shows them in the running cell in a Jupyter kernel).
     """
 
     def __init__(self, fn, *args, mesh, plan=None, group_layers: bool = True,

@@ -349,41 +349,7 @@ class Session:
             return plan, est, _start.Start("your plan", "given", est.step_time_s,
                                           est.peak_memory_bytes, "the plan the session was given")
         wanted = _pins_of(self._with_pins(Plan.replicated(self.analysis), pins))
-        experts = self.expert_plans()
-        mine = " under your pins" if wanted else ""
-        found = _start.best_expert(experts, wanted, self.memory_cap)
-        if found is not None:
-            name, plan, _ = found
-            plan = self._with_pins(plan.with_mesh(self.mesh), pins)
-            est = self.model.estimate(plan)
-            fitting = sum(1 for n, (p, e) in experts.items()
-                          if not _start.ruled_out(p, wanted) and _start.fits(e, self.memory_cap))
-            return plan, est, _start.Start(name, "expert", est.step_time_s,
-                                          est.peak_memory_bytes,
-                                          f"the fastest of the {fitting} expert plans that fit"
-                                          f"{mine}")
-        with stage("start search", "no expert plan fits: a short search for one"):
-            result = run_search(self.analysis, self.mesh, pins=wanted,
-                                simulations=_start.SEARCH_SIMULATIONS,
-                                budget_s=_start.SEARCH_BUDGET_S, seed=self.seed,
-                                memory_cap=self.memory_cap, cost_model=self.model,
-                                warm_start={n: p for n, (p, _) in experts.items()})
-        if result.plan is not None:
-            plan = result.plan.with_mesh(self.mesh)
-            est = result.estimate
-            return plan, est, _start.Start(
-                "search", "search", est.step_time_s, est.peak_memory_bytes,
-                f"no expert plan fits{mine}: the best of a {result.simulations:,}-simulation "
-                f"search")
-        smallest = _start.smallest(experts, wanted)
-        name, plan = (smallest[0], smallest[1]) if smallest else (
-            "replicated", Plan.replicated(self.analysis))
-        plan = self._with_pins(plan.with_mesh(self.mesh), pins)
-        est = self.model.estimate(plan)
-        return plan, est, _start.Start(name, "smallest", est.step_time_s,
-                                      est.peak_memory_bytes,
-                                      f"no plan found fits in memory{mine}: the expert plan "
-                                      f"with the smallest peak")
+        return _start.first_plan(self, wanted, lambda p: self._with_pins(p, pins))
 
     def _with_pins(self, plan: Plan, pins: dict) -> Plan:
         """`plan` with each of `pins` pinned, in order, as `pin` would (PinError if refused)."""

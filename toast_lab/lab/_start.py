@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import PlanError
+from ..plan import Plan, PlanError
+from ..plan_search import search
+from ..progress import stage
 
 SEARCH_SIMULATIONS = 2000   # the short search's simulations (seeded: the same start each time)
 SEARCH_BUDGET_S = 5.0       # ... and its wall-clock limit, on a model too large for them
@@ -92,6 +94,38 @@ def smallest(experts: dict, pins: dict):
     return (name, *pool[name])
 
 
+def first_plan(session, pins: dict, with_pins):
+    """(plan, its estimate, Start) for `session` (a Session) under `pins` (as Session.pins
+    gives them); `with_pins(plan)` puts the pins on an expert plan (the session's pin rules)."""
+    experts = session.expert_plans()
+    cap, mesh, model = session.memory_cap, session.mesh, session.model
+    mine = " under your pins" if pins else ""
+    found = best_expert(experts, pins, cap)
+    if found is not None:
+        name, plan, _ = found
+        plan = with_pins(plan.with_mesh(mesh))
+        est = model.estimate(plan)
+        fitting = sum(1 for p, e in experts.values() if not ruled_out(p, pins) and fits(e, cap))
+        return plan, est, Start(name, "expert", est.step_time_s, est.peak_memory_bytes,
+                                f"the fastest of the {fitting} expert plans that fit{mine}")
+    with stage("start search", "no expert plan fits: a short search for one"):
+        result = search(session.analysis, mesh, pins=pins, simulations=SEARCH_SIMULATIONS,
+                        budget_s=SEARCH_BUDGET_S, seed=session.seed, memory_cap=cap,
+                        cost_model=model, warm_start={n: p for n, (p, _) in experts.items()})
+    if result.plan is not None:
+        est = result.estimate
+        return result.plan.with_mesh(mesh), est, Start(
+            "search", "search", est.step_time_s, est.peak_memory_bytes,
+            f"no expert plan fits{mine}: the best of a {result.simulations:,}-simulation search")
+    least = smallest(experts, pins)
+    name, plan = least[:2] if least else ("replicated", Plan.replicated(session.analysis))
+    plan = with_pins(plan.with_mesh(mesh))
+    est = model.estimate(plan)
+    return plan, est, Start(name, "smallest", est.step_time_s, est.peak_memory_bytes,
+                            f"no plan found fits in memory{mine}: the expert plan with the "
+                            f"smallest peak")
+
+
 def _ms(seconds: float) -> str:
     ms = seconds * 1e3
     if ms >= 100:
@@ -101,5 +135,5 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3g} ms"
 
 
-__all__ = ["Start", "ruled_out", "fits", "best_expert", "smallest", "SEARCH_SIMULATIONS",
-           "SEARCH_BUDGET_S"]
+__all__ = ["Start", "first_plan", "ruled_out", "fits", "best_expert", "smallest",
+           "SEARCH_SIMULATIONS", "SEARCH_BUDGET_S"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+AT_STAKE = ("at stake: the bytes of the values whose layout the decision changes, summed over "
+            "the step (not memory held at once)")
+
 
 def _ms(s) -> str:
     return "-" if s is None else f"{s * 1e3:.3f} ms"
@@ -31,21 +34,24 @@ def render(vm) -> str:
         by_axis = ", ".join(f"{a} {_ms(t)}" for a, t in est["communication_by_axis"].items())
         if by_axis:
             lines.append(f"  communication by axis: {by_axis}")
+    if vm.start:
+        lines.append(f"{vm.start.label} ({vm.start.note})")
     if vm.error:
         lines.append(f"error: {vm.error}")
     if vm.notice:
         lines.append(f"notice: {vm.notice}")
-    lines.append("classes:")
+    lines.append(f"classes ({AT_STAKE}):")
     for c in vm.classes:
         pin = " pinned" if c.pinned else ""
         axes = "×".join(c.axes) or "replicated"
+        tags = "".join(t for t, on in ((" legend", c.legend), (" minor", c.minor)) if on)
         lines.append(f"  #{c.id} {c.name:<12} size {c.size:<6} {c.bytes / 2**20:12,.1f} MiB "
-                     f"{c.color} {axes}{pin}")
+                     f"at stake {c.color} {axes}{pin}{tags}")
         lines.append("      " + " | ".join(_choice(ch) for ch in c.choices))
     if vm.conflicts:
         lines.append("conflicts:")
     for c in vm.conflicts:
-        state = c.resolution if c.active else "inactive"
+        state = c.label if c.active else "inactive (its class is replicated: no cost)"
         lines.append(f"  #{c.id} {c.name}: {state}{' pinned' if c.pinned else ''}")
         lines.append("      " + " | ".join(_choice(ch) for ch in c.choices))
     g = vm.graph
@@ -55,9 +61,9 @@ def render(vm) -> str:
         if n.sharded:
             extra.append("sharded " + ",".join(vm.classes[c].name for c in n.sharded))
         if n.conflicts:
+            marks = [vm.conflicts[c] for c in n.conflicts]
             extra.append("conflict " + ",".join(
-                f"{vm.conflicts[c].class_name}:{vm.conflicts[c].resolution if vm.conflicts[c].active else 'inactive'}"
-                for c in n.conflicts))
+                f"{c.class_name}: {c.label if c.active else 'inactive'}" for c in marks))
         if n.collectives:
             extra.append("; ".join(n.collectives))
         label = n.label.replace("\n", " / ")
@@ -74,7 +80,9 @@ def render(vm) -> str:
     if vm.experts:
         lines.append("experts: " + ", ".join(
             f"{r.name} {_ms(r.step_time_s)} {_gib(r.peak_memory_bytes)}"
-            f"{'' if r.feasible else ' (does not fit)'}" for r in vm.experts))
+            f"{'' if r.feasible else ' (does not fit)'}"
+            f"{' — ruled out by ' + ', '.join(r.ruled_out_by) if r.ruled_out_by else ''}"
+            for r in vm.experts))
     if vm.pinned:
         lines.append("pinned: " + ", ".join(vm.pinned))
     if vm.details:
@@ -84,4 +92,24 @@ def render(vm) -> str:
             for t in ts:
                 lines.append(f"  {kind} %{t.value} {t.dtype}{list(t.shape)} {list(t.classes)} "
                              f"{t.spec}")
+    if vm.explained:
+        lines += _explained(vm.explained)
     return "\n".join(lines)
+
+
+def _explained(x) -> list[str]:
+    lines = [f"collectives of {x.subject}:" if x.collectives
+             else f"collectives of {x.subject}: none"]
+    for c in x.collectives:
+        layers = f" in {c.layers} layers" if c.layers > 1 else ""
+        lines.append(f"  {c.label} ×{c.count:g}{layers}: {c.bytes / 2**20:,.2f} MiB, "
+                     f"{_ms(c.time_s)}; asked by {', '.join(c.classes) or '-'} at {c.primitive} "
+                     f"(op {c.op}, {c.source or 'no source'})")
+        lines.append(f"    why: {c.why}")
+        if c.patterns:
+            lines.append(f"    patterns: {', '.join(c.patterns)}")
+        r = c.remedy
+        lines.append(f"    removed by: {r.label} ({_ms(r.step_time_s)}, "
+                     f"{_gib(r.peak_memory_bytes)})" if r else
+                     "    removed by: no single choice tried removes it")
+    return lines

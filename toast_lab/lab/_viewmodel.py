@@ -1,10 +1,11 @@
 """The Lab's view model: a frozen, JSON-ready description of what to draw (treescope's
 intermediate form). Python builds it (`_build.py`); the TypeScript view only draws it.
 
-The types mirror notes/VIEWMODEL.md field for field (snake_case on both sides); sequences are
-tuples here and arrays in JSON. `ViewModel.to_dict()` is what the widget's `view` traitlet and
-a plan file carry; `ViewModel.from_dict` reads it back (a round trip gives an equal model);
-`to_text()` renders it for tests and terminals.
+The types mirror labextension/src/viewmodel.ts field for field (snake_case on both sides);
+sequences are tuples here and arrays in JSON. `ViewModel.to_dict()` is what the widget's `view`
+traitlet and a plan file carry; `ViewModel.from_dict` reads it back (a round trip gives an
+equal model); `to_text()` renders it for tests and terminals. Fields added later have defaults,
+so plan files written before them still read.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class ChoiceView:
 
 @dataclass(frozen=True)
 class ClassView:
+    """A class and its choices. bytes: at stake — the bytes of the values whose layout
+    deciding it changes, summed over the step (not memory held at once). minor: under
+    MINOR_SHARE of the largest class's bytes (shown under one "minor" entry). legend: the
+    legend shows it (the plan shards it, or it is among the largest): its own colour; every
+    other class is drawn neutral."""
+
     id: int
     name: str
     size: int
@@ -52,21 +59,35 @@ class ClassView:
     axes: tuple[str, ...]
     pinned: bool
     choices: tuple[ChoiceView, ...]
+    minor: bool = False
+    legend: bool = False
 
 
 @dataclass(frozen=True)
 class ConflictView:
+    """A conflict. active: its class is sharded, so the resolution matters (an inactive one
+    costs nothing and is no warning). labels: each resolution in words, in the order of
+    `resolutions` ("keep the query positions", "gather both")."""
+
     id: int
     name: str
     class_id: int
     class_name: str
     where: str
     source: str
-    active: bool            # its class is sharded, so the resolution matters
+    active: bool
     resolution: str
     resolutions: tuple[str, ...]
     pinned: bool
     choices: tuple[ChoiceView, ...]
+    labels: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The current resolution in words."""
+        if self.labels and self.resolution in self.resolutions:
+            return self.labels[self.resolutions.index(self.resolution)]
+        return self.resolution
 
 
 @dataclass(frozen=True)
@@ -125,11 +146,29 @@ class GraphView:
 
 @dataclass(frozen=True)
 class ExpertRow:
+    """An expert strategy on the same cost model. ruled_out_by: the pins it contradicts
+    ("batch=data"): a search under them cannot reach it."""
+
     name: str
     step_time_s: float
     peak_memory_bytes: float
     feasible: bool
     classes: Mapping[str, tuple[str, ...]]
+    ruled_out_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StartView:
+    """The plan the session started on: name ("fsdp", "search", "your plan"), how ("expert",
+    "search", "given", "smallest"), its step time (s) and peak (bytes), why (note), and the
+    header's words (label: "start: fsdp, 31.8 ms")."""
+
+    name: str
+    how: str
+    step_time_s: float
+    peak_memory_bytes: float
+    note: str
+    label: str
 
 
 @dataclass(frozen=True)
@@ -148,11 +187,67 @@ class SearchView:
 
 @dataclass(frozen=True)
 class TensorView:
+    """A tensor under the plan. dim_axes: the mesh axes of each dim (major to minor), from
+    which the view draws which device holds which block."""
+
     value: int
     shape: tuple[int, ...]
     dtype: str
     classes: tuple[str | None, ...]
     spec: str
+    dim_axes: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class RemedyView:
+    """A choice that removes a collective, priced from the current plan like the Decisions
+    tab's choices. name / value: what to pin (a class and its axes, a conflict and its
+    resolution); label: in words ("seq → replicated", "keep the key positions")."""
+
+    name: str
+    value: tuple[str, ...] | str
+    label: str
+    step_time_s: float
+    peak_memory_bytes: float
+
+
+@dataclass(frozen=True)
+class CollectiveView:
+    """One collective a drawn op pays, explained. op: the op (its first layer's, where layers
+    are drawn once); operand: the position of the operand it moves (None: the op's partial
+    results); tensor: that value's type; classes: the classes that ask for it; why: in words;
+    count, bytes, time_s: per step, every layer together; patterns: the compiler patterns
+    that decided it, where the cost model names them; remedy: the cheapest choice found that
+    removes it (None when none of those tried does)."""
+
+    op: int
+    primitive: str
+    source: str
+    scope: str
+    kind: str
+    axes: tuple[str, ...]
+    label: str
+    operand: int | None
+    tensor: str
+    classes: tuple[str, ...]
+    why: str
+    count: float
+    bytes: float
+    time_s: float
+    layers: int
+    patterns: tuple[str, ...]
+    remedy: RemedyView | None
+
+
+@dataclass(frozen=True)
+class ExplainedView:
+    """The collectives of what is selected: an op's, or those paid on a drawn edge's
+    tensors. subject: what in words ("dot_general (op 41)", "attn → mlp")."""
+
+    kind: str               # "op" | "edge"
+    id: str
+    subject: str
+    collectives: tuple[CollectiveView, ...]
 
 
 @dataclass(frozen=True)
@@ -170,13 +265,13 @@ class DetailsView:
 
 @dataclass(frozen=True)
 class Selection:
-    kind: str               # "op" | "group" | "class" | "conflict"
+    kind: str               # "op" | "group" | "class" | "conflict" | "edge"
     id: str
 
 
 @dataclass(frozen=True)
 class ViewModel:
-    """What the Lab draws for one state of a session (see notes/VIEWMODEL.md)."""
+    """What the Lab draws for one state of a session (labextension/src/viewmodel.ts's fields)."""
 
     program: Mapping[str, Any]
     mesh: Mapping[str, Any] | None
@@ -193,6 +288,8 @@ class ViewModel:
     details: DetailsView | None
     pinned: tuple[str, ...]
     notice: str | None = None   # what the last action did besides the obvious (not an error)
+    start: StartView | None = None        # the plan the session started on
+    explained: ExplainedView | None = None  # the selected op's or edge's collectives
     format: str = FORMAT
     version: int = VERSION
 
@@ -251,7 +348,7 @@ def saved_view(view: dict) -> dict:
     moment's error, notice, selection and op details, and not searching. Keys it lacks stay
     absent."""
     out = dict(view)
-    for key in ("error", "notice", "selected", "details"):
+    for key in ("error", "notice", "selected", "details", "explained"):
         if key in out:
             out[key] = None
     if isinstance(out.get("search"), dict):
@@ -323,5 +420,6 @@ def _build(tp, data):
 
 
 __all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView",
-           "NodeView", "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView",
-           "Selection", "FORMAT", "VERSION", "saved_view"]
+           "NodeView", "EdgeView", "ExpertRow", "StartView", "SearchView", "DetailsView",
+           "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "Selection",
+           "FORMAT", "VERSION", "saved_view"]
