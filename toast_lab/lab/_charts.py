@@ -70,6 +70,8 @@ class SearchProgressChart:
             fig.scatter(x, "best_ms", source=self.source, size=4, color=CATEGORY_COLORS[0])
             fig.title.text_font_size = "11pt"
         self.references: dict[str, Span] = {}
+        self.reference_items: dict[str, LegendItem] = {}
+        self._steps = dict(references or {})
         items = []
         for i, (name, step_s) in enumerate((references or {}).items()):
             color = REFERENCE_COLORS[i % len(REFERENCE_COLORS)]
@@ -82,6 +84,7 @@ class SearchProgressChart:
                                       line_width=1.5, visible=False)
             items.append(LegendItem(label=f"{name} {_ms(step_s):.3g} ms", renderers=[proxy]))
             self.references[name] = span
+            self.reference_items[name] = items[-1]
         if items:
             self.by_sims.add_layout(Legend(items=items, location="center_left",
                                            label_text_font_size="8.5pt", border_line_alpha=0,
@@ -90,6 +93,20 @@ class SearchProgressChart:
         self.layout = row(self.by_time, self.by_sims, sizing_mode=sizing_mode)
         self.update(history)
         self.widget = BokehModel(self.layout)
+
+    def rule_out(self, ruled: Mapping[str, Sequence[str]]) -> None:
+        """Marks the reference lines that pins rule out ({expert: the pins, "batch=data"}):
+        faint and dotted, the legend saying by which pins (a search under them cannot reach
+        that plan, so its line may stay below the best found)."""
+        for name, item in self.reference_items.items():
+            pins = tuple(ruled.get(name, ()))
+            label = f"{name} {_ms(self._steps[name]):.3g} ms"
+            item.label = f"{label}\nruled out by {', '.join(pins)}" if pins else label
+            for fig in (self.by_time, self.by_sims):
+                for span in fig.center:
+                    if isinstance(span, Span) and span.name == f"ref-{name}":
+                        span.line_dash = "dotted" if pins else "dashed"
+                        span.line_alpha = 0.45 if pins else 1.0
 
     @staticmethod
     def _columns(history: Sequence[Sequence[float]]) -> dict[str, list[float]]:
@@ -221,6 +238,8 @@ class LabCharts:
         # clip what does not fit them.
         self.progress.widget.layout = ipywidgets.Layout(flex="1.4 1 520px", min_width="420px")
         self.memory.widget.layout = ipywidgets.Layout(flex="1 1 340px", min_width="320px")
+        self._ruled = _ruled_out(view)
+        self.progress.rule_out(self._ruled)
         self.dirty = False  # whether a chart changed since its widget's document was saved
         self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget],
                                       layout=ipywidgets.Layout(flex_flow="row wrap"))
@@ -228,6 +247,11 @@ class LabCharts:
 
     def update(self, view) -> None:
         """Moves both charts to `view`; only what changed travels to the page."""
+        ruled = _ruled_out(view)
+        if ruled != self._ruled:
+            self.progress.rule_out(ruled)
+            self._ruled = ruled
+            self.dirty = True
         history = self._history(view)
         if history != self._last_history:
             self.progress.update(history)
@@ -260,6 +284,11 @@ class LabCharts:
                 s.elapsed_s > rows[-1][0] or s.simulations > rows[-1][1]):
             rows += ((s.elapsed_s, float(s.simulations), s.best_step_time_s, rows[-1][3]),)
         return rows
+
+
+def _ruled_out(view) -> dict[str, tuple[str, ...]]:
+    """{expert: the pins that rule it out} for the experts some pin rules out."""
+    return {e.name: tuple(e.ruled_out_by) for e in view.experts if e.ruled_out_by}
 
 
 def _references(view) -> dict[str, float]:
