@@ -7,11 +7,13 @@
 import { GraphLayout } from './layout';
 import { h, fill, svg } from './dom';
 import * as fmt from './format';
-import { ConflictView, EdgeView, NodeView, ViewModel } from './viewmodel';
+import { ConflictView, EdgeView, NodeView, resolutionLabel, ViewModel } from './viewmodel';
 
 export interface GraphCallbacks {
   /** A click on a node (not a drag). */
   click(node: NodeView): void;
+  /** A click on an edge that pays a collective: its line or its label. */
+  clickEdge(edge: EdgeView): void;
 }
 
 /**
@@ -44,7 +46,7 @@ export class GraphPane {
   private nodes = new Map<string, NodeView>();
   private edges = new Map<string, EdgeView>();
   private view: ViewModel | null = null;
-  private highlighted: number | null = null;
+  private highlighted: number[] | null = null;
   /** A group just toggled: the next layout shows it (its cluster, or its node) readably. */
   private pendingFocus: string | null = null;
   /** The layout running now, and the newest view that arrived meanwhile. */
@@ -145,17 +147,17 @@ export class GraphPane {
     }
   }
 
-  /** Highlights every node and edge of class `id` and dims the rest; null clears. */
-  highlight(id: number | null): void {
-    this.highlighted = id;
+  /** Highlights every node and edge of the classes `ids` and dims the rest; null clears. */
+  highlight(ids: number[] | null): void {
+    this.highlighted = ids;
     const root = this.svgEl;
     if (!root) {
       return;
     }
     root.querySelectorAll('.tl-hot').forEach(el => el.classList.remove('tl-hot'));
-    root.classList.toggle('tl-dimming', id !== null);
-    if (id !== null) {
-      root.querySelectorAll(`.cls-${id}`).forEach(el => el.classList.add('tl-hot'));
+    root.classList.toggle('tl-dimming', ids !== null && ids.length > 0);
+    if (ids !== null && ids.length > 0) {
+      root.querySelectorAll(ids.map(id => `.cls-${id}`).join(',')).forEach(el => el.classList.add('tl-hot'));
     }
   }
 
@@ -236,14 +238,17 @@ export class GraphPane {
       if (group && group.repeat > 1 && !text.includes(`×${group.repeat}`)) {
         this.pill(g, box.x + box.width - 4, box.y + 2, `×${group.repeat}`, 'tl-repeat-badge');
       }
-      const active = node.conflicts.map(c => conflicts[c]).filter(c => c && c.active);
+      const marked = node.conflicts.map(c => conflicts[c]).filter(c => !!c);
+      const active = marked.filter(c => c.active);
       if (active.length > 0) {
         g.classList.add('tl-conflict-site');
-        const missing = active.filter(c => !text.includes(c.resolution));
+        const missing = active.filter(c => !text.includes(resolutionLabel(c)));
         if (missing.length > 0) {
-          const label = missing.map(c => `⚠ ${c.class_name}: ${c.resolution}`).join(' ');
+          const label = missing.map(c => `⚠ ${c.class_name}: ${resolutionLabel(c)}`).join(' ');
           this.pill(g, box.x + box.width / 2, box.y + box.height + 4, label, 'tl-conflict-badge');
         }
+      } else if (marked.length > 0) {
+        g.classList.add('tl-conflict-idle'); // its class is replicated: no cost, no warning
       }
     });
     root.querySelectorAll<SVGGElement>('g.edge').forEach(g => {
@@ -478,8 +483,11 @@ export class GraphPane {
       }
       if (!wasDrag && ev.type === 'pointerup') {
         const node = this.nodeAt(ev.target);
+        const edge = node ? undefined : this.edgeAt(ev.target);
         if (node) {
           this.callbacks.click(node);
+        } else if (edge) {
+          this.callbacks.clickEdge(edge);
         }
       }
     };
@@ -488,6 +496,13 @@ export class GraphPane {
     vp.addEventListener('pointerleave', () => {
       this.tooltip.hidden = true;
     });
+  }
+
+  /** The edge under a click, when it pays a collective (its line, arrow or label). */
+  private edgeAt(target: EventTarget | null): EdgeView | undefined {
+    const g = (target as Element | null)?.closest?.('g.edge') as SVGGElement | null;
+    const edge = g?.dataset.edge ? this.edges.get(g.dataset.edge) : undefined;
+    return edge?.badge ? edge : undefined;
   }
 
   private nodeAt(target: EventTarget | null): NodeView | undefined {
@@ -540,7 +555,11 @@ export class GraphPane {
       h('div', null, `compute ${fmt.seconds(this.cost(n, 0))} · comm ${fmt.seconds(this.cost(n, 1))}`),
       n.classes.length ? h('div', null, `classes: ${n.classes.map(c => this.className(c)).join(', ')}`) : null,
       ...conflicts.map(c =>
-        h('div', { className: 'tl-tt-conflict' }, `conflict ${c.class_name}: ${c.active ? c.resolution : 'inactive'}`)
+        h(
+          'div',
+          { className: c.active ? 'tl-tt-conflict' : 'tl-tt-idle' },
+          c.active ? `conflict of ${c.class_name}: ${resolutionLabel(c)}` : `conflict of ${c.class_name}: idle (${c.class_name} is replicated, so it costs nothing)`
+        )
       ),
       ...n.collectives.map(c => h('div', { className: 'tl-tt-coll' }, c)),
       h('div', { className: 'tl-tt-hint' }, n.kind === 'group' ? 'click to expand or collapse' : n.kind === 'op' ? 'click for details' : '')
@@ -560,7 +579,8 @@ export class GraphPane {
     return [
       h('div', { className: 'tl-tt-title' }, e.label),
       e.classes.length ? h('div', null, `classes: ${e.classes.map(c => this.className(c)).join(', ')}`) : '',
-      e.badge ? h('div', { className: 'tl-tt-coll' }, e.badge) : ''
+      e.badge ? h('div', { className: 'tl-tt-coll' }, e.badge) : '',
+      e.badge ? h('div', { className: 'tl-tt-hint' }, 'click to see why it is paid') : ''
     ];
   }
 }

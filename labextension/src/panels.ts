@@ -6,6 +6,7 @@
  */
 import { chip, h } from './dom';
 import * as fmt from './format';
+import { explainedPanel, meshGrids } from './explained';
 import {
   ChoiceView,
   ClassView,
@@ -14,6 +15,7 @@ import {
   GroupView,
   LabEvent,
   NodeView,
+  resolutionLabel,
   TensorView,
   ViewModel
 } from './viewmodel';
@@ -22,10 +24,15 @@ import {
 export interface PanelHost {
   readonly interactive: boolean;
   send(event: LabEvent): void;
-  highlight(classId: number | null, sticky: boolean): void;
+  /** Lights classes (an id or several) in the graph; sticky: until clicked again. */
+  highlight(classes: number | number[] | null, sticky: boolean): void;
   toggle(group: string): void;
   isExpanded(group: GroupView): boolean;
 }
+
+/** What "at stake" means, wherever a class's bytes are shown. */
+export const AT_STAKE =
+  'At stake: the bytes of the values whose layout this decision changes, summed over the step — not memory held at once';
 
 /** Okabe–Ito, for memory categories and mesh axes (the classes bring their own colours). */
 export const CATEGORY_COLORS = [
@@ -37,6 +44,9 @@ export const CATEGORY_COLORS = [
 export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
   const est = view.estimate;
   const classes = [...view.classes].sort((a, b) => b.bytes - a.bytes);
+  // Minor classes (almost nothing at stake) under one entry, unless the plan shards them.
+  const minor = classes.filter(c => c.minor && c.axes.length === 0 && !c.pinned);
+  const major = classes.filter(c => !minor.includes(c));
   const active = view.conflicts.filter(c => c.active);
   const inactive = view.conflicts.filter(c => !c.active);
   return h(
@@ -45,12 +55,25 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
     h(
       'div',
       { className: 'tl-section-note' },
-      'Each choice shows its step time and peak memory against the current plan',
+      view.search.running ? 'While the search runs, each choice is priced against its best plan so far' : 'Each choice shows its step time and peak memory against the current plan',
       est ? ` (${fmt.seconds(est.step_time_s)}, ${fmt.bytes(est.peak_memory_bytes)}).` : '.',
       host.interactive ? ' Click one to pin it.' : ''
     ),
+    h('div', { className: 'tl-section-note tl-at-stake-note' }, `${AT_STAKE}.`),
     h('h4', null, `Classes (${view.classes.length})`),
-    classes.map(c => classRow(c, view, host)),
+    major.map(c => classRow(c, view, host)),
+    minor.length
+      ? h(
+          'details',
+          { className: 'tl-minor', 'data-minor': minor.length },
+          h(
+            'summary',
+            { title: minor.map(c => c.name).join(', ') },
+            `minor: ${minor.length} classes with almost nothing at stake (${fmt.bytes(minor.reduce((a, c) => a + c.bytes, 0))} together), replicated`
+          ),
+          minor.map(c => classRow(c, view, host))
+        )
+      : null,
     h('h4', null, `Conflicts (${view.conflicts.length})`),
     view.conflicts.length === 0 ? h('div', { className: 'tl-empty' }, 'No conflicts in this program.') : null,
     active.map(c => conflictRow(c, view, host)),
@@ -91,7 +114,8 @@ function classRow(c: ClassView, view: ViewModel, host: PanelHost): HTMLElement {
     h(
       'div',
       { className: 'tl-decision-facts' },
-      `size ${c.size} · ${fmt.bytes(c.bytes)} at stake`,
+      `size ${c.size} · ${fmt.bytes(c.bytes)} `,
+      h('span', { className: 'tl-at-stake', title: AT_STAKE }, 'at stake'),
       c.layers > 1 ? ` · ${c.layers} layers` : ''
     ),
     choiceList(c.name, c.choices, c.pinned, view, host)
@@ -115,7 +139,7 @@ function conflictRow(c: ConflictView, view: ViewModel, host: PanelHost): HTMLEle
       { className: 'tl-decision-head' },
       h('span', { className: 'tl-conflict-mark', title: 'conflict site' }, '⚠'),
       h('span', { className: 'tl-decision-name' }, cls ? chip(cls.color, c.class_name) : c.class_name),
-      h('span', { className: 'tl-axes' }, c.active ? c.resolution : 'inactive'),
+      h('span', { className: 'tl-axes', title: c.active ? c.resolution : '' }, c.active ? resolutionLabel(c) : 'inactive'),
       lockControl(c.pinned, c.name, host)
     ),
     h('div', { className: 'tl-decision-facts', title: c.name }, `at ${c.where}`),
@@ -208,6 +232,7 @@ function choiceList(
             disabled: !clickable,
             title: overCapacity ? `${title} (does not fit in device memory)` : title,
             'data-label': ch.label,
+            'data-value': Array.isArray(ch.value) ? ch.value.join('×') : ch.value,
             onclick: (() => host.send({ event: 'pin', name, value: ch.value })) as EventListener
           },
           h(
@@ -381,9 +406,18 @@ function expertsTable(view: ViewModel): HTMLElement {
       rows.map(r =>
         h(
           'tr',
-          { 'data-expert': r.name },
-          h('td', null, r.name),
-          h('td', { className: est ? deltaClass(r.step_time_s - est.step_time_s) : '' }, fmt.seconds(r.step_time_s)),
+          {
+            'data-expert': r.name,
+            className: r.ruled_out_by?.length ? 'tl-ruled-out' : '',
+            title: r.ruled_out_by?.length ? `Ruled out by your pins (${r.ruled_out_by.join(', ')}): a search under them cannot reach this plan` : ''
+          },
+          h(
+            'td',
+            null,
+            r.name,
+            r.ruled_out_by?.length ? h('div', { className: 'tl-ruled-out-note' }, `ruled out by ${r.ruled_out_by.join(', ')}`) : null
+          ),
+          h('td', { className: est && !r.ruled_out_by?.length ? deltaClass(r.step_time_s - est.step_time_s) : '' }, fmt.seconds(r.step_time_s)),
           h('td', { className: r.feasible ? '' : 'tl-worse', title: r.feasible ? '' : 'does not fit in device memory' }, fmt.bytes(r.peak_memory_bytes), r.feasible ? '' : ' ✗'),
           h('td', { className: 'tl-muted' }, assignment(r.classes))
         )
@@ -454,10 +488,14 @@ export function scopesPanel(view: ViewModel, host: PanelHost): HTMLElement {
 
 // Op details ----------------------------------------------------------------------------------
 
-export function detailsPanel(view: ViewModel, localNode: NodeView | null): HTMLElement {
+export function detailsPanel(view: ViewModel, localNode: NodeView | null, host: PanelHost): HTMLElement {
   const d = view.details;
+  const explained = view.explained ?? null;
   if (d) {
-    return opDetails(d, view);
+    return h('div', null, opDetails(d, view), explained && explained.kind === 'op' ? explainedPanel(explained, view, host) : null);
+  }
+  if (explained) {
+    return explainedPanel(explained, view, host);
   }
   if (localNode) {
     // Read-only: the file carries no details for this op, only what its node says.
@@ -473,7 +511,7 @@ export function detailsPanel(view: ViewModel, localNode: NodeView | null): HTMLE
       h('div', { className: 'tl-section-note' }, 'Operand shapes and specs are shown in a live Lab.')
     );
   }
-  return h('div', { className: 'tl-empty' }, 'Click an op in the graph to see its shapes, classes and costs.');
+  return h('div', { className: 'tl-empty' }, 'Click an op in the graph to see its shapes, classes and costs, or a collective (an edge\'s label) to see why it is paid.');
 }
 
 function opDetails(d: DetailsView, view: ViewModel): HTMLElement {
@@ -516,7 +554,8 @@ function opDetails(d: DetailsView, view: ViewModel): HTMLElement {
     ),
     kv('compute', fmt.seconds(d.compute_s)),
     kv('communication', fmt.seconds(d.comm_s)),
-    kv('collectives', d.collectives.length ? d.collectives.join(', ') : 'none')
+    kv('collectives', d.collectives.length ? d.collectives.join(', ') : 'none'),
+    view.mesh ? meshGrids([...d.operands.map(t => ['in', t] as [string, TensorView]), ...d.results.map(t => ['out', t] as [string, TensorView])], view.mesh.axes) : null
   );
 }
 

@@ -6,8 +6,9 @@ import { chip, fill, h } from './dom';
 import * as fmt from './format';
 import { GraphPane } from './graph';
 import { sharedLayout } from './layout';
-import { decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
-import { EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
+import { legendEntries } from './legend';
+import { AT_STAKE, decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
+import { EdgeView, EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
 
 type Tab = 'decisions' | 'estimate' | 'scopes' | 'details' | 'export';
 const TABS: [Tab, string][] = [
@@ -30,8 +31,9 @@ export class LabGraphView implements PanelHost {
   private tabBar = h('div', { className: 'tl-tabs', role: 'tablist' });
   private tabBody = h('div', { className: 'tl-tab-body' });
   private tab: Tab = 'decisions';
-  private sticky: number | null = null;
-  private hovered: number | null = null;
+  /** The classes lit in the graph: clicked (kept), and under the pointer. */
+  private sticky: number[] | null = null;
+  private hovered: number[] | null = null;
   private dismissedError: string | null = null;
   private dismissedNotice: string | null = null;
   /** Read-only mode: which scopes are open, and the node last clicked (no kernel to ask). */
@@ -40,6 +42,7 @@ export class LabGraphView implements PanelHost {
   private budget = h('input', { className: 'tl-input tl-budget', type: 'number', min: 1, step: 1, value: 30, title: 'Search budget in seconds' });
   private exportPath = h('input', { className: 'tl-input tl-path', type: 'text', value: 'plan.json', spellcheck: 'false' });
   private titleBox = h('div', { className: 'tl-title' });
+  private startLine = h('div', { className: 'tl-start', hidden: true });
   private figures = h('div', { className: 'tl-figures' });
   private progress = h('div', { className: 'tl-progress', 'data-running': 'false' });
   private searchMessage = h('div', { className: 'tl-search-message', hidden: true });
@@ -51,10 +54,13 @@ export class LabGraphView implements PanelHost {
   private legendKey = '';
 
   constructor(private sink: LabEventSink) {
-    this.graph = new GraphPane(sharedLayout(), { click: n => this.clickNode(n) });
+    this.graph = new GraphPane(sharedLayout(), {
+      click: n => this.clickNode(n),
+      clickEdge: e => this.clickEdge(e)
+    });
     fill(
       this.header,
-      this.titleBox,
+      h('div', { className: 'tl-title-box' }, this.titleBox, this.startLine),
       this.figures,
       h('div', { className: 'tl-search-box' }, this.makeControls(), this.progress, this.searchMessage)
     );
@@ -88,8 +94,12 @@ export class LabGraphView implements PanelHost {
     if (view.details && (!previous || previous.details?.op !== view.details.op)) {
       this.tab = 'details';
     }
+    const explained = view.explained ?? null;
+    if (explained && (!previous || previous.explained?.id !== explained.id)) {
+      this.tab = 'details';
+    }
     if (view.selected?.kind === 'class') {
-      this.sticky = Number(view.selected.id);
+      this.sticky = [Number(view.selected.id)];
     }
     this.renderHeader();
     this.renderBanner();
@@ -120,22 +130,24 @@ export class LabGraphView implements PanelHost {
     this.sink.send(event);
   }
 
-  highlight(classId: number | null, sticky: boolean): void {
+  highlight(classes: number | number[] | null, sticky: boolean): void {
+    const ids = classes === null ? null : Array.isArray(classes) ? classes : [classes];
     if (sticky) {
-      this.sticky = this.sticky === classId ? null : classId;
+      this.sticky = sameIds(this.sticky, ids) ? null : ids;
       this.hovered = null;
     } else {
-      this.hovered = classId;
+      this.hovered = ids;
     }
     this.showHighlight();
   }
 
-  /** The class hovered, else the one clicked, lit in the graph and the legend alike. */
+  /** The classes hovered, else those clicked, lit in the graph and the legend alike. */
   private showHighlight(): void {
     const shown = this.hovered ?? this.sticky;
     this.graph.highlight(shown);
+    const key = shown === null ? '' : shown.join(',');
     this.legend.querySelectorAll('.tl-legend-item').forEach(el => {
-      el.classList.toggle('tl-on', Number((el as HTMLElement).dataset.class) === shown);
+      el.classList.toggle('tl-on', key !== '' && (el as HTMLElement).dataset.classes === key);
     });
   }
 
@@ -160,6 +172,13 @@ export class LabGraphView implements PanelHost {
   }
 
   // Rendering -----------------------------------------------------------------------------
+
+  /** A click on an edge or its collective badge: its collectives explained (a live Lab). */
+  private clickEdge(e: EdgeView): void {
+    if (this.interactive) {
+      this.sink.send({ event: 'select', kind: 'edge', id: e.id });
+    }
+  }
 
   private clickNode(n: NodeView): void {
     if (n.kind === 'group' && n.group !== null) {
@@ -219,6 +238,10 @@ export class LabGraphView implements PanelHost {
       h('span', { className: 'tl-muted' }, ` ${v.program.ops.toLocaleString()} ops · ${mesh}`)
     );
     this.titleBox.title = `${v.program.name}: ${v.program.ops.toLocaleString()} ops · ${mesh}`;
+    const start = v.start ?? null;
+    this.startLine.hidden = start === null;
+    this.startLine.textContent = start ? start.label : '';
+    this.startLine.title = start ? `The plan this Lab started on: ${start.note}` : '';
     fill(
       this.figures,
       figure('step time', est ? fmt.seconds(est.step_time_s) : '–', '', est ? stepSplit(est) : null),
@@ -314,31 +337,35 @@ export class LabGraphView implements PanelHost {
 
   private renderLegend(): void {
     const v = this.view!;
-    const key = JSON.stringify([this.sticky, v.classes.map(c => [c.name, c.color, c.axes, c.size, c.bytes])]);
+    const entries = legendEntries(v);
+    const key = JSON.stringify([this.sticky, entries.map(e => [e.label, e.color, e.axes, e.classes, e.title])]);
     if (key === this.legendKey) {
       this.showHighlight(); // a new layout has no highlight yet
       return;
     }
     this.legendKey = key;
+    const hasConflict = v.conflicts.some(c => c.active);
     fill(
       this.legend,
-      v.classes.map(c =>
+      entries.map(e =>
         h(
           'span',
           {
-            className: `tl-legend-item${this.sticky === c.id ? ' tl-on' : ''}`,
-            'data-class': c.id,
-            title: `${c.name}: size ${c.size}, ${fmt.bytes(c.bytes)} at stake, ${fmt.axes(c.axes)}. Click to keep it highlighted.`,
-            onmouseenter: (() => this.highlight(c.id, false)) as EventListener,
+            className: `tl-legend-item${e.group ? ' tl-legend-group' : ''}`,
+            'data-classes': e.classes.join(','),
+            'data-class': e.classes.length === 1 ? e.classes[0] : null,
+            'data-legend': e.group ?? 'class',
+            title: `${e.title}\n${AT_STAKE}. Click to keep it highlighted.`,
+            onmouseenter: (() => this.highlight(e.classes, false)) as EventListener,
             onmouseleave: (() => this.highlight(null, false)) as EventListener,
-            onclick: (() => this.highlight(c.id, true)) as EventListener
+            onclick: (() => this.highlight(e.classes, true)) as EventListener
           },
-          chip(c.color, c.name),
-          h('span', { className: 'tl-legend-axes' }, c.axes.length ? c.axes.join('×') : '')
+          chip(e.color, e.label),
+          h('span', { className: 'tl-legend-axes' }, e.axes)
         )
       ),
-      h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-conflict' }), 'conflict site'),
-      h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-coll' }), 'collective')
+      hasConflict ? h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-conflict' }), 'conflict site') : null,
+      h('span', { className: 'tl-legend-key' }, h('span', { className: 'tl-key-coll' }), 'collective (click it)')
     );
     this.showHighlight();
   }
@@ -393,7 +420,7 @@ export class LabGraphView implements PanelHost {
         body = scopesPanel(v, this);
         break;
       case 'details':
-        body = detailsPanel(v, this.localNode);
+        body = detailsPanel(v, this.localNode, this);
         break;
       case 'export':
         body = exportPanel(v, this, this.exportPath);
@@ -412,17 +439,21 @@ export class LabGraphView implements PanelHost {
   private tabInputs(v: ViewModel): unknown {
     switch (this.tab) {
       case 'decisions':
-        return [v.classes, v.conflicts, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes];
+        return [v.classes, v.conflicts, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
       case 'estimate':
         return [v.estimate, v.experts, v.classes.map(c => c.axes)];
       case 'scopes':
         return [v.groups, v.classes.map(c => c.color), v.conflicts.map(c => c.active), v.selected, [...this.localOpen]];
       case 'details':
-        return [v.details, v.classes.map(c => c.color), this.localNode?.id ?? null];
+        return [v.details, v.explained ?? null, v.estimate?.step_time_s, v.mesh, v.classes.map(c => c.color), this.localNode?.id ?? null];
       case 'export':
         return [v.snippet];
     }
   }
+}
+
+function sameIds(a: number[] | null, b: number[] | null): boolean {
+  return a === b || (a !== null && b !== null && a.join(',') === b.join(','));
 }
 
 function figure(label: string, value: string, cls: string, detail: HTMLElement | null = null): HTMLElement {

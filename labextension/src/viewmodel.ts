@@ -1,6 +1,7 @@
 /**
- * The Lab's view model, mirrored field for field from notes/VIEWMODEL.md (snake_case on both
- * sides). Python builds it; this package only draws it and sends `LabEvent`s back.
+ * The Lab's view model, mirrored field for field from toast_lab/lab/_viewmodel.py (snake_case
+ * on both sides). Python builds it; this package only draws it and sends `LabEvent`s back.
+ * Fields added after a plan file was written are optional here: old files lack them.
  */
 
 export interface ViewModel {
@@ -17,11 +18,26 @@ export interface ViewModel {
   search: SearchView;
   snippet: string;
   error: string | null;
-  selected: { kind: 'op' | 'group' | 'class' | 'conflict'; id: string } | null;
+  selected: { kind: SelectionKind; id: string } | null;
   details: DetailsView | null;
   pinned: string[];
   /** What the last action did besides the obvious (not an error), e.g. "wrote plan.json". */
   notice?: string | null;
+  /** The plan the session started on ("start: fsdp, 31.8 ms"). */
+  start?: StartView | null;
+  /** The collectives of the selected op or edge, explained. */
+  explained?: ExplainedView | null;
+}
+
+export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';
+
+export interface StartView {
+  name: string;
+  how: 'expert' | 'search' | 'given' | 'smallest';
+  step_time_s: number;
+  peak_memory_bytes: number;
+  note: string;
+  label: string;
 }
 
 export interface ClassView {
@@ -34,6 +50,10 @@ export interface ClassView {
   axes: string[];
   pinned: boolean;
   choices: ChoiceView[];
+  /** Under MINOR_SHARE of the largest class's bytes at stake: listed under one "minor" entry. */
+  minor?: boolean;
+  /** The legend shows it (the plan shards it, or it is among the largest) in its own colour. */
+  legend?: boolean;
 }
 
 export interface ConflictView {
@@ -48,6 +68,8 @@ export interface ConflictView {
   resolutions: string[];
   pinned: boolean;
   choices: ChoiceView[];
+  /** Each resolution in words, in the order of `resolutions` ("keep the query positions"). */
+  labels?: string[];
 }
 
 export interface ChoiceView {
@@ -129,6 +151,8 @@ export interface ExpertRow {
   peak_memory_bytes: number;
   feasible: boolean;
   classes: Record<string, string[]>;
+  /** The pins it contradicts ("batch=data"): a search under them cannot reach it. */
+  ruled_out_by?: string[];
 }
 
 /** history rows: (t s, simulations, best step time s, its peak memory B). */
@@ -161,6 +185,45 @@ export interface TensorView {
   dtype: string;
   classes: (string | null)[];
   spec: string;
+  /** The mesh axes of each dim, major to minor. */
+  dim_axes?: string[][];
+}
+
+/** A choice that removes a collective, priced from the current plan. */
+export interface RemedyView {
+  name: string;
+  value: string[] | string;
+  label: string;
+  step_time_s: number;
+  peak_memory_bytes: number;
+}
+
+/** One collective an op pays, explained (all layers drawn as the op together). */
+export interface CollectiveView {
+  op: number;
+  primitive: string;
+  source: string;
+  scope: string;
+  kind: string;
+  axes: string[];
+  label: string;
+  operand: number | null;
+  tensor: string;
+  classes: string[];
+  why: string;
+  count: number;
+  bytes: number;
+  time_s: number;
+  layers: number;
+  patterns: string[];
+  remedy: RemedyView | null;
+}
+
+export interface ExplainedView {
+  kind: 'op' | 'edge';
+  id: string;
+  subject: string;
+  collectives: CollectiveView[];
 }
 
 /** Events from the view to Python (ipywidgets custom messages `{"event": ..., ...}`). */
@@ -168,7 +231,7 @@ export type LabEvent =
   | { event: 'pin'; name: string; value: string[] | string }
   | { event: 'unpin'; name: string }
   | { event: 'toggle'; group: string }
-  | { event: 'select'; kind: 'op' | 'group' | 'class' | 'conflict'; id: string }
+  | { event: 'select'; kind: SelectionKind; id: string }
   | { event: 'search'; budget_s: number }
   | { event: 'stop' }
   | { event: 'export'; path: string };
@@ -194,4 +257,10 @@ export function isViewModel(x: unknown): x is ViewModel {
     !!v.graph &&
     typeof v.graph.dot === 'string'
   );
+}
+
+/** A conflict's current resolution in words (its id, in a view model from before the words). */
+export function resolutionLabel(c: ConflictView): string {
+  const i = c.resolutions.indexOf(c.resolution);
+  return c.labels && i >= 0 ? c.labels[i] : c.resolution;
 }
