@@ -172,7 +172,7 @@ export class GraphPane {
 
   /** Marks the node drawn for `nodeId` as selected. */
   markSelected(nodeId: string | null): void {
-    this.svgEl?.querySelectorAll('.tl-selected').forEach(el => el.classList.remove('tl-selected'));
+    this.svgEl?.querySelectorAll('g.node.tl-selected').forEach(el => el.classList.remove('tl-selected'));
     if (nodeId && this.svgEl) {
       this.svgEl.querySelector(`g.node[id="${CSS.escape(nodeId)}"]`)?.classList.add('tl-selected');
     }
@@ -276,6 +276,10 @@ export class GraphPane {
     this.highlight(this.highlighted);
     this.keepEdgeLabelsReadable();
     const sel = view.selected;
+    root.querySelectorAll('g.edge.tl-selected').forEach(el => el.classList.remove('tl-selected'));
+    if (sel?.kind === 'edge') {
+      root.querySelector(`g.edge[data-edge="${CSS.escape(sel.id)}"]`)?.classList.add('tl-selected');
+    }
     this.markSelected(
       sel?.kind === 'op'
         ? view.graph.nodes.find(n => n.kind === 'op' && String(n.op) === sel.id)?.id ?? null

@@ -51,7 +51,7 @@ function group(kind: 'others' | 'minor', label: string, classes: ClassView[], wh
     color: NEUTRAL,
     axes: '',
     classes: classes.map(c => c.id),
-    title: `${classes.length} classes, ${what}: ${names.slice(0, 12).join(', ')}${names.length > 12 ? ', …' : ''}`,
+    title: `${classes.length} ${classes.length === 1 ? 'class' : 'classes'}, ${what}: ${names.slice(0, 12).join(', ')}${names.length > 12 ? ', …' : ''}`,
     group: kind
   };
 }

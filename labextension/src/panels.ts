@@ -69,7 +69,7 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
           h(
             'summary',
             { title: minor.map(c => c.name).join(', ') },
-            `minor: ${minor.length} classes with almost nothing at stake (${fmt.bytes(minor.reduce((a, c) => a + c.bytes, 0))} together), replicated`
+            `minor: ${minor.length} ${minor.length === 1 ? 'class' : 'classes'} with almost nothing at stake (${fmt.bytes(minor.reduce((a, c) => a + c.bytes, 0))} together), replicated`
           ),
           minor.map(c => classRow(c, view, host))
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from bokeh.core.properties import value
 from bokeh.layouts import row
 from bokeh.models import (ColumnDataSource, Legend, LegendItem, NumeralTickFormatter,
                           Range1d, Span)
@@ -101,7 +102,8 @@ class SearchProgressChart:
         for name, item in self.reference_items.items():
             pins = tuple(ruled.get(name, ()))
             label = f"{name} {_ms(self._steps[name]):.3g} ms"
-            item.label = f"{label}\nruled out by {', '.join(pins)}" if pins else label
+            # a literal (a plain string set later would be read as a data field's name)
+            item.label = value(f"{label}\nruled out by {', '.join(pins)}" if pins else label)
             for fig in (self.by_time, self.by_sims):
                 for span in fig.center:
                     if isinstance(span, Span) and span.name == f"ref-{name}":
