@@ -157,7 +157,8 @@ def test_the_graph_renders_with_class_colours_and_a_conflict_mark(live):
     assert conflict["active"]
     marked = lab.locator(".tl-svg g.node.tl-conflict-site")
     expect(marked.first).to_be_visible()
-    expect(marked.first).to_contain_text(f"⚠ seq: {conflict['resolution']}")
+    words = conflict["labels"][conflict["resolutions"].index(conflict["resolution"])]
+    expect(marked.first).to_contain_text(f"⚠ seq: {words}")  # what the resolution keeps
     expect(marked.first.locator("polygon").first).to_have_attribute("stroke", re.compile("#b3261e", re.I))
     page.mouse.move(5, 5)
     shoot(page, "live_lab", live_output(page))

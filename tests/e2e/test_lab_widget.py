@@ -130,7 +130,8 @@ def test_widget_draws_the_graph_and_answers_events(lab_notebook, page):
     node = lab.locator(f'g.node[id="{site["id"]}"]')
     expect(node).to_have_class(f"node {' '.join(f'cls-{c}' for c in site['classes'])} "
                                f"tl-kind-{site['kind']} tl-conflict-site")
-    expect(node).to_contain_text(f"⚠ {conflict['class_name']}: {conflict['resolution']}")
+    words = conflict["labels"][conflict["resolutions"].index(conflict["resolution"])]
+    expect(node).to_contain_text(f"⚠ {conflict['class_name']}: {words}")  # what it keeps
     expect(lab.locator(".tl-svg")).to_contain_text("block* ×2")
     badged = next(e for e in view["graph"]["edges"] if e["badge"])
     expect(lab.locator(f'g.edge[data-edge="{badged["id"]}"]')).to_contain_text(badged["badge"])
