@@ -297,6 +297,29 @@ def test_resolutions_are_worded_by_what_they_keep(gpt, builder, session):
     assert "the key positions are gathered" in keep_q.note
 
 
+@pytest.mark.parametrize("build", ["gpt2", "llama"])
+def test_hugging_face_attention_conflicts_are_worded_alike(build):
+    # the words come from the site's operands and the classes' names, not from the zoo's:
+    # transformers' einsums ("...qhd,...khd->...hqk") and Llama's grouped heads read the same
+    from tests.third_party import hf
+
+    import warnings
+
+    import jax
+
+    with jax.numpy_rank_promotion("allow"), warnings.catch_warnings():  # transformers' code
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' Flax deprecation
+        step, args = getattr(hf, build)()
+        an = tl.analyze(tl.trace(step, *args))
+    b = ViewBuilder(an, tl.Mesh({"data": 4, "model": 2}, device="h100"))
+    attention = [c for c in b.build(Session(an, b.mesh)).conflicts
+                 if c.class_name == "seq" and "dot_general" in c.name]
+    assert attention, [c.name for c in an.conflicts]
+    for cv in attention:
+        assert cv.labels == ("keep the query positions", "keep the key positions",
+                             "gather both"), (cv.name, cv.labels)
+
+
 def test_a_gram_matrix_conflict_keeps_its_rows_or_its_columns():
     import jax
     import jax.numpy as jnp
