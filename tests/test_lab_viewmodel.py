@@ -888,3 +888,13 @@ def test_a_colon_in_a_scope_or_a_source_line_keeps_the_dot_well_formed():
     edges = [ln for ln in view.graph.dot.splitlines() if " -> " in ln]
     assert edges and all(re.match(r'^\s*"[^"]*" -> "[^"]*" \[', ln) for ln in edges), edges
     assert 'id="group.attn:q"' in view.graph.dot
+
+
+def test_a_plan_file_keeps_the_plans_view_not_the_moments(gpt, lab, tmp_path):
+    # the start, a selection and its explanation are the session's, not the plan's
+    lab.select("edge", lab.view.graph.edges[0].id)
+    assert lab.view.explained is not None and lab.view.start is not None
+    doc = json.loads(lab.export(tmp_path / "plan.json").read_text())
+    view = doc["view"]
+    assert view["start"] is None and view["explained"] is None and view["selected"] is None
+    assert ViewModel.from_dict(view).graph == lab.view.graph

@@ -300,3 +300,31 @@ def test_an_ops_tensors_are_drawn_over_the_device_grid(content):
         assert len(set(labels)) == blocks, (t["spec"], labels)
     page.mouse.move(5, 5)
     shoot(page, "content_device_grid", lab)
+
+
+def test_nothing_the_content_adds_is_cut_off_at_1280_by_800(content):
+    from playwright.sync_api import expect
+
+    from .layout import clipped
+
+    c, page, lab = content, content.page, content.lab
+    _back_to_the_start(c)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        assert not clipped(lab.locator(".tl-header")), clipped(lab.locator(".tl-header"))
+        assert not clipped(lab.locator(".tl-legend"))
+        edge = next(e["id"] for e in c.view()["graph"]["edges"] if e["badge"])
+        c.kernel(f"lab.select('edge', {edge!r})")
+        expect(lab.locator(".tl-explained .tl-collective").first).to_be_visible()
+        assert not clipped(lab), clipped(lab)
+        lab.locator(".tl-explained").scroll_into_view_if_needed()
+        shoot(page, "content_explained_1280")
+        op = c.value("next(o.id for o in lab.analysis.program.ops "
+                     "if o.primitive == 'dot_general')")
+        c.kernel(f"lab.select('op', {op})")
+        expect(lab.locator(".tl-grids .tl-grid").first).to_be_visible()
+        assert not clipped(lab), clipped(lab)
+        lab.locator(".tl-grids").scroll_into_view_if_needed()
+        shoot(page, "content_device_grid_1280")
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1200})

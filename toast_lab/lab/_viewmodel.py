@@ -345,10 +345,10 @@ class ViewModel:
 
 def saved_view(view: dict) -> dict:
     """A view model (as a dict) the way a plan file or a plan output keeps it: without the
-    moment's error, notice, selection and op details, and not searching. Keys it lacks stay
-    absent."""
+    moment's error, notice, selection, op details and explanation, and without the session's
+    start (the file holds one plan), and not searching. Keys it lacks stay absent."""
     out = dict(view)
-    for key in ("error", "notice", "selected", "details", "explained"):
+    for key in ("error", "notice", "selected", "details", "explained", "start"):
         if key in out:
             out[key] = None
     if isinstance(out.get("search"), dict):
