@@ -244,7 +244,8 @@ class Session:
 
     def select(self, kind: str | None, id=None) -> Selection | None:
         """Selects an op (id: op id), group (scope path), class or conflict (id or name), or
-        a drawn edge (its id, "op.3->op.7"); None clears. Raises ValueError for something that does not exist."""
+        a drawn edge (its id, "op.3->op.7"); None clears. Raises ValueError for something that
+        does not exist."""
         refused = None
         with self.lock:
             if kind is None:
