@@ -106,6 +106,10 @@ class CostModel:
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
         self._manual_tables(analysis.program)
+        self._scratch = _kernel.liveness(self.ty.tables)  # a full evaluation's live ranges
+        self._overlap_code = {"scheduled": _kernel.OVERLAP_SCHEDULED,
+                              "none": _kernel.OVERLAP_NONE,
+                              "perfect": _kernel.OVERLAP_PERFECT}[self.overlap]
 
     # --- static tables ----------------------------------------------------------------------
 
@@ -262,8 +266,6 @@ class CostModel:
         if compiler.schedules_breadth_first:
             slice_reads = _slice_reads(prog, st, ty, temp, position, live_end,
                                        temp_slices[:k])
-        self._unused_delta, self._unused_masks = np.zeros(0), np.zeros(0, np.int64)
-        self._tables = tuple(ty.tables)  # as the kernel takes them (see _tables.py)
         computation = _computations(self.st.op_computation)
         self.memory = MemoryTables(
             op_type=type_at, temps=temps, temps_by_type=by_type,
@@ -278,13 +280,15 @@ class CostModel:
             iteration_copies=self.st.op_iteration_copies,
             sliced_read=_sliced_reads(prog, position), temp_slices=temp_slices,
             slice_reads=slice_reads, fixed_held=self._out_spec_masks(prog), **_readers(prog))
-        self._memory = tuple(self.memory)
-        self._schedule = tuple(ScheduleTables(
+        self.schedule = ScheduleTables(
             op_type=ty.op_type, ready=st.op_ready, deadline=st.op_deadline,
             body_first=st.body_first, body_last_trip=st.body_last_trip,
             event=_events(st, ty.tables.shared_reads),
             reads_in_order=np.argsort(ty.tables.shared_reads["position"],
-                                      kind="stable").astype(np.int64)))
+                                      kind="stable").astype(np.int64))
+        self.state = _kernel.model_state(ty.tables, self.memory, self.schedule,
+                                         self.mesh_table, self.device_table)
+        self.layout = _kernel.ledger_layout(ty.tables)
 
     def _out_spec_masks(self, prog) -> np.ndarray:
         """[T] per value type, the mesh axes a shard_map's out_specs shard its result over
@@ -351,15 +355,15 @@ class CostModel:
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
-        totals, coll, op_compute, op_comm, _ = self._run(as_plan_arrays(mask, rank, res))
-        compute_s, comm_s = float(totals[_kernel.T_COMPUTE]), float(totals[_kernel.T_COMM])
-        step = self._step_and_peak(totals)[0]
-        arg, out = float(totals[_kernel.T_ARG]), float(totals[_kernel.T_OUT])
-        temp, alias = float(totals[_kernel.T_TEMP]), float(totals[_kernel.T_ALIAS])
-        state = float(totals[_kernel.T_STATE])
+        result, coll, op_compute, op_comm = self._evaluate(as_plan_arrays(mask, rank, res))
+        compute_s, comm_s = float(result["compute_s"]), float(result["communication_s"])
+        step = self._step_and_peak(result)[0]
+        arg, out = float(result["argument_bytes"]), float(result["output_bytes"])
+        temp, alias = float(result["temp_bytes"]), float(result["alias_bytes"])
+        state = float(result["state_bytes"])
         collectives, by_scope, by_axis = {}, {}, {}
         if self.overlap == "scheduled":
-            exposed = float(totals[_kernel.T_EXPOSED])
+            exposed = float(result["exposed_s"])
         elif self.overlap == "perfect":
             exposed = max(0.0, comm_s - compute_s)
         else:
@@ -381,8 +385,8 @@ class CostModel:
             by_scope = {k: (float(a), float(b)) for k, a, b in zip(self.scope_names, sc, sm)}
         return Estimate(
             step_time_s=step, compute_s=compute_s, communication_s=comm_s,
-            flops=float(totals[_kernel.T_FLOPS]),
-            flops_loop_bodies_once=float(totals[_kernel.T_FLOPS_ONCE]),
+            flops=float(result["flops"]),
+            flops_loop_bodies_once=float(result["flops_loop_bodies_once"]),
             peak_memory_bytes=arg + out + temp - alias,
             argument_bytes=arg, output_bytes=out, temp_bytes=temp, alias_bytes=alias,
             memory_capacity_bytes=self.capacity, collectives=collectives,
@@ -397,40 +401,34 @@ class CostModel:
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
-        return self._step_and_peak(self._run(as_plan_arrays(mask, rank, res))[0])
+        step, peak = _kernel.step_and_peak(self.state, as_plan_arrays(mask, rank, res),
+                                           self._scratch, True, self._overlap_code,
+                                           self._fixed_s)
+        return float(step), float(peak)
 
-    def _run(self, plan, delta=None, old_vmask=None):
-        """One plan (PlanArrays, or its three int64 arrays as a tuple) through the kernel:
-        (totals, collectives, per-op-type compute and communication, the value-type masks
-        the temporaries are sized under: _kernel.held_masks).
-
-        delta: the live-range deltas of the temporaries under `old_vmask` (such masks),
-        updated in place for the value types whose sharding changed (incremental); None
-        builds them afresh.
-        """
-        fresh = delta is None
-        if fresh:
-            delta, old_vmask = self._unused_delta, self._unused_masks
-        out = _kernel.run(tuple(plan), self._tables, self.mesh_table, self.device_table,
-                          self._memory, self._schedule, delta, old_vmask, fresh)
-        if len(self._fixed):  # a shard_map body's own collectives: on the critical path
-            totals, coll, _, op_comm, _ = out
+    def _evaluate(self, plan):
+        """One plan (PlanArrays) through the kernel: (its RESULT record, its collectives
+        [kind, mask, count | bytes | seconds], compute and communication seconds per op
+        type), a shard_map body's own collectives added (on the critical path)."""
+        totals, coll, op_compute, op_comm = _kernel.evaluate(self.state, plan, self._scratch,
+                                                             True)
+        if len(self._fixed):
             coll += self._fixed_coll
             op_comm += self._fixed_op_comm
-            for t in (_kernel.T_COMM, _kernel.T_SCHEDULED, _kernel.T_EXPOSED):
-                totals[t] += self._fixed_s
-        return out
+            for field in ("communication_s", "scheduled_s", "exposed_s"):
+                totals[_kernel.RESULT.names.index(field)] += self._fixed_s
+        return _kernel.as_result(totals), coll, op_compute, op_comm
 
-    def _step_and_peak(self, totals) -> tuple[float, float]:
-        compute, comm = totals[_kernel.T_COMPUTE], totals[_kernel.T_COMM]
+    def _step_and_peak(self, result) -> tuple[float, float]:
+        compute, comm = result["compute_s"], result["communication_s"]
         if self.overlap == "scheduled":
-            step = totals[_kernel.T_SCHEDULED]
+            step = result["scheduled_s"]
         elif self.overlap == "perfect":
             step = max(compute, comm)
         else:
             step = compute + comm
-        peak = (totals[_kernel.T_ARG] + totals[_kernel.T_OUT] + totals[_kernel.T_TEMP]
-                - totals[_kernel.T_ALIAS])
+        peak = (result["argument_bytes"] + result["output_bytes"] + result["temp_bytes"]
+                - result["alias_bytes"])
         return float(step), float(peak)
 
     def op_costs(self, plan) -> tuple[np.ndarray, np.ndarray]:
@@ -463,7 +461,7 @@ class CostModel:
 
     def value_type_masks(self, mask, rank, res):
         """(eff[T, D], vmask[T]): per value type, the mesh-axis bits of each dim."""
-        return _kernel.value_type_masks(tuple(as_plan_arrays(mask, rank, res)), self._tables)
+        return _kernel.value_type_masks(self.state, as_plan_arrays(mask, rank, res))
 
 
 class IncrementalEstimator:
@@ -493,9 +491,9 @@ class IncrementalEstimator:
         self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
                             if (k, d) in self._split.index}
         self._held = {k for k, _, _ in plan.overrides}
-        self._vmask = np.zeros(len(model.ty.tables.value_classes), np.int64)
-        self._delta = np.zeros(model.st.num_ops + 2)  # the temporaries, all replicated
-        _kernel.fill_temps(self._delta, self._vmask, model.mesh_table, model._memory)
+        # the temporaries' live ranges, sized replicated to begin with
+        self._live = _kernel.liveness(model.ty.tables)
+        _kernel.fill_temps(model.state, self._live, self._live.held)
         self.result = self._update()
 
     def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
@@ -528,9 +526,12 @@ class IncrementalEstimator:
         return self.result
 
     def _update(self) -> tuple[float, float]:
-        totals, _, _, _, self._vmask = self.model._run((self.mask, self.rank, self.res),
-                                                       self._delta, self._vmask)
-        return self.model._step_and_peak(totals)
+        model = self.model
+        step, peak = _kernel.step_and_peak(model.state, PlanArrays(self.mask, self.rank,
+                                                                   self.res),
+                                           self._live, False, model._overlap_code,
+                                           model._fixed_s)
+        return float(step), float(peak)
 
 
 def _unused_inputs(prog) -> set[int]:

@@ -71,13 +71,15 @@ class Charges(NamedTuple):
 def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     """The charges of `plan_arrays` (PlanArrays) under `model` (a CostModel), per op, and the
     compute seconds per op type from the same kernel run."""
-    ledger, op_compute = _kernel.charges(tuple(plan_arrays), model._tables, model.mesh_table,
-                                         model.device_table)
+    ledger, op_compute = _kernel.charges(model.state, plan_arrays,
+                                         _kernel.empty_ledger(model.layout))
     st, ty = model.st, model.ty
     tables = ty.tables
     per_instance = 1.0 / tables.ops["count"]  # an op type's charge, shared by its instances
-    group_rows, read_rows, first, reorder, halos, read_reorder, _ = \
-        _kernel.ledger_layout(tables)
+    layout = model.layout
+    group_rows, read_rows, first = layout.group, layout.read, layout.op
+    reorder, halos, read_reorder = layout.member_reorder, layout.halo, layout.read_reorder
+    counts = ledger["count"]
     parts = []  # (op, operand, ledger row, scale)
     # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
     o = np.nonzero(ty.operand_member >= 0)[0]
@@ -97,7 +99,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
 
     # reductions of op types: rows 2M + 2g (reduce-scatter) and + 1 (all-reduce) of group
     # entry g, at every instance of the type
-    row = group_rows + np.nonzero(ledger[group_rows:read_rows, _kernel.L_COUNT] > 0)[0]
+    row = group_rows + np.nonzero(counts[group_rows:read_rows] > 0)[0]
     if len(row):
         entry = (row - group_rows) // 2
         ops = tables.ops
@@ -117,31 +119,31 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     # all-gather of a scatter's regrouped indices (operand 1), + 6 its table's all-reduce (-1);
     # + 7, + 8, + 9 the permutes of a re-tiled batched gather's or scatter's indices (1),
     # updates (2) and result (-1)
-    row = first + np.nonzero(ledger[first:reorder, _kernel.L_COUNT] > 0)[0]
+    row = first + np.nonzero(counts[first:reorder] > 0)[0]
     if len(row):
         at_every_instance(row, (row - first) // _kernel.OP_ROWS,
                           np.array(_kernel.OP_ROW_OPERANDS)[(row - first) % _kernel.OP_ROWS])
     # a convolution's halo exchanges, rows 2M + 2G + 2S + OP_ROWS P + M + h of halo record h:
     # of its input (operand 0), at every instance of the type
-    row = halos + np.nonzero(ledger[halos:read_reorder, _kernel.L_COUNT] > 0)[0]
+    row = halos + np.nonzero(counts[halos:read_reorder] > 0)[0]
     if len(row):
         ops = tables.ops
         halo_type = np.repeat(np.arange(len(ops)), ops["halo_end"] - ops["halo_start"])
         at_every_instance(row, halo_type[row - halos], np.zeros(len(row), np.int64))
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    charged = ledger[row, _kernel.L_COUNT] > 0
+    charged = counts[row] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
-    count = ledger[row, _kernel.L_COUNT] * scale
+    count = counts[row] * scale
     # a shard_map body's own collectives (CostModel._manual_tables), at the shard_map
     fixed = model._fixed
     count = np.concatenate([count, fixed[:, 3]])
     return Charges(op=np.concatenate([op, fixed[:, 0].astype(np.int64)]),
                    operand=np.concatenate([operand, np.full(len(fixed), -1)]).astype(np.int64),
-                   kind=np.concatenate([ledger[row, _kernel.L_KIND], fixed[:, 1]]).astype(np.int64),
-                   mask=np.concatenate([ledger[row, _kernel.L_MASK], fixed[:, 2]]).astype(np.int64),
+                   kind=np.concatenate([ledger["kind"][row], fixed[:, 1]]).astype(np.int64),
+                   mask=np.concatenate([ledger["mask"][row], fixed[:, 2]]).astype(np.int64),
                    count=count,
-                   bytes=count * np.concatenate([ledger[row, _kernel.L_BYTES], fixed[:, 4]]),
-                   seconds=count * np.concatenate([ledger[row, _kernel.L_SECONDS],
+                   bytes=count * np.concatenate([ledger["bytes"][row], fixed[:, 4]]),
+                   seconds=count * np.concatenate([ledger["seconds"][row],
                                                    fixed[:, 5]])), op_compute
 
 

@@ -156,5 +156,6 @@ def plan_arrays(analysis, class_masks: Iterable[tuple[int, int]],
 
 def as_plan_arrays(mask, rank, resolution) -> PlanArrays:
     """PlanArrays of int64 arrays, the only kind the compiled kernel takes."""
-    return PlanArrays(np.asarray(mask, np.int64), np.asarray(rank, np.int64),
-                      np.asarray(resolution, np.int64))
+    return PlanArrays(np.ascontiguousarray(mask, np.int64),
+                      np.ascontiguousarray(rank, np.int64),
+                      np.ascontiguousarray(resolution, np.int64))

@@ -1,0 +1,135 @@
+"""The kernel's entries: one plan through the phases, in order.
+
+    masks -> operand classification -> op costs (with reshard pricing and the partitioner's
+    patterns) -> shared reads -> overlap schedule -> liveness and memory
+
+Each entry takes a ModelState (_state.py) and the plan (PlanArrays); `step_and_peak` is the
+search's hot path, `evaluate` gives everything an Estimate needs, `charges` the ledger.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._ledger import LEDGER
+from ._masks import group_consensus, type_masks
+from ._memory import (add_temps, arguments_and_outputs, early_slices, hoisted_reshards,
+                      move_temps, peak_live, reduced_buffers)
+from ._ops import op_costs, op_masks
+from ._operands import classify_operands, classify_rows
+from ._reads import shared_reads
+from ._result import (T_ALIAS, T_ARG, T_COMM, T_COMPUTE, T_EXPOSED, T_OUT, T_SCHEDULED,
+                      T_TEMP)
+from ._schedule import schedule
+
+# How communication and compute add up in the step time (CostModel's `overlap`)
+OVERLAP_SCHEDULED, OVERLAP_NONE, OVERLAP_PERFECT = 0, 1, 2
+
+
+@njit(cache=True)
+def _clear(ws):
+    """Zeroes what the phases add into."""
+    ws.totals[:] = 0.0
+    ws.coll[:] = 0.0
+    ws.pre_early[:] = 0.0
+    ws.pre_late[:] = 0.0
+    ws.reduced[:] = 0.0
+    ws.reduces[:] = False
+    ws.retiled[:] = False
+    ws.read_time[:] = 0.0
+    ws.gdelta[:] = 0.0
+
+
+@njit(cache=True)
+def _collectives(state, plan, ledger):
+    """Phases 1-5: every collective and every op's compute, into the workspace."""
+    tables, ws, mesh = state.tables, state.ws, state.mesh
+    _clear(ws)
+    type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
+    group_consensus(tables, ws.eff, ws.consensus)
+    classify_rows(plan, tables, mesh, ws)
+    classify_operands(plan, tables, mesh, ws)
+    op_masks(tables, ws)
+    op_costs(tables, mesh, state.device[0], ws, ws.coll, ledger, state.layout, ws.totals)
+    shared_reads(plan, tables, mesh, ws, ws.coll, ledger, state.layout, ws.totals)
+
+
+@njit(cache=True)
+def _run(state, plan, live, fresh):
+    """One plan, whole, into the workspace's totals. live: the temporaries' live ranges,
+    sized afresh (fresh) or moved from the masks they were sized under (incremental)."""
+    tables, memory, ws, mesh = state.tables, state.memory, state.ws, state.mesh
+    _collectives(state, plan, state.no_ledger)
+    totals = ws.totals
+    step = schedule(state.schedule, tables.ops, tables.shared_reads, ws)
+    totals[T_SCHEDULED] = step
+    totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
+    held = ws.vmask[tables.held_type] | memory.fixed_held
+    if fresh:
+        live.delta[:] = 0.0
+        add_temps(live.delta, held, mesh, memory)
+    else:
+        move_temps(live.delta, live.held, held, mesh, memory)
+    live.held[:] = held
+    hoisted_reshards(tables, memory, ws)
+    early_slices(mesh, memory, ws)
+    reduced_buffers(tables.ops, mesh, memory, ws)
+    arguments_and_outputs(mesh, memory, ws, totals)
+    totals[T_TEMP] = peak_live(live.delta, ws.gdelta, ws.gathered, memory.op_type)
+
+
+@njit(cache=True)
+def step_and_peak(state, plan, live, fresh, overlap, extra_s):
+    """(step seconds, peak bytes per device) of one plan: the search's hot path. overlap:
+    OVERLAP_*; extra_s: seconds of collectives on the critical path that no plan changes (a
+    shard_map body's own)."""
+    _run(state, plan, live, fresh)
+    totals = state.ws.totals
+    compute, comm = totals[T_COMPUTE], totals[T_COMM] + extra_s
+    if overlap == OVERLAP_SCHEDULED:
+        step = totals[T_SCHEDULED] + extra_s
+    elif overlap == OVERLAP_PERFECT:
+        step = max(compute, comm)
+    else:
+        step = compute + comm
+    return step, totals[T_ARG] + totals[T_OUT] + totals[T_TEMP] - totals[T_ALIAS]
+
+
+@njit(cache=True)
+def evaluate(state, plan, live, fresh):
+    """Everything an Estimate needs of one plan: (totals, collectives [kind, mask, count |
+    bytes | seconds], compute and communication seconds per op type), copies the caller
+    keeps."""
+    _run(state, plan, live, fresh)
+    ws = state.ws
+    return ws.totals.copy(), ws.coll.copy(), ws.op_compute.copy(), ws.op_comm.copy()
+
+
+@njit(cache=True)
+def charges(state, plan, ledger):
+    """(`ledger`, an empty one (empty_ledger), filled: every collective the kernel charges in the row of the
+    place that charges it (_ledger.py); compute seconds per op type). Not the hot path."""
+    _collectives(state, plan, ledger)
+    return ledger, state.ws.op_compute.copy()
+
+
+@njit(cache=True)
+def value_type_masks(state, plan):
+    """(eff[T, D], vmask[T]) of a plan: per value type, the mesh-axis bits of each dim."""
+    ws = state.ws
+    type_masks(plan, state.tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
+    return ws.eff.copy(), ws.vmask.copy()
+
+
+@njit(cache=True)
+def fill_temps(state, live, held):
+    """Sizes the temporaries of `live` afresh under the masks `held`."""
+    live.delta[:] = 0.0
+    add_temps(live.delta, held, state.mesh, state.memory)
+    live.held[:] = held
+
+
+def empty_ledger(layout) -> np.ndarray:
+    """A ledger of `layout.rows` rows, no charges."""
+    return np.zeros(layout.rows, LEDGER)

@@ -1,0 +1,196 @@
+"""Phase 4, op costs: per op type, the reshards of its own operands, the partitioner's special
+cases, the reduction of its partial sums, and its compute time by roofline.
+
+Reads the masks and the operand classification from the workspace; writes per op type
+`op_psum` (the axes it computes partial sums over), `op_res` (its result's axes),
+`op_compute` and `op_comm` (seconds per step), `gathered` (bytes of the buffers it holds while
+it runs), `pre_early`, `pre_late` and `post` (seconds of one execution of the reshards of its
+early operands, of the others, and of the reduction after it: the schedule's input),
+`reduced` and `reduces` (liveness), `member_bytes` per operand member, and the totals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
+from .._static import DIM_BATCH, DIM_M
+from ._charge import A2A, AG, a2a_time, charge, gather_time
+from ._halo import halo_exchange
+from ._indexing import batched_indexing
+from ._ledger import OP_BATCHED_OPERAND, OP_ROWS, OP_SCATTER_UPDATES
+from ._patterns import UPDATES_KEEP_SHARDING
+from ._reductions import reduce_partials
+from ._reshard import reduced_reorder, reshard
+from ._result import T_COMM, T_COMPUTE, T_FLOPS, T_FLOPS_ONCE
+from ._scatter import scatter_passthrough, updates_window
+
+
+@njit(cache=True)
+def op_masks(tables, ws):
+    """Fills ws.op_psum (the axes of each op type's sharded reductions) and ws.op_res (its
+    result's axes)."""
+    ops, groups = tables.ops, tables.groups
+    for p in range(ops.shape[0]):
+        ws.op_psum[p] = 0
+        for i in range(ops[p].groups_start, ops[p].groups_end):
+            g = tables.op_groups[i]
+            if groups[g].is_reduction:
+                ws.op_psum[p] |= ws.consensus[g]
+        ws.op_res[p] = ws.vmask[ops[p].result_type] if ops[p].result_type >= 0 else 0
+
+
+@njit(cache=True)
+def op_costs(tables, mesh, dev, ws, coll, ledger, layout, totals):
+    """Every op type's collectives and compute (see the module docstring)."""
+    ops = tables.ops
+    for p in range(ops.shape[0]):
+        op = ops[p]
+        w = op.weight
+        gtime = _member_reshards(p, tables, mesh, ws, coll, ledger, layout)
+        if op.halo_end > op.halo_start:
+            t, b = halo_exchange(coll, op, tables.halos, ws.eff, ws.op_psum[p], mesh, w, ledger,
+                                 layout.halo)
+            gtime += t
+            ws.pre_late[p] += t
+            ws.gathered[p] += b
+        if op.workspace > 0.0:
+            ws.gathered[p] += op.workspace / mesh[ws.vmask[op.workspace_type]].ways
+        psum = ws.op_psum[p]
+        res_mask = ws.op_res[p]
+        if op.scatter_updates > 0.0 and psum != 0:
+            taken, t, b = scatter_passthrough(coll, op, ws.eff, ws.vmask, psum, res_mask, mesh,
+                                              w, ledger, layout.op + OP_ROWS * p
+                                              + OP_SCATTER_UPDATES)
+            psum &= ~taken
+            gtime += t
+            ws.gathered[p] += b
+            ws.pre_late[p] += t
+        # a gather's operand re-tiled before it, a scatter's result after it
+        after = 0.0
+        if op.batch_index_dims != 0:
+            t, b = batched_indexing(coll, op, ws.eff, ws.vmask, mesh, w, ledger,
+                                    layout.op + OP_ROWS * p + OP_BATCHED_OPERAND, tables,
+                                    ws.retiled)
+            ws.gathered[p] += b
+            if op.scatter_updates > 0.0:
+                after += t
+            else:
+                gtime += t
+                ws.pre_late[p] += t
+        ptime = reduce_partials(p, psum, res_mask, tables, mesh, dev, ws, coll, ledger, layout)
+        compute, flops = _compute(op, psum, res_mask, tables, mesh, dev, ws)
+        ws.op_compute[p] = compute
+        ptime += after
+        ws.op_comm[p] = (gtime + ptime) * w
+        ws.post[p] = ptime
+        totals[T_COMPUTE] += compute
+        totals[T_COMM] += ws.op_comm[p]
+        totals[T_FLOPS] += flops * w
+        totals[T_FLOPS_ONCE] += flops * op.count * op.copies
+
+
+@njit(cache=True)
+def _member_reshards(p, tables, mesh, ws, coll, ledger, layout):
+    """The reshards of op type p's own operands (not shared reads), each priced by
+    _reshard.reshard; fills ws.member_bytes, pre_early, pre_late and gathered[p]. Returns
+    their seconds in one execution."""
+    op = tables.ops[p]
+    w = op.weight
+    gtime = 0.0
+    gbytes = 0.0
+    for i in range(op.operands_start, op.operands_end):
+        member = tables.op_operands[i]
+        ot = member.operand_type
+        g = ws.gather[ot]
+        t = 0.0
+        b = 0.0
+        if member.scatter_updates and ws.a2a[ot] == 0 and member.nbytes > op.result_nbytes:
+            lost, held = updates_window(tables, ot, ws.eff, ws.removed)
+            if lost & ws.op_res[p] != 0:  # the result moves, not the updates
+                g &= ~lost
+                t, b = _result_moves(p, lost, held, tables, mesh, coll, ledger, ws,
+                                     layout.member + 2 * i)
+        t, made = reshard(tables, ws, ot, member.nbytes, g, w, mesh, coll, ledger,
+                          layout.member + 2 * i, layout.member_reorder + i, t)
+        b += made
+        t += reduced_reorder(ws, ot, op.result_nbytes / mesh[ws.op_res[p]].ways, w, mesh, coll,
+                             ledger, layout.member_reorder + i)
+        gtime += t
+        gbytes += b
+        ws.member_bytes[i] = b
+        if member.early:
+            ws.pre_early[p] += t
+        else:
+            ws.pre_late[p] += t
+    ws.gathered[p] = gbytes
+    return gtime
+
+
+@njit(cache=True)
+def _result_moves(p, lost, held, tables, mesh, coll, ledger, ws, row):
+    """A scatter whose updates keep their sharding (UPDATES_KEEP_SHARDING, see
+    _scatter.updates_window): its result is resharded to the plan's after it, an all-to-all
+    where the window dims lose every axis they hold to the indexed dims, else a gather of the
+    whole result. Returns (seconds, bytes) of one."""
+    op = tables.ops[p]
+    res = ws.op_res[p]
+    if lost == held and lost & ~res == 0:
+        b = op.result_nbytes / mesh[res].ways
+        t = a2a_time(b, lost, mesh)
+        charge(coll, A2A, lost, op.weight, b, t, ledger, row + 1, UPDATES_KEEP_SHARDING)
+    else:  # XLA's "involuntary full rematerialization" of the result
+        b = op.result_nbytes
+        t = gather_time(b, held, mesh)
+        charge(coll, AG, held, op.weight, b, t, ledger, row, UPDATES_KEEP_SHARDING)
+    return t, b
+
+
+@njit(cache=True)
+def _compute(op, psum, res_mask, tables, mesh, dev, ws):
+    """(compute seconds per step, flops of one execution) of an op: a roofline of its flops at
+    its rate and the bytes it moves at the memory bandwidth, never under the device's floor
+    per kernel."""
+    # a shard_map's flops are one device's run of its body already
+    flops = op.flops if op.kernel == KERNEL_MANUAL else op.flops / mesh[res_mask | psum].ways
+    rate = op.peak
+    if op.kernel == KERNEL_ATTENTION:
+        rate *= dev.attention / op.flop_scale
+    elif op.kernel == KERNEL_INSIDE:
+        rate = np.inf  # runs inside a fused kernel, charged with its matmuls
+    elif op.matmul_k > 0.0:
+        rate *= matmul_efficiency(op, tables.op_dims, ws.eff, psum, mesh, dev)
+    traffic = 0.0
+    for i in range(op.io_start, op.io_end):
+        traffic += tables.op_io[i].nbytes / mesh[ws.vmask[tables.op_io[i].value_type]].ways
+    # no kernel runs faster than the device's floor (launch and ramp: Efficiency.launch_s)
+    return max(flops / rate, traffic / dev.memory_bandwidth,
+               op.launches * dev.launch_s) * op.weight, flops
+
+
+@njit(cache=True)
+def matmul_efficiency(op, dims, eff, psum, mesh, dev):
+    """The fraction of peak a matmul reaches at its per-device shape: the device's large-
+    matmul ceiling, times the useful share of the blocks it computes. M, N and K are padded
+    to whole tiles, and the tile x K-step blocks run in waves of `units` at a time: Hopper's
+    cuBLAS and CUTLASS split K across SMs when M x N has too few tiles (stream-K, Osama et al.
+    2023, arXiv 2301.03598). Before a reduce-scatter the partial result is whole on the
+    scattered dims, so those count whole."""
+    m = 1.0
+    n = 1.0
+    batch = 1.0
+    for i in range(op.dims_start, op.dims_end):
+        size = dims[i].size / mesh[eff[op.result_type, dims[i].dim] & ~psum].ways
+        if dims[i].role == DIM_BATCH:
+            batch *= size
+        elif dims[i].role == DIM_M:
+            m *= size
+        else:
+            n *= size
+    k = op.matmul_k / mesh[psum].ways
+    blocks = np.ceil(m / dev.tile_m) * np.ceil(n / dev.tile_n) * batch \
+        * np.ceil(k / dev.tile_k)
+    waves = np.ceil(blocks / dev.units)
+    computed = waves * dev.units * dev.tile_m * dev.tile_n * dev.tile_k
+    return dev.matmul * m * n * batch * k / computed
