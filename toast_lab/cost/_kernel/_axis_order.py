@@ -10,19 +10,20 @@ GATHER_MAJOR_AXIS pattern).
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import inline, jit
 from .._plan_arrays import ORDER_SHIFT
 
 
-@njit(cache=True, inline="always")
-def order_of(plan, tables, t, d):
-    """The order of the axes of dim d of value type t (ORDER_SHIFT: 0 for mesh order)."""
-    c = tables.value_classes[t, d]
-    return 0 if c < 0 else plan.mask[c] >> ORDER_SHIFT
+@inline
+def order_of(mask, value_classes, t, d):
+    """The order of the axes of dim d of value type t (ORDER_SHIFT: 0 for mesh order), under
+    the plan's class masks `mask`."""
+    c = value_classes[t, d]
+    return 0 if c < 0 else mask[c] >> ORDER_SHIFT
 
 
-@njit(cache=True, inline="always")
+@inline
 def place(order, b):
     """Where axis bit `b` (its index) comes among a dim's axes listed in `order` (order_of):
     smaller is more major."""
@@ -34,7 +35,7 @@ def place(order, b):
     return 64 + b
 
 
-@njit(cache=True, inline="always")
+@jit
 def compound_split(held, order, size, mesh):
     """The axes of `held` (listed in `order`) on the major part, of `size` elements, of a
     compound dim: its axes tile the dim major first, so where the leading ones' ways make up
@@ -62,7 +63,7 @@ def compound_split(held, order, size, mesh):
             return held
 
 
-@njit(cache=True, inline="always")
+@jit
 def out_of_order(kept, sliced, moved, held_order, want_order, moved_order, mesh):
     """Whether a dim that keeps the axes `kept` (listed in `held_order`), slices `sliced`
     locally and receives `moved` by all-to-all (or from the op's partial sums) ends up with
@@ -102,7 +103,7 @@ def out_of_order(kept, sliced, moved, held_order, want_order, moved_order, mesh)
     return False
 
 
-@njit(cache=True, inline="always")
+@jit
 def gathered_out_of_order(kept, gone, held_order, mesh):
     """Whether a dim that all-gathers the axes `gone` and keeps `kept` (both listed in
     `held_order`) gathers an axis listed major to one it keeps.

@@ -11,8 +11,8 @@ cost/_collectives.py).
 """
 
 from __future__ import annotations
+from ._jit import inline, jit
 
-from numba import njit
 
 # collective kinds, in the order of COLLECTIVE_KINDS
 AR, AG, RS, A2A, CP = 0, 1, 2, 3, 4
@@ -21,7 +21,7 @@ NUM_KINDS = 5
 C_COUNT, C_BYTES, C_SECONDS = 0, 1, 2
 
 
-@njit(cache=True, inline="always")
+@inline
 def gather_time(nbytes, mask, mesh):
     """Seconds of an all-gather producing, or a reduce-scatter consuming, a buffer of nbytes
     per device over the axes of `mask` (an all-reduce is one of each)."""
@@ -31,7 +31,7 @@ def gather_time(nbytes, mask, mesh):
     return nbytes * cost.gather_beta + cost.gather_alpha
 
 
-@njit(cache=True, inline="always")
+@inline
 def a2a_time(nbytes, mask, mesh):
     """Seconds of an all-to-all of a shard of nbytes per device over the axes of `mask`."""
     cost = mesh[mask]
@@ -40,7 +40,7 @@ def a2a_time(nbytes, mask, mesh):
     return nbytes * cost.a2a_beta + cost.gather_alpha
 
 
-@njit(cache=True, inline="always")
+@inline
 def charge(coll, kind, mask, weight, nbytes, seconds, ledger, row, pattern):
     """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds, and
     records them in ledger row `row` with the pattern that charged them (when the ledger has
@@ -58,7 +58,7 @@ def charge(coll, kind, mask, weight, nbytes, seconds, ledger, row, pattern):
         entry.pattern = pattern
 
 
-@njit(cache=True, inline="always")
+@inline
 def permute(coll, mask, weight, nbytes, mesh, ledger, row, pattern):
     """Charges `weight` collective-permutes over the axes of `mask`, each device sending
     nbytes, one hop; returns the seconds of one."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._jit import jit
 from ._ledger import LEDGER
 from ._masks import group_consensus, type_masks
 from ._memory import (add_temps, arguments_and_outputs, early_slices, hoisted_reshards,
@@ -27,56 +28,66 @@ from ._schedule import schedule
 OVERLAP_SCHEDULED, OVERLAP_NONE, OVERLAP_PERFECT = 0, 1, 2
 
 
-@njit(cache=True)
+@jit
 def _clear(ws):
     """Zeroes what the phases add into."""
     ws.totals[:] = 0.0
     ws.coll[:] = 0.0
-    ws.pre_early[:] = 0.0
-    ws.pre_late[:] = 0.0
-    ws.reduced[:] = 0.0
-    ws.reduces[:] = False
+    pstate = ws.op_state
+    for p in range(pstate.shape[0]):
+        ps = pstate[p]
+        ps.pre_early = 0.0
+        ps.pre_late = 0.0
+        ps.reduced = 0.0
+        ps.reduces = False
     ws.retiled[:] = False
     ws.read_time[:] = 0.0
     ws.gdelta[:] = 0.0
 
 
-@njit(cache=True)
-def _collectives(state, plan, ledger):
+@jit
+def _collectives(tables, mesh, dev, layout, ws, plan, ledger):
     """Phases 1-5: every collective and every op's compute, into the workspace."""
-    tables, ws, mesh = state.tables, state.ws, state.mesh
     _clear(ws)
     type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
     group_consensus(tables, ws.eff, ws.consensus)
     classify_rows(plan, tables, mesh, ws)
     classify_operands(plan, tables, mesh, ws)
     op_masks(tables, ws)
-    op_costs(tables, mesh, state.device[0], ws, ws.coll, ledger, state.layout, ws.totals)
-    shared_reads(plan, tables, mesh, ws, ws.coll, ledger, state.layout, ws.totals)
+    op_costs(tables, mesh, dev, ws, ws.coll, ledger, layout, ws.totals)
+    shared_reads(plan, tables, mesh, ws, ws.coll, ledger, layout, ws.totals)
 
 
-@njit(cache=True)
-def _run(state, plan, live, fresh):
+@jit
+def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fresh):
     """One plan, whole, into the workspace's totals. live: the temporaries' live ranges,
     sized afresh (fresh) or moved from the masks they were sized under (incremental)."""
-    tables, memory, ws, mesh = state.tables, state.memory, state.ws, state.mesh
-    _collectives(state, plan, state.no_ledger)
+    _collectives(tables, mesh, dev, layout, ws, plan, no_ledger)
     totals = ws.totals
-    step = schedule(state.schedule, tables.ops, tables.shared_reads, ws)
+    step = schedule(sched, tables.ops, tables.shared_reads, ws)
     totals[T_SCHEDULED] = step
     totals[T_EXPOSED] = max(0.0, step - totals[T_COMPUTE])
-    held = ws.vmask[tables.held_type] | memory.fixed_held
+    held, vmask, held_type, fixed_held = ws.held, ws.vmask, tables.held_type, memory.fixed_held
+    for t in range(held.shape[0]):
+        held[t] = vmask[held_type[t]] | fixed_held[t]
     if fresh:
         live.delta[:] = 0.0
         add_temps(live.delta, held, mesh, memory)
     else:
         move_temps(live.delta, live.held, held, mesh, memory)
-    live.held[:] = held
+    for t in range(held.shape[0]):
+        live.held[t] = held[t]
     hoisted_reshards(tables, memory, ws)
     early_slices(mesh, memory, ws)
     reduced_buffers(tables.ops, mesh, memory, ws)
     arguments_and_outputs(mesh, memory, ws, totals)
-    totals[T_TEMP] = peak_live(live.delta, ws.gdelta, ws.gathered, memory.op_type)
+    totals[T_TEMP] = peak_live(live.delta, ws.gdelta, ws.op_state, memory.op_type)
+
+
+@njit(cache=True)
+def _run_state(state, plan, live, fresh):
+    _run(state.tables, state.memory, state.schedule, state.mesh, state.device[0],
+         state.layout, state.ws, state.no_ledger, plan, live, fresh)
 
 
 @njit(cache=True)
@@ -84,7 +95,7 @@ def step_and_peak(state, plan, live, fresh, overlap, extra_s):
     """(step seconds, peak bytes per device) of one plan: the search's hot path. overlap:
     OVERLAP_*; extra_s: seconds of collectives on the critical path that no plan changes (a
     shard_map body's own)."""
-    _run(state, plan, live, fresh)
+    _run_state(state, plan, live, fresh)
     totals = state.ws.totals
     compute, comm = totals[T_COMPUTE], totals[T_COMM] + extra_s
     if overlap == OVERLAP_SCHEDULED:
@@ -101,17 +112,20 @@ def evaluate(state, plan, live, fresh):
     """Everything an Estimate needs of one plan: (totals, collectives [kind, mask, count |
     bytes | seconds], compute and communication seconds per op type), copies the caller
     keeps."""
-    _run(state, plan, live, fresh)
+    _run_state(state, plan, live, fresh)
     ws = state.ws
-    return ws.totals.copy(), ws.coll.copy(), ws.op_compute.copy(), ws.op_comm.copy()
+    return ws.totals.copy(), ws.coll.copy(), ws.op_state.compute.copy(), \
+        ws.op_state.comm.copy()
 
 
 @njit(cache=True)
 def charges(state, plan, ledger):
-    """(`ledger`, an empty one (empty_ledger), filled: every collective the kernel charges in the row of the
-    place that charges it (_ledger.py); compute seconds per op type). Not the hot path."""
-    _collectives(state, plan, ledger)
-    return ledger, state.ws.op_compute.copy()
+    """(`ledger`, an empty one (empty_ledger), filled: every collective the kernel charges in
+    the row of the place that charges it (_ledger.py); compute seconds per op type). Not the
+    hot path."""
+    _collectives(state.tables, state.mesh, state.device[0], state.layout, state.ws, plan,
+                 ledger)
+    return ledger, state.ws.op_state.compute.copy()
 
 
 @njit(cache=True)

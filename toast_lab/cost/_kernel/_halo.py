@@ -8,13 +8,13 @@ ExchangeHalo in xla/service/spmd/spmd_partitioner.cc).
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import jit
 from ._charge import CP, charge
 from ._patterns import HALO_EXCHANGE
 
 
-@njit(cache=True)
+@jit
 def halo_sizes(h, n):
     """(left, right, span) of windowed dim `h` (a HALO record) of a convolution whose result
     is sharded `n` ways on it: the most input rows a shard takes from its left and its right
@@ -75,7 +75,7 @@ def halo_sizes(h, n):
         return 0, 0, 0
     return left, right, span
 
-@njit(cache=True)
+@jit
 def halo_exchange(coll, op, halos, eff, psum, mesh, w, ledger, row):
     """The halo exchanges of a convolution whose result shards windowed dims (OP.halo_start;
     _halo_sizes says how many rows): charges their collective-permutes over each dim's axes

@@ -9,13 +9,13 @@ the indices and re-tiles the operand like them (xla/service/spmd/gather_scatter_
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import jit
 from ._charge import A2A, a2a_time, charge, permute
 from ._patterns import BATCHED_RETILE
 
 
-@njit(cache=True)
+@jit
 def batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row, tables, retiled):
     """An explicitly batched gather or scatter (take_along_axis of the logits by the labels,
     and its gradient) whose indexed dim is sharded over axes M that the indices also shard.
@@ -96,7 +96,7 @@ def batched_indexing(coll, op, eff, vmask, mesh, w, ledger, row, tables, retiled
         nbytes += piece
     return t, nbytes
 
-@njit(cache=True)
+@jit
 def uniform_operand(tables, op, value_type):
     """Whether op's operand of `value_type` is a constant of one number (OPERAND.uniform)."""
     for i in range(op.operands_start, op.operands_end):
@@ -105,7 +105,7 @@ def uniform_operand(tables, op, value_type):
             return tables.operands[ot].uniform
     return False
 
-@njit(cache=True)
+@jit
 def dims_mask(eff, t, dims):
     """The mesh axes value type t is sharded on over the dims in bit mask `dims`."""
     m = 0

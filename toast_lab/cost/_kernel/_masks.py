@@ -8,12 +8,12 @@ contraction group shares (what the op computes on).
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import jit
 from .._plan_arrays import AXES
 
 
-@njit(cache=True)
+@jit
 def type_masks(plan, tables, eff, vmask, ranks, dims):
     """Fills eff[T, D] and vmask[T] (ranks[D] and dims[D] are scratch).
 
@@ -21,7 +21,9 @@ def type_masks(plan, tables, eff, vmask, ranks, dims):
     the class decided first (lower rank) keeps it.
     """
     mask, rank, res = plan.mask, plan.rank, plan.resolution
-    value_classes = tables.value_classes
+    value_classes, value_tags = tables.value_classes, tables.value_tags
+    tag_conflict, tag_dropped, conflict_class = (tables.tag_conflict, tables.tag_dropped,
+                                                 tables.conflict_class)
     T, D = value_classes.shape
     for t in range(T):
         n = 0
@@ -30,10 +32,10 @@ def type_masks(plan, tables, eff, vmask, ranks, dims):
             c = value_classes[t, d]
             if c < 0 or mask[c] == 0:
                 continue
-            tag = tables.value_tags[t, d]
+            tag = value_tags[t, d]
             if tag >= 0:
-                k = tables.tag_conflict[tag]
-                if mask[tables.conflict_class[k]] != 0 and tables.tag_dropped[tag, res[k]]:
+                k = tag_conflict[tag]
+                if mask[conflict_class[k]] != 0 and tag_dropped[tag, res[k]]:
                     continue
             # insertion by rank
             r = rank[c]
@@ -55,7 +57,7 @@ def type_masks(plan, tables, eff, vmask, ranks, dims):
         vmask[t] = used
 
 
-@njit(cache=True)
+@jit
 def group_consensus(tables, eff, consensus):
     """Fills consensus[G]: the axes all members of each contraction group share."""
     groups, members = tables.groups, tables.group_members

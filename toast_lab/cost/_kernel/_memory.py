@@ -10,22 +10,23 @@ written); `ws.gathered` per op type the buffers an op holds while it runs.
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import inline, jit
 from ._result import T_ALIAS, T_ARG, T_OUT, T_STATE
 
 
-@njit(cache=True)
+@jit
 def add_temps(delta, vmask, mesh, memory):
     """Adds the live range of every temporary, at its size under `vmask`, to `delta`."""
-    for i in range(memory.temps.shape[0]):
-        temp = memory.temps[i]
+    temps = memory.temps
+    for i in range(temps.shape[0]):
+        temp = temps[i]
         s = _written(temp, mesh[vmask[temp.value_type]].ways)
         delta[temp.start] += s
         delta[temp.end] -= s
 
 
-@njit(cache=True)
+@inline
 def _written(temp, ways):
     """The per-device bytes a temporary takes when its value is sharded `ways` ways (none
     below its min_nbytes)."""
@@ -33,42 +34,44 @@ def _written(temp, ways):
     return s if s >= temp.min_nbytes else 0.0
 
 
-@njit(cache=True)
+@jit
 def move_temps(delta, old_vmask, new_vmask, mesh, memory):
     """Re-sizes the live ranges of the temporaries whose value type changed sharding."""
+    temps, by_type, of_type = memory.temps, memory.temps_by_type, memory.temps_of_type
     for t in range(old_vmask.shape[0]):
         if old_vmask[t] == new_vmask[t]:
             continue
         new_ways, old_ways = mesh[new_vmask[t]].ways, mesh[old_vmask[t]].ways
-        for j in range(memory.temps_by_type[t].start, memory.temps_by_type[t].end):
-            temp = memory.temps[memory.temps_of_type[j]]
+        for j in range(by_type[t].start, by_type[t].end):
+            temp = temps[of_type[j]]
             s = _written(temp, new_ways) - _written(temp, old_ways)
             delta[temp.start] += s
             delta[temp.end] -= s
 
 
-@njit(cache=True)
+@jit
 def hoisted_reshards(tables, memory, ws):
     """A compiler that runs each op as soon as its operands are ready (XLA:CPU's breadth-first
     schedule) reshards an operand as soon as the value is made, not when its reader runs:
     the new buffer lives from then until the reader (memory.operand_reads, one per op and
     operand; none where reshards run at their op, charged there in `gathered`)."""
-    if memory.operand_reads.shape[0] == 0:
+    operand_reads = memory.operand_reads
+    if operand_reads.shape[0] == 0:
         return
-    gdelta, gathered, member_bytes = ws.gdelta, ws.gathered, ws.member_bytes
+    gdelta, pstate, member_bytes = ws.gdelta, ws.op_state, ws.member_bytes
     ops = tables.ops
     for p in range(ops.shape[0]):
         for i in range(ops[p].operands_start, ops[p].operands_end):
-            gathered[p] -= member_bytes[i]
-    for j in range(memory.operand_reads.shape[0]):
-        read = memory.operand_reads[j]
+            pstate[p].gathered -= member_bytes[i]
+    for j in range(operand_reads.shape[0]):
+        read = operand_reads[j]
         b = member_bytes[read.member]
         if b > 0.0:
             gdelta[read.ready] += b
             gdelta[read.position + 1] -= b
 
 
-@njit(cache=True)
+@jit
 def early_slices(mesh, memory, ws):
     """A temporary that a dot (or another op XLA:CPU fuses nothing into) reads as a local
     slice is sliced by a dynamic-slice fusion of its own, which a breadth-first schedule runs
@@ -80,13 +83,13 @@ def early_slices(mesh, memory, ws):
     the f32[256, 64] and f32[256, 32] activations after the forward matmuls (the zoo GNN,
     jax 0.10.2; tests/test_cost.py). Elsewhere (a slice an elementwise reader fuses in) the
     temporary is read whole by its reader."""
-    gdelta, only_sliced, vmask = ws.gdelta, ws.only_sliced, ws.vmask
-    reads = memory.slice_reads
-    for i in range(memory.temp_slices.shape[0]):
-        span = memory.temp_slices[i]
+    gdelta, ostate, vmask = ws.gdelta, ws.operand_state, ws.vmask
+    reads, temp_slices, temps = memory.slice_reads, memory.temp_slices, memory.temps
+    for i in range(temp_slices.shape[0]):
+        span = temp_slices[i]
         if span.end == span.start:
             continue
-        temp = memory.temps[i]
+        temp = temps[i]
         ways = mesh[vmask[temp.value_type]].ways
         s = _written(temp, ways)
         if s == 0.0:
@@ -95,20 +98,20 @@ def early_slices(mesh, memory, ws):
         last = span.whole_end
         sliced = False
         for j in range(span.start, span.end):
-            if only_sliced[reads[j].operand_type] == 0:
+            if ostate[reads[j].operand_type].only_sliced == 0:
                 last = max(last, reads[j].position + 1)
             else:
                 sliced = True
         if not sliced:
             continue
         for j in range(span.start, span.end):
-            m = only_sliced[reads[j].operand_type]
+            m = ostate[reads[j].operand_type].only_sliced
             if m == 0:
                 continue
             first = True  # one slice per sharding, read by all that want it (CSE)
             end = reads[j].position + 1
             for k in range(span.start, span.end):
-                if only_sliced[reads[k].operand_type] == m:
+                if ostate[reads[k].operand_type].only_sliced == m:
                     if k < j:
                         first = False
                     end = max(end, reads[k].position + 1)
@@ -121,7 +124,7 @@ def early_slices(mesh, memory, ws):
             gdelta[temp.end] += s
 
 
-@njit(cache=True)
+@jit
 def reduced_buffers(ops, mesh, memory, ws):
     """An all-reduce writes its result to a new buffer, its input (the partial sums) still
     live. XLA:CPU combines the all-reduces of each computation (the step's, a loop body's)
@@ -135,37 +138,41 @@ def reduced_buffers(ops, mesh, memory, ws):
     hold both buffers at the op. The buffers live in the order the compiler runs the ops
     (memory.position). An unrolled loop body holds the partial sums of each of its copies
     (memory.iteration_copies), all of them until its combined all-reduce."""
-    gdelta, gathered, reduced, vmask = ws.gdelta, ws.gathered, ws.reduced, ws.vmask
+    gdelta, pstate, vmask = ws.gdelta, ws.op_state, ws.vmask
     if not memory.combine_all_reduces:
-        for p in range(reduced.shape[0]):
-            gathered[p] += reduced[p]
+        for p in range(pstate.shape[0]):
+            pstate[p].gathered += pstate[p].reduced
         return
-    comp = memory.computation
+    comp, position, instances, by_type = (memory.computation, memory.position,
+                                          memory.instances, memory.instances_by_type)
+    result_end, copies, sliced_read = (memory.result_end, memory.iteration_copies,
+                                       memory.sliced_read)
     C = memory.num_computations
-    feeds = _feeds_a_reduction(memory, ws)
+    _feeds_a_reduction(memory, ws)
+    feeds = ws.feeds
     combined = ws.combined[:C]  # where the combined all-reduce runs: after the last
     combined[:] = -1
-    for p in range(reduced.shape[0]):
-        if reduced[p] > 0.0:
-            span = memory.instances_by_type[p]
+    for p in range(pstate.shape[0]):
+        if pstate[p].reduced > 0.0:
+            span = by_type[p]
             for i in range(span.start, span.end):
-                n = memory.instances[i]
+                n = instances[i]
                 if not feeds[n]:
-                    combined[comp[n]] = max(combined[comp[n]], memory.position[n])
-    for p in range(reduced.shape[0]):
-        if reduced[p] > 0.0:
-            span = memory.instances_by_type[p]
+                    combined[comp[n]] = max(combined[comp[n]], position[n])
+    for p in range(pstate.shape[0]):
+        if pstate[p].reduced > 0.0:
+            span = by_type[p]
             for i in range(span.start, span.end):
-                n = memory.instances[i]
+                n = instances[i]
                 c = comp[n]
-                at = memory.position[n]
-                size = reduced[p]
+                at = position[n]
+                size = pstate[p].reduced
                 if not feeds[n]:
                     # the partial sums, whole, until the combined all-reduce (the op's
                     # result, a temporary, is only their shard where it is sharded: an FSDP
                     # step accumulating gradients combines 34 whole gradients per
                     # micro-batch, jax 0.10.2), its new buffer there
-                    end = memory.result_end[n]
+                    end = result_end[n]
                     stop = combined[c] + 1
                     if end > at + 1 and ops[p].result_type >= 0:
                         rest = size - ops[p].result_nbytes / mesh[
@@ -178,7 +185,7 @@ def reduced_buffers(ops, mesh, memory, ws):
                         gdelta[stop] -= size
                     # an unrolled body's earlier copies of the op: their partial sums wait
                     # too, and the combined all-reduce writes every copy's result
-                    earlier = size * (memory.iteration_copies[n] - 1.0)
+                    earlier = size * (copies[n] - 1.0)
                     gdelta[at] += earlier
                     gdelta[stop] -= earlier
                     gdelta[combined[c]] += size + earlier
@@ -189,7 +196,7 @@ def reduced_buffers(ops, mesh, memory, ws):
                     # XLA:CPU's reduce-scatter: the all-reduced whole stays live until the
                     # last fusion that slices its shard from it (memory.sliced_read; -1 where
                     # a reader cannot, and the shard is sliced at once)
-                    end = min(memory.result_end[n], memory.sliced_read[n] + 1)
+                    end = min(result_end[n], sliced_read[n] + 1)
                     if end > at + 1 and ops[p].result_type >= 0:
                         rest = size - ops[p].result_nbytes / mesh[
                             vmask[ops[p].result_type]].ways
@@ -198,46 +205,48 @@ def reduced_buffers(ops, mesh, memory, ws):
                             gdelta[end] -= rest
 
 
-@njit(cache=True)
+@jit
 def _feeds_a_reduction(memory, ws):
-    """[N] (program order) whether an op's result reaches an op that reduces partial sums
+    """Fills ws.feeds: [N] (program order) whether an op's result reaches an op that reduces partial sums
     (a scalar's too), directly or through other ops: an all-reduce that does cannot be
     combined with that one. A metric reduced after the update (an accuracy) reads no
     gradient, and leaves the gradients' all-reduces combined."""
     N = memory.computation.shape[0]
+    by_type, instances = memory.instances_by_type, memory.instances
+    reader_start, readers = memory.reader_start, memory.readers
     reducing = ws.reducing
     reducing[:] = False
-    for p in range(ws.reduces.shape[0]):
-        if ws.reduces[p]:
-            span = memory.instances_by_type[p]
+    pstate = ws.op_state
+    for p in range(pstate.shape[0]):
+        if pstate[p].reduces:
+            span = by_type[p]
             for i in range(span.start, span.end):
-                reducing[memory.instances[i]] = True
+                reducing[instances[i]] = True
     feeds = ws.feeds
     feeds[:] = False
     for n in range(N - 1, -1, -1):  # readers come later in program order
-        for j in range(memory.reader_start[n], memory.reader_start[n + 1]):
-            r = memory.readers[j]
+        for j in range(reader_start[n], reader_start[n + 1]):
+            r = readers[j]
             if reducing[r] or feeds[r]:
                 feeds[n] = True
                 break
-    return feeds
 
 
-@njit(cache=True)
-def peak_live(delta, gdelta, gathered, op_type):
+@jit
+def peak_live(delta, gdelta, pstate, op_type):
     """The largest live temporary bytes at any op, gathered buffers included (gdelta also
     takes away the output buffers not yet written: see arguments_and_outputs)."""
     live = 0.0
     peak = 0.0
     for n in range(op_type.shape[0]):
         live += delta[n] + gdelta[n]
-        here = live + gathered[op_type[n]]
+        here = live + pstate[op_type[n]].gathered
         if here > peak:
             peak = here
     return peak
 
 
-@njit(cache=True)
+@jit
 def arguments_and_outputs(mesh, memory, ws, totals):
     """Argument, output, state and aliased bytes into totals. An output's buffer, unless a
     donated argument holds it, is free from the start until the op that writes it: XLA's
@@ -245,10 +254,11 @@ def arguments_and_outputs(mesh, memory, ws, totals):
     eff, vmask, gdelta = ws.eff, ws.vmask, ws.gdelta
     arg = 0.0
     state = 0.0
-    for i in range(memory.inputs.shape[0]):
-        b = memory.inputs[i].nbytes / mesh[vmask[memory.inputs[i].value_type]].ways
+    inputs, aliases = memory.inputs, memory.aliases
+    for i in range(inputs.shape[0]):
+        b = inputs[i].nbytes / mesh[vmask[inputs[i].value_type]].ways
         arg += b
-        if memory.inputs[i].is_state:
+        if inputs[i].is_state:
             state += b
     out = 0.0
     outputs = memory.outputs
@@ -256,8 +266,8 @@ def arguments_and_outputs(mesh, memory, ws, totals):
     aliased[:] = False
     # a donated buffer holds its output where both are sharded alike, dim for dim
     alias = 0.0
-    for i in range(memory.aliases.shape[0]):
-        pair = memory.aliases[i]
+    for i in range(aliases.shape[0]):
+        pair = aliases[i]
         same = True
         for d in range(eff.shape[1]):
             if eff[pair.input_type, d] != eff[pair.output_type, d]:

@@ -1,19 +1,20 @@
 """Phase 4, op costs: per op type, the reshards of its own operands, the partitioner's special
 cases, the reduction of its partial sums, and its compute time by roofline.
 
-Reads the masks and the operand classification from the workspace; writes per op type
-`op_psum` (the axes it computes partial sums over), `op_res` (its result's axes),
-`op_compute` and `op_comm` (seconds per step), `gathered` (bytes of the buffers it holds while
-it runs), `pre_early`, `pre_late` and `post` (seconds of one execution of the reshards of its
-early operands, of the others, and of the reduction after it: the schedule's input),
-`reduced` and `reduces` (liveness), `member_bytes` per operand member, and the totals.
+Reads the masks and the operand classification from the workspace; writes per op type an
+OP_STATE record (_state.py): `psum` (the axes it computes partial sums over), `res` (its
+result's axes), `compute` and `comm` (seconds per step), `gathered` (bytes of the buffers it
+holds while it runs), `pre_early`, `pre_late` and `post` (seconds of one execution of the
+reshards of its early operands, of the others, and of the reduction after it: the schedule's
+input), `reduced` and `reduces` (liveness); and `member_bytes` per operand member, and the
+totals.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ._jit import inline, jit
 from .._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from .._static import DIM_BATCH, DIM_M
 from ._charge import A2A, AG, a2a_time, charge, gather_time
@@ -21,121 +22,129 @@ from ._halo import halo_exchange
 from ._indexing import batched_indexing
 from ._ledger import OP_BATCHED_OPERAND, OP_ROWS, OP_SCATTER_UPDATES
 from ._patterns import UPDATES_KEEP_SHARDING
-from ._reductions import reduce_partials
+from ._reductions import Reduction, reduce_partials
 from ._reshard import reduced_reorder, reshard
 from ._result import T_COMM, T_COMPUTE, T_FLOPS, T_FLOPS_ONCE
 from ._scatter import scatter_passthrough, updates_window
+from ._views import OperandView
 
 
-@njit(cache=True)
+@jit
 def op_masks(tables, ws):
-    """Fills ws.op_psum (the axes of each op type's sharded reductions) and ws.op_res (its
-    result's axes)."""
-    ops, groups = tables.ops, tables.groups
+    """Fills the `psum` (the axes of each op type's sharded reductions) and `res` (its
+    result's axes) of ws.op_state."""
+    ops, groups, op_groups = tables.ops, tables.groups, tables.op_groups
+    pstate, consensus, vmask = ws.op_state, ws.consensus, ws.vmask
     for p in range(ops.shape[0]):
-        ws.op_psum[p] = 0
+        psum = 0
         for i in range(ops[p].groups_start, ops[p].groups_end):
-            g = tables.op_groups[i]
+            g = op_groups[i]
             if groups[g].is_reduction:
-                ws.op_psum[p] |= ws.consensus[g]
-        ws.op_res[p] = ws.vmask[ops[p].result_type] if ops[p].result_type >= 0 else 0
+                psum |= consensus[g]
+        pstate[p].psum = psum
+        pstate[p].res = vmask[ops[p].result_type] if ops[p].result_type >= 0 else 0
 
 
-@njit(cache=True)
+@jit
 def op_costs(tables, mesh, dev, ws, coll, ledger, layout, totals):
     """Every op type's collectives and compute (see the module docstring)."""
-    ops = tables.ops
+    ops, pstate, eff, vmask = tables.ops, ws.op_state, ws.eff, ws.vmask
+    v = OperandView(tables.operands, tables.operand_rows, tables.rows, ws.row_state,
+                    ws.operand_state, vmask)
+    op_operands, member_bytes = tables.op_operands, ws.member_bytes
+    op_dims, op_io = tables.op_dims, tables.op_io
+    red = Reduction(tables.groups, tables.op_groups, ws.consensus, pstate, vmask, eff)
     for p in range(ops.shape[0]):
         op = ops[p]
         w = op.weight
-        gtime = _member_reshards(p, tables, mesh, ws, coll, ledger, layout)
+        ps = pstate[p]
+        gtime = _member_reshards(p, op, ps, op_operands, v, eff, member_bytes, mesh, coll,
+                                 ledger, layout)
         if op.halo_end > op.halo_start:
-            t, b = halo_exchange(coll, op, tables.halos, ws.eff, ws.op_psum[p], mesh, w, ledger,
+            t, b = halo_exchange(coll, op, tables.halos, eff, ps.psum, mesh, w, ledger,
                                  layout.halo)
             gtime += t
-            ws.pre_late[p] += t
-            ws.gathered[p] += b
+            ps.pre_late += t
+            ps.gathered += b
         if op.workspace > 0.0:
-            ws.gathered[p] += op.workspace / mesh[ws.vmask[op.workspace_type]].ways
-        psum = ws.op_psum[p]
-        res_mask = ws.op_res[p]
+            ps.gathered += op.workspace / mesh[vmask[op.workspace_type]].ways
+        psum = ps.psum
+        res_mask = ps.res
         if op.scatter_updates > 0.0 and psum != 0:
-            taken, t, b = scatter_passthrough(coll, op, ws.eff, ws.vmask, psum, res_mask, mesh,
-                                              w, ledger, layout.op + OP_ROWS * p
+            taken, t, b = scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w,
+                                              ledger, layout.op + OP_ROWS * p
                                               + OP_SCATTER_UPDATES)
             psum &= ~taken
             gtime += t
-            ws.gathered[p] += b
-            ws.pre_late[p] += t
+            ps.gathered += b
+            ps.pre_late += t
         # a gather's operand re-tiled before it, a scatter's result after it
         after = 0.0
         if op.batch_index_dims != 0:
-            t, b = batched_indexing(coll, op, ws.eff, ws.vmask, mesh, w, ledger,
+            t, b = batched_indexing(coll, op, eff, vmask, mesh, w, ledger,
                                     layout.op + OP_ROWS * p + OP_BATCHED_OPERAND, tables,
                                     ws.retiled)
-            ws.gathered[p] += b
+            ps.gathered += b
             if op.scatter_updates > 0.0:
                 after += t
             else:
                 gtime += t
-                ws.pre_late[p] += t
-        ptime = reduce_partials(p, psum, res_mask, tables, mesh, dev, ws, coll, ledger, layout)
-        compute, flops = _compute(op, psum, res_mask, tables, mesh, dev, ws)
-        ws.op_compute[p] = compute
+                ps.pre_late += t
+        ptime = reduce_partials(p, op, psum, res_mask, red, mesh, dev, coll, ledger, layout)
+        compute, flops = _compute(op, psum, res_mask, op_dims, op_io, eff, vmask, mesh, dev)
+        ps.compute = compute
         ptime += after
-        ws.op_comm[p] = (gtime + ptime) * w
-        ws.post[p] = ptime
+        ps.comm = (gtime + ptime) * w
+        ps.post = ptime
         totals[T_COMPUTE] += compute
-        totals[T_COMM] += ws.op_comm[p]
+        totals[T_COMM] += ps.comm
         totals[T_FLOPS] += flops * w
         totals[T_FLOPS_ONCE] += flops * op.count * op.copies
 
 
-@njit(cache=True)
-def _member_reshards(p, tables, mesh, ws, coll, ledger, layout):
+@inline
+def _member_reshards(p, op, ps, op_operands, v, eff, member_bytes, mesh, coll, ledger, layout):
     """The reshards of op type p's own operands (not shared reads), each priced by
-    _reshard.reshard; fills ws.member_bytes, pre_early, pre_late and gathered[p]. Returns
-    their seconds in one execution."""
-    op = tables.ops[p]
+    _reshard.reshard; fills member_bytes, and the op's OP_STATE `ps` (pre_early, pre_late,
+    gathered). Returns their seconds in one execution."""
     w = op.weight
     gtime = 0.0
     gbytes = 0.0
     for i in range(op.operands_start, op.operands_end):
-        member = tables.op_operands[i]
+        member = op_operands[i]
         ot = member.operand_type
-        g = ws.gather[ot]
+        s = v.ostate[ot]
+        g = s.gather
         t = 0.0
         b = 0.0
-        if member.scatter_updates and ws.a2a[ot] == 0 and member.nbytes > op.result_nbytes:
-            lost, held = updates_window(tables, ot, ws.eff, ws.removed)
-            if lost & ws.op_res[p] != 0:  # the result moves, not the updates
+        if member.scatter_updates and s.a2a == 0 and member.nbytes > op.result_nbytes:
+            lost, held = updates_window(v, ot, eff)
+            if lost & ps.res != 0:  # the result moves, not the updates
                 g &= ~lost
-                t, b = _result_moves(p, lost, held, tables, mesh, coll, ledger, ws,
+                t, b = _result_moves(op, ps.res, lost, held, mesh, coll, ledger,
                                      layout.member + 2 * i)
-        t, made = reshard(tables, ws, ot, member.nbytes, g, w, mesh, coll, ledger,
-                          layout.member + 2 * i, layout.member_reorder + i, t)
+        t, made = reshard(ot, member.nbytes, g, w, t, v, mesh, coll, ledger,
+                          layout.member + 2 * i, layout.member_reorder + i)
         b += made
-        t += reduced_reorder(ws, ot, op.result_nbytes / mesh[ws.op_res[p]].ways, w, mesh, coll,
-                             ledger, layout.member_reorder + i)
+        t += reduced_reorder(s, op.result_nbytes / mesh[ps.res].ways, w, mesh, coll, ledger,
+                             layout.member_reorder + i)
         gtime += t
         gbytes += b
-        ws.member_bytes[i] = b
+        member_bytes[i] = b
         if member.early:
-            ws.pre_early[p] += t
+            ps.pre_early += t
         else:
-            ws.pre_late[p] += t
-    ws.gathered[p] = gbytes
+            ps.pre_late += t
+    ps.gathered = gbytes
     return gtime
 
 
-@njit(cache=True)
-def _result_moves(p, lost, held, tables, mesh, coll, ledger, ws, row):
+@jit
+def _result_moves(op, res, lost, held, mesh, coll, ledger, row):
     """A scatter whose updates keep their sharding (UPDATES_KEEP_SHARDING, see
-    _scatter.updates_window): its result is resharded to the plan's after it, an all-to-all
-    where the window dims lose every axis they hold to the indexed dims, else a gather of the
-    whole result. Returns (seconds, bytes) of one."""
-    op = tables.ops[p]
-    res = ws.op_res[p]
+    _scatter.updates_window): its result (sharded over `res` by the plan) is resharded after
+    it, an all-to-all where the window dims lose every axis they hold to the indexed dims,
+    else a gather of the whole result. Returns (seconds, bytes) of one."""
     if lost == held and lost & ~res == 0:
         b = op.result_nbytes / mesh[res].ways
         t = a2a_time(b, lost, mesh)
@@ -147,8 +156,8 @@ def _result_moves(p, lost, held, tables, mesh, coll, ledger, ws, row):
     return t, b
 
 
-@njit(cache=True)
-def _compute(op, psum, res_mask, tables, mesh, dev, ws):
+@inline
+def _compute(op, psum, res_mask, op_dims, op_io, eff, vmask, mesh, dev):
     """(compute seconds per step, flops of one execution) of an op: a roofline of its flops at
     its rate and the bytes it moves at the memory bandwidth, never under the device's floor
     per kernel."""
@@ -160,16 +169,16 @@ def _compute(op, psum, res_mask, tables, mesh, dev, ws):
     elif op.kernel == KERNEL_INSIDE:
         rate = np.inf  # runs inside a fused kernel, charged with its matmuls
     elif op.matmul_k > 0.0:
-        rate *= matmul_efficiency(op, tables.op_dims, ws.eff, psum, mesh, dev)
+        rate *= matmul_efficiency(op, op_dims, eff, psum, mesh, dev)
     traffic = 0.0
     for i in range(op.io_start, op.io_end):
-        traffic += tables.op_io[i].nbytes / mesh[ws.vmask[tables.op_io[i].value_type]].ways
+        traffic += op_io[i].nbytes / mesh[vmask[op_io[i].value_type]].ways
     # no kernel runs faster than the device's floor (launch and ramp: Efficiency.launch_s)
     return max(flops / rate, traffic / dev.memory_bandwidth,
                op.launches * dev.launch_s) * op.weight, flops
 
 
-@njit(cache=True)
+@inline
 def matmul_efficiency(op, dims, eff, psum, mesh, dev):
     """The fraction of peak a matmul reaches at its per-device shape: the device's large-
     matmul ceiling, times the useful share of the blocks it computes. M, N and K are padded

@@ -18,11 +18,14 @@ backward.
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+from typing import NamedTuple
 
+import numpy as np
+
+from ._jit import inline, jit
 from ._reshard import reduced_reorder, reshard
 from ._result import T_COMM
+from ._views import OperandView
 
 # The most distinct shardings one shared value is gathered to (more are charged, not kept).
 MAX_SHARDINGS = 16
@@ -39,107 +42,134 @@ COPY = np.dtype([("key", np.int64), ("bytes", np.float64), ("start", np.int64),
                  ("end", np.int64)], align=True)
 
 
-@njit(cache=True)
+class Reads(NamedTuple):
+    """What pricing one shared read touches: the SHARED_READ and OP tables, the OP_STATE
+    records (their `comm`), each read's seconds, and the value's KEPT and COPY records."""
+
+    reads: np.ndarray
+    ops: np.ndarray
+    pstate: np.ndarray
+    read_time: np.ndarray
+    kept: np.ndarray
+    copies: np.ndarray
+
+
+@jit
 def shared_reads(plan, tables, mesh, ws, coll, ledger, layout, totals):
-    """Prices every shared read (see the module docstring): adds their seconds to
-    ws.op_comm, totals and ws.read_time (per execution of the read), their buffers to
+    """Prices every shared read (see the module docstring): adds their seconds to the OP_STATE
+    `comm`, totals and ws.read_time (per execution of the read), their buffers to
     ws.gdelta."""
+    mask, split_base = plan.mask, tables.split_base
     overridden = False
-    for s in range(tables.split_base.shape[0]):
-        if plan.mask[s] != plan.mask[tables.split_base[s]]:
+    for s in range(split_base.shape[0]):
+        if mask[s] != mask[split_base[s]]:
             overridden = True
-    for v in range(tables.shared_values.shape[0]):
+    v = OperandView(tables.operands, tables.operand_rows, tables.rows, ws.row_state,
+                    ws.operand_state, ws.vmask)
+    r = Reads(tables.shared_reads, tables.ops, ws.op_state, ws.read_time, ws.kept, ws.copies)
+    shared_values, gdelta, num_ops = tables.shared_values, ws.gdelta, tables.num_ops
+    for value in range(shared_values.shape[0]):
         nk = 0
         nc = 0
-        for j in range(tables.shared_values[v].start, tables.shared_values[v].end):
-            nk, nc = _read(j, overridden, nk, nc, tables, mesh, ws, coll, ledger, layout,
+        for j in range(shared_values[value].start, shared_values[value].end):
+            nk, nc = _read(j, overridden, nk, nc, num_ops, v, r, mesh, coll, ledger, layout,
                            totals)
         for k in range(nk):
-            kept = ws.kept[k]
+            kept = r.kept[k]
             if kept.end > kept.start:
-                ws.gdelta[kept.start] += kept.bytes
-                ws.gdelta[kept.end] -= kept.bytes
+                gdelta[kept.start] += kept.bytes
+                gdelta[kept.end] -= kept.bytes
         for k in range(nc):
-            copy = ws.copies[k]
-            ws.gdelta[copy.start] += copy.bytes
-            ws.gdelta[copy.end] -= copy.bytes
+            copy = r.copies[k]
+            gdelta[copy.start] += copy.bytes
+            gdelta[copy.end] -= copy.bytes
 
 
-@njit(cache=True)
-def _read(j, overridden, nk, nc, tables, mesh, ws, coll, ledger, layout, totals):
-    """Shared read j of the value whose nk KEPT and nc COPY records are in the workspace;
+@inline
+def _read(j, overridden, nk, nc, num_ops, v, r, mesh, coll, ledger, layout, totals):
+    """Shared read j of the value whose nk KEPT and nc COPY records are in `r` (Reads);
     returns the new (nk, nc)."""
-    read = tables.shared_reads[j]
+    read = r.reads[j]
     ot = read.operand_type
-    g = ws.gather[ot]
-    a = ws.a2a[ot]
-    p = read.op_type
+    s = v.ostate[ot]
+    g = s.gather
+    a = s.a2a
+    ps = r.pstate[read.op_type]
     # the reading op's result, put in order after its reduction: at every reader
-    t = reduced_reorder(ws, ot, tables.ops[p].result_nbytes / mesh[ws.op_res[p]].ways,
-                        read.trip, mesh, coll, ledger, layout.read_reorder + j)
+    t = reduced_reorder(s, r.ops[read.op_type].result_nbytes / mesh[ps.res].ways, read.trip,
+                        mesh, coll, ledger, layout.read_reorder + j)
     if t != 0.0:
-        ws.op_comm[p] += t * read.trip
+        ps.comm += t * read.trip
         totals[T_COMM] += t * read.trip
-        ws.read_time[j] += t
+        r.read_time[j] += t
     if g == 0 and a == 0:
         return nk, nc
     pin = read.pinned if overridden else -1
-    found = _kept_sharding(ot, g, a, pin, nk, tables, ws)
+    found = _kept_sharding(ot, g, a, pin, nk, v, r.kept)
     if found < 0:
-        t, b = reshard(tables, ws, ot, read.nbytes, g, read.trip, mesh, coll, ledger,
-                       layout.read + 2 * j, layout.read_reorder + j, 0.0)
-        ws.op_comm[p] += t * read.trip
+        t, b = reshard(ot, read.nbytes, g, read.trip, 0.0, v, mesh, coll, ledger,
+                       layout.read + 2 * j, layout.read_reorder + j)
+        ps.comm += t * read.trip
         totals[T_COMM] += t * read.trip
-        ws.read_time[j] += t
+        r.read_time[j] += t
         if nk == MAX_SHARDINGS:
             return nk, nc
         found = nk
         nk += 1
-        kept = ws.kept[found]
+        kept = r.kept[found]
         kept.gather = g
         kept.a2a = a
         kept.pin = pin
-        kept.sliced = ws.sliced[ot]
-        kept.onto = ws.onto[ot]
-        kept.reorder = ws.reorder[ot]
-        kept.compatible = ws.compatible[ot]
+        kept.sliced = s.sliced
+        kept.onto = s.onto
+        kept.reorder = s.reorder
+        kept.compatible = s.compatible
         kept.bytes = b
-        kept.start = tables.num_ops + 1  # empty until a direct read
+        kept.start = num_ops + 1  # empty until a direct read
         kept.end = 0
-    kept = ws.kept[found]
+    kept = r.kept[found]
     at = read.memory_position
     if read.copy_of < 0:
         kept.start = min(kept.start, read.ready)
         kept.end = max(kept.end, at + 1)
         return nk, nc
+    return nk, _copy(found, read, nc, r.copies, kept)
+
+
+@jit
+def _copy(found, read, nc, copies, kept):
+    """Records a read of a relayout of the value's KEPT record `found` that the compiler writes
+    out (a COPY record); returns the new number of COPY records."""
+    at = read.memory_position
     key = read.copy_of * MAX_SHARDINGS + found
     c = -1
     for k in range(nc):
-        if ws.copies[k].key == key:
+        if copies[k].key == key:
             c = k
             break
     if c < 0:
         if nc == MAX_SHARDINGS:
-            return nk, nc
+            return nc
         c = nc
         nc += 1
-        copy = ws.copies[c]
+        copy = copies[c]
         copy.key = key
         copy.bytes = kept.bytes
         copy.start = read.ready
         copy.end = at + 1
-    copy = ws.copies[c]
+    copy = copies[c]
     copy.start = min(copy.start, read.ready)
     copy.end = max(copy.end, at + 1)
     # the gathered value lives until the relayout is made from it
     kept.start = min(kept.start, read.ready)
     kept.end = max(kept.end, read.ready + 1)
-    return nk, nc
+    return nc
 
 
-@njit(cache=True)
-def _kept_sharding(ot, g, a, pin, nk, tables, ws):
-    """The KEPT record an earlier read of this value made that read j can reuse (-1: none).
+@inline
+def _kept_sharding(ot, g, a, pin, nk, v, kept_records):
+    """The KEPT record an earlier read of this value made that a read of operand type ot can
+    reuse (-1: none).
 
     A reshard that both gathers and moves axes, of a value the step has already gathered
     whole, reuses that copy (REPLICATED_COPY): XLA's partitioner slices it locally
@@ -147,17 +177,17 @@ def _kept_sharding(ot, g, a, pin, nk, tables, ws):
     reshard cache). Seen on gpt_scan with the tied embedding table on (model, data): gathered
     whole for the logits, then sliced, not moved, for the input gradient's `embed` on data
     (jax 0.10.2, spmd_partitioner.cc)."""
-    sl = ws.sliced[ot]
+    s = v.ostate[ot]
     for k in range(nk):
-        kept = ws.kept[k]
-        if (kept.gather == g and kept.a2a == a and kept.pin == pin and kept.sliced == sl
-                and kept.onto == ws.onto[ot] and kept.reorder == ws.reorder[ot]
-                and kept.compatible == ws.compatible[ot]):
+        kept = kept_records[k]
+        if (kept.gather == g and kept.a2a == a and kept.pin == pin and kept.sliced == s.sliced
+                and kept.onto == s.onto and kept.reorder == s.reorder
+                and kept.compatible == s.compatible):
             return k
     if g != 0 and a != 0:
-        whole = ws.vmask[tables.operands[ot].value_type]
+        whole = v.vmask[v.operands[ot].value_type]
         for k in range(nk):
-            kept = ws.kept[k]
+            kept = kept_records[k]
             if (kept.gather == whole and kept.a2a == 0 and kept.pin == pin
                     and kept.sliced == 0 and kept.onto == 0):
                 return k

@@ -9,21 +9,37 @@ free axes take XLA's shortcuts; a variadic reduce (an argmax) gathers its partia
 
 from __future__ import annotations
 
-from numba import njit
+from typing import NamedTuple
 
+import numpy as np
+
+from ._jit import inline, jit
 from ._charge import AG, AR, RS, charge, gather_time, permute
 from ._ledger import OP_ROWS, OP_SLICED_RESULT
 from ._patterns import DOT_SLICED_RESULT, PARTIAL_SUMS, ROW_GATHER, VARIADIC_REDUCE
 
 
-@njit(cache=True)
-def reduce_partials(p, psum, res_mask, tables, mesh, dev, ws, coll, ledger, layout):
-    """Charges the reduction of op type p's partial sums over `psum` (its result sharded over
-    `res_mask`); returns the seconds of one execution. Adds the temporaries it holds at the op
-    to ws.gathered[p], the buffer an all-reduce writes to ws.reduced[p], and marks
-    ws.reduces[p]."""
-    op = tables.ops[p]
+class Reduction(NamedTuple):
+    """What a reduction reads: the contraction GROUP records and each op type's reduction
+    entries (TypeTables.groups, op_groups), the groups' consensus axes, the OP_STATE records
+    (whose gathered, reduced and reduces it writes), and the value types' masks."""
+
+    groups: np.ndarray
+    op_groups: np.ndarray
+    consensus: np.ndarray
+    pstate: np.ndarray
+    vmask: np.ndarray
+    eff: np.ndarray
+
+
+@inline
+def reduce_partials(p, op, psum, res_mask, red, mesh, dev, coll, ledger, layout):
+    """Charges the reduction of op type p's (OP record `op`) partial sums over `psum` (its
+    result sharded over `res_mask`; `red` a Reduction); returns the seconds of one execution.
+    Adds the temporaries it holds at the op to its OP_STATE's `gathered`, the buffer an
+    all-reduce writes to `reduced`, and marks `reduces`."""
     w = op.weight
+    ps = red.pstate[p]
     ptime = 0.0
     lead = op.sum_leader
     if psum != 0 and op.gathered_partials > 0.0:
@@ -34,52 +50,51 @@ def reduce_partials(p, psum, res_mask, tables, mesh, dev, ws, coll, ledger, layo
         t = gather_time(size, psum, mesh)
         charge(coll, AG, psum, w, size, t, ledger, layout.group + 2 * op.groups_start,
                VARIADIC_REDUCE)
-        ws.gathered[p] += size
+        ps.gathered += size
         ptime += t
-    elif psum != 0 and not (lead >= 0 and ws.op_psum[lead] == psum
-                            and ws.op_res[lead] == res_mask):
+    elif psum != 0 and not (lead >= 0 and red.pstate[lead].psum == psum
+                            and red.pstate[lead].res == res_mask):
         # (an op whose partial sums are added to its leader's, sharded alike, is reduced
         # there, once: XLA's AllReduceReassociate)
-        ws.reduces[p] = True
+        ps.reduces = True
         result_bytes = op.result_nbytes / mesh[res_mask].ways
         partial = result_bytes * mesh[psum & res_mask].ways
         # before a reduce-scatter the partial sums are whole on the scattered dims: a
         # temporary larger than the result, at this op
-        ws.gathered[p] += partial - result_bytes
-        ptime += _reduction_chain(p, psum, res_mask, result_bytes, partial, tables, mesh, dev,
-                                  ws, coll, ledger, layout)
+        ps.gathered += partial - result_bytes
+        ptime += _reduction_chain(p, op, psum, res_mask, result_bytes, partial, red, mesh, dev,
+                                  coll, ledger, layout)
     return ptime
 
 
-@njit(cache=True)
-def _reduction_chain(p, psum, res_mask, result_bytes, partial, tables, mesh, dev, ws, coll,
+@jit
+def _reduction_chain(p, op, psum, res_mask, result_bytes, partial, red, mesh, dev, coll,
                      ledger, layout):
     """One collective per sharded contraction factor, as XLA emits them (a weight gradient
     contracted over batch on `data` and sequence on `model` is reduced over `data`, then over
     `model`); the reduce-scatters over the axes the result is sharded on first, so that the
     all-reduces over the others (a slow data-parallel axis) carry only the shard, as NCCL's
     and XLA's hierarchical reductions do. Returns the seconds of one execution."""
-    op = tables.ops[p]
     w = op.weight
-    groups = tables.groups
+    groups, op_groups, consensus, ps = red.groups, red.op_groups, red.consensus, red.pstate[p]
     ptime = 0.0
     size = partial
     done = 0
     for scatter in (True, False):
         for i in range(op.groups_start, op.groups_end):
-            g = tables.op_groups[i]
+            g = op_groups[i]
             if not groups[g].is_reduction:
                 continue
-            m = ws.consensus[g] & ~done & (res_mask if scatter else ~res_mask)
+            m = consensus[g] & ~done & (res_mask if scatter else ~res_mask)
             if m == 0:
                 continue
             done |= m
             free = (mesh.shape[0] - 1) & ~res_mask & ~psum
             if (scatter and m == psum and op.gather > 0 and op.batch_nbytes == 0.0
-                    and ws.vmask[op.gather - 1] == m
-                    and ws.vmask[op.gather_indices - 1] & m == 0):
-                t, size = _row_gather(p, m, free, size, result_bytes, partial, tables, mesh,
-                                      ws, coll, ledger, layout.group + 2 * i + 1,
+                    and red.vmask[op.gather - 1] == m
+                    and red.vmask[op.gather_indices - 1] & m == 0):
+                t, size = _row_gather(op, ps, m, free, size, result_bytes, partial, red.eff,
+                                      mesh, coll, ledger, layout.group + 2 * i + 1,
                                       layout.op + OP_ROWS * p + OP_SLICED_RESULT)
             elif (scatter and m == psum and op.matmul_k > 0.0 and free != 0
                     and mesh[free].ways % mesh[m].ways == 0.0):
@@ -101,26 +116,26 @@ def _reduction_chain(p, psum, res_mask, result_bytes, partial, tables, mesh, dev
                 t += permute(coll, m | free, w, size, mesh, ledger,
                              layout.op + OP_ROWS * p + OP_SLICED_RESULT, DOT_SLICED_RESULT)
                 # the partial sums are never whole: no temporary beyond the shard
-                ws.gathered[p] -= partial - result_bytes
-                ws.reduced[p] = max(ws.reduced[p], size)
+                ps.gathered -= partial - result_bytes
+                ps.reduced = max(ps.reduced, size)
             elif scatter:
                 t = gather_time(size, m, mesh)
                 charge(coll, RS, m, w, size, t, ledger, layout.group + 2 * i, PARTIAL_SUMS)
                 if not dev.reduce_scatter:  # XLA:CPU: an all-reduce of it all,
-                    ws.reduced[p] = max(ws.reduced[p], size)  # then a slice
+                    ps.reduced = max(ps.reduced, size)  # then a slice
                 size /= mesh[m].ways  # what the next reduction carries, either way
             else:
                 t = 2.0 * gather_time(size, m, mesh)
                 charge(coll, AR, m, w, size, t, ledger, layout.group + 2 * i + 1, PARTIAL_SUMS)
                 # the all-reduce writes a new buffer; of a chain of them (one per factor),
                 # each reads the last one's: two are live at once
-                ws.reduced[p] = max(ws.reduced[p], size)
+                ps.reduced = max(ps.reduced, size)
             ptime += t
     return ptime
 
 
-@njit(cache=True)
-def _row_gather(p, m, free, size, result_bytes, partial, tables, mesh, ws, coll, ledger,
+@jit
+def _row_gather(op, ps, m, free, size, result_bytes, partial, eff, mesh, coll, ledger,
                 reduce_row, permute_row):
     """A gather of rows sliced over `m` (trivially sliced operand, sharded on nothing else) by
     indices whole over `m`, its result sharded on the rows' features over `m` too (the indices'
@@ -132,20 +147,19 @@ def _row_gather(p, m, free, size, result_bytes, partial, tables, mesh, ws, coll,
     gathered to P(None, "data") on data=4 x model=2: an all-reduce of 1/2 over data, a permute
     of 1/4; x: P("model") to P(None, "model"): 1/2 and 1/2; jax 0.10.2, tests/test_gathers.py).
     Returns (seconds of one, the size the next reduction carries)."""
-    op = tables.ops[p]
     w = op.weight
-    res_mask = ws.op_res[p]
+    res_mask = ps.res
     s = min(mesh[m].ways, mesh[free].ways)
     size /= s
     t = 2.0 * gather_time(size, m, mesh)
     charge(coll, AR, m, w, size, t, ledger, reduce_row, ROW_GATHER)
     mixed = False
-    for d in range(ws.eff.shape[1]):
-        a = ws.eff[op.result_type, d]
+    for d in range(eff.shape[1]):
+        a = eff[op.result_type, d]
         mixed = mixed or (a & m != 0 and a & ~m != 0)
     if s > 1.0 or mixed:  # a piece: moved to its own tile
         t += permute(coll, m | free | res_mask, w, result_bytes, mesh, ledger, permute_row,
                      ROW_GATHER)
-    ws.gathered[p] -= partial - size
-    ws.reduced[p] = max(ws.reduced[p], size)
+    ps.gathered -= partial - size
+    ps.reduced = max(ps.reduced, size)
     return t, size

@@ -11,54 +11,54 @@ that puts a dim's axes in the plan's order (SPLIT_FINER, GATHER_MAJOR_AXIS, AXIS
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import inline, jit
 from ._charge import A2A, AG, a2a_time, charge, gather_time, permute
 from ._patterns import ALL_TO_ALL, COMPATIBLE_SLICE, FULL_REMAT, GATHER, HANDED_DIM
 
 
-@njit(cache=True)
-def reshard(tables, ws, o, nbytes, gone, weight, mesh, coll, ledger, row, reorder_row, seconds):
-    """Brings operand type o (whole-tensor `nbytes`) to its op's sharding, `weight` times, the
-    axes `gone` all-gathered (its gather, less any its op takes over); charges the ledger rows
-    `row` (gathers), `row + 1` (all-to-alls and permutes) and `reorder_row` (the permute that
-    puts its axes in order). Returns (`seconds` + the seconds of one, bytes of the buffer it
-    makes); the reorder of an op's reduced result is the caller's (reduced_reorder)."""
-    vmask = ws.vmask[tables.operands[o].value_type]
+@inline
+def reshard(o, nbytes, gone, weight, seconds, v, mesh, coll, ledger, row, reorder_row):
+    """Brings operand type o (whole-tensor `nbytes`; `v` an OperandView) to its op's sharding,
+    `weight` times, the axes `gone` all-gathered (its gather, less any its op takes over);
+    charges the ledger rows `row` (gathers), `row + 1` (all-to-alls and permutes) and
+    `reorder_row` (the permute that puts its axes in order). Returns (`seconds` + the seconds
+    of one, bytes of the buffer it makes); the reorder of an op's reduced result is the
+    caller's (reduced_reorder)."""
+    s = v.ostate[o]
+    vmask = v.vmask[v.operands[o].value_type]
     shard = nbytes / mesh[vmask].ways
-    kind = ws.compatible[o]
-    if kind != 0:
-        t, made = compatible_reshard(tables, ws, o, kind, gone, shard,
-                                     nbytes / mesh[ws.compatible_held[o]].ways, weight, mesh,
+    if s.compatible != 0:
+        t, made = compatible_reshard(o, s.compatible, gone, shard,
+                                     nbytes / mesh[s.compatible_held].ways, weight, v, mesh,
                                      coll, ledger, row)
     else:
-        t, made = gather_and_move(gone, ws.a2a[o], ws.onto[o], shard / mesh[ws.sliced[o]].ways,
-                                  weight, mesh, coll, ledger, row,
-                                  FULL_REMAT if ws.remat[o] else GATHER)
+        t, made = gather_and_move(gone, s.a2a, s.onto, shard / mesh[s.sliced].ways, weight,
+                                  mesh, coll, ledger, row, FULL_REMAT if s.remat else GATHER)
     seconds += t
-    if ws.reorder[o] != 0 and not ws.reorder_reduced[o]:
-        if ws.reorder_first[o]:  # the operand's shard, after its local slices
-            size = nbytes / mesh[vmask | ws.sliced[o]].ways
+    if s.reorder != 0 and not s.reorder_reduced:
+        if s.reorder_first:  # the operand's shard, after its local slices
+            size = nbytes / mesh[vmask | s.sliced].ways
         else:
-            size = nbytes / mesh[(vmask & ~gone) | ws.sliced[o] | ws.reorder[o]].ways
+            size = nbytes / mesh[(vmask & ~gone) | s.sliced | s.reorder].ways
         # (its buffer takes the place of the reshard's: no new bytes)
-        seconds += permute(coll, ws.reorder[o], weight, size, mesh, ledger, reorder_row,
-                           ws.reorder_pattern[o])
+        seconds += permute(coll, s.reorder, weight, size, mesh, ledger, reorder_row,
+                           s.reorder_pattern)
     return seconds, made
 
 
-@njit(cache=True)
-def reduced_reorder(ws, o, result_bytes, weight, mesh, coll, ledger, row):
-    """The permute that puts an op's reduced result in order, where the axes a reshard of
-    operand o brings are the op's partial sums (an all-reduce, then a slice in the wrong
-    order): of the result's shard, `result_bytes`. Returns its seconds (0 where o needs none)."""
-    if ws.reorder[o] == 0 or not ws.reorder_reduced[o]:
+@inline
+def reduced_reorder(s, result_bytes, weight, mesh, coll, ledger, row):
+    """The permute that puts an op's reduced result in order, where the axes a reshard of an
+    operand (OPERAND_STATE `s`) brings are the op's partial sums (an all-reduce, then a slice
+    in the wrong order): of the result's shard, `result_bytes`. Returns its seconds (0 where
+    the operand needs none)."""
+    if s.reorder == 0 or not s.reorder_reduced:
         return 0.0
-    return permute(coll, ws.reorder[o], weight, result_bytes, mesh, ledger, row,
-                   ws.reorder_pattern[o])
+    return permute(coll, s.reorder, weight, result_bytes, mesh, ledger, row, s.reorder_pattern)
 
 
-@njit(cache=True)
+@inline
 def gather_and_move(gather, a2a, onto, nbytes, weight, mesh, coll, ledger, row, pattern):
     """One operand brought to the sharding its op wants: the axes in `gather` all-gathered,
     those in `a2a` moved between dims, or, where `onto` is set, the one dim that `gather`
@@ -109,8 +109,8 @@ def gather_and_move(gather, a2a, onto, nbytes, weight, mesh, coll, ledger, row, 
     return seconds, moved
 
 
-@njit(cache=True)
-def compatible_reshard(tables, ws, o, kind, gone, shard, target, weight, mesh, coll, ledger, row):
+@jit
+def compatible_reshard(o, kind, gone, shard, target, weight, v, mesh, coll, ledger, row):
     """Charges the compatible reshard of operand type o (_operands.compatible_kind): one
     collective-permute, over the axes the operand holds or takes, of the shard it holds
     (`shard`, per device) for COMPATIBLE_GATHER or of the `target` shard it slices for
@@ -123,12 +123,12 @@ def compatible_reshard(tables, ws, o, kind, gone, shard, target, weight, mesh, c
     no longer holds anywhere (their groups are parts of those), in ledger row `row` as one
     record of their mean size; the permute in `row + 1`. Returns (seconds, bytes of the
     buffer made) of one."""
-    operands, operand_rows, rows = tables.operands, tables.operand_rows, tables.rows
+    operands, operand_rows, rows, rstate = v.operands, v.operand_rows, v.rows, v.rstate
     moved = 0
     last = 0
     for i in range(operands[o].start, operands[o].end):
         r = operand_rows[i]
-        moved |= ws.held_rows[r] | ws.added[r]
+        moved |= rstate[r].held | rstate[r].added
         last = max(last, rows[r].dim)
     if kind == COMPATIBLE_SLICE:
         return permute(coll, moved, weight, target, mesh, ledger, row + 1, kind), target
@@ -143,8 +143,8 @@ def compatible_reshard(tables, ws, o, kind, gone, shard, target, weight, mesh, c
             r = operand_rows[i]
             if rows[r].dim != d:
                 continue
-            have = ws.held_rows[r]
-            f = mesh[have].ways / mesh[(have & ~ws.removed[r]) | ws.added[r]].ways
+            have = rstate[r].held
+            f = mesh[have].ways / mesh[(have & ~rstate[r].removed) | rstate[r].added].ways
             if f > 1.0:
                 size *= f
                 n += 1.0

@@ -9,14 +9,14 @@ several ways; XLA runs a dry run of each method and keeps the cheapest
 
 from __future__ import annotations
 
-from numba import njit
 
+from ._jit import jit
 from .._static import ROW_RESULT
 from ._charge import A2A, AG, AR, a2a_time, charge, gather_time, permute
 from ._patterns import OPERAND_PASSTHROUGH, REGROUPED_INDICES
 
 
-@njit(cache=True, inline="always")
+@jit
 def scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, row):
     """A combining scatter whose operand is sharded on its pass-through (window) dims over
     axes that also shard the updates' scatter dims (an FSDP embedding gradient: the table on
@@ -74,7 +74,7 @@ def scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, r
     charge(coll, AG, contested, w, gathered, tg, ledger, row + 1, OPERAND_PASSTHROUGH)
     return contested, t + tg, moved + gathered
 
-@njit(cache=True)  # rare (a contested scatter): a call, not inlined into the sweep
+@jit  # rare (a contested scatter): a call, not inlined into the sweep
 def regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh, w, ledger,
                        row):
     """The indices and the rest of the mesh after operand passthrough over `contested`, where
@@ -158,8 +158,8 @@ def regrouped_indices(coll, op, vmask, contested, res_mask, window, moved, mesh,
     charge(coll, AR, rest, w, table, t, ledger, row + 6, REGROUPED_INDICES)
     return seconds + t, made
 
-@njit(cache=True, inline="always")
-def updates_window(tables, ot, eff, removed):
+@jit
+def updates_window(v, ot, eff):
     """(axes lost, axes held) on the window dims of a combining scatter's updates (operand
     type `ot`): those the op would gather, as it wants them sharded like the result's.
 
@@ -173,12 +173,12 @@ def updates_window(tables, ot, eff, removed):
     GNN's segment sums, jax 0.10.2); otherwise (the window dims keep some, or some are
     dropped) XLA's reshard replicates the whole result and slices it (its "involuntary full
     rematerialization": an all-gather over the axes held)."""
-    rows = tables.rows
+    rows = v.rows
     held = 0
     lost = 0
-    for k in range(tables.operands[ot].start, tables.operands[ot].end):
-        r = tables.operand_rows[k]
+    for k in range(v.operands[ot].start, v.operands[ot].end):
+        r = v.operand_rows[k]
         if rows[r].kind == ROW_RESULT:
             held |= eff[rows[r].value_type, rows[r].dim]
-            lost |= removed[r]
+            lost |= v.rstate[r].removed
     return lost, held

@@ -5,11 +5,11 @@ and of its shared reads (phase 5), and walks the program in order (ScheduleTable
 """
 
 from __future__ import annotations
+from ._jit import jit
 
-from numba import njit
 
 
-@njit(cache=True)
+@jit
 def schedule(sched, ops, reads, ws):
     """The step's length with collectives overlapping compute the way XLA's latency-hiding
     scheduler runs them: asynchronously, one at a time on a communication stream, each
@@ -26,15 +26,16 @@ def schedule(sched, ops, reads, ws):
       prefetches overlap the iteration before), which stands for the remaining ones.
     Returns the step's seconds.
     """
-    pre_early, pre_late, post, read_time = ws.pre_early, ws.pre_late, ws.post, ws.read_time
-    run = ws.run  # seconds of one execution
-    busy = ws.busy  # the type has collectives of its own
-    for p in range(run.shape[0]):
+    pstate, read_time = ws.op_state, ws.read_time
+    for p in range(pstate.shape[0]):
+        ps = pstate[p]
         w = ops[p].weight
-        run[p] = ws.op_compute[p] / w if w > 0.0 else 0.0
-        busy[p] = pre_early[p] > 0.0 or pre_late[p] > 0.0 or post[p] > 0.0
-    order = sched.reads_in_order
-    N = sched.op_type.shape[0]
+        ps.run = ps.compute / w if w > 0.0 else 0.0  # seconds of one execution
+        ps.busy = ps.pre_early > 0.0 or ps.pre_late > 0.0 or ps.post > 0.0
+    order, op_type, event, body_first = (sched.reads_in_order, sched.op_type, sched.event,
+                                         sched.body_first)
+    ready, deadline, body_last_trip = sched.ready, sched.deadline, sched.body_last_trip
+    N = op_type.shape[0]
     finish = ws.finish
     wait = ws.wait
     wait[:] = 0.0
@@ -48,19 +49,19 @@ def schedule(sched, ops, reads, ws):
     loop_stream = 0.0
     n = 0
     while n < N:
-        p = sched.op_type[n]
+        p = op_type[n]
         if wait[n] > clock:
             clock = wait[n]
-        if not (busy[p] or sched.event[n]):
-            clock += run[p]
+        if not (pstate[p].busy or event[n]):
+            clock += pstate[p].run
             finish[n] = clock
             n += 1
             continue
-        if sched.body_first[n] and not second:
+        if body_first[n] and not second:
             loop_start = n
             loop_k = k
-        early = pre_early[p]
-        late = pre_late[p]
+        early = pstate[p].pre_early
+        late = pstate[p].pre_late
         while k < order.shape[0] and reads[order[k]].position == n:
             if reads[order[k]].early:
                 early += read_time[order[k]]
@@ -72,17 +73,17 @@ def schedule(sched, ops, reads, ws):
             stream += early
             start = max(start, stream)
         if late > 0.0:
-            r = sched.ready[n]
+            r = ready[n]
             stream = max(stream, finish[r] if r >= 0 else 0.0) + late
             start = max(start, stream)
-        clock = start + run[p]
+        clock = start + pstate[p].run
         finish[n] = clock
-        if post[p] > 0.0:
-            stream = max(stream, clock) + post[p]
-            d = sched.deadline[n]
+        if pstate[p].post > 0.0:
+            stream = max(stream, clock) + pstate[p].post
+            d = deadline[n]
             if stream > wait[d]:
                 wait[d] = stream
-        trip = sched.body_last_trip[n]
+        trip = body_last_trip[n]
         if trip > 1.0:
             if not second:  # walk the body again, in the steady state
                 second = True

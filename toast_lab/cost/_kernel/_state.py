@@ -1,9 +1,11 @@
 """What the kernel keeps of one model: its tables and a workspace, allocated once.
 
 `ModelState` (a numba StructRef, so that one argument crosses from Python into the kernel
-instead of dozens of arrays) holds the type, memory and schedule tables (cost/_tables.py), the
-MESH and DEVICE records, the ledger's layout, and a `Workspace`: every array a phase writes,
-sized for this model, reused by every evaluation. Evaluations run with the GIL held (the kernel
+instead of dozens of arrays: a NamedTuple of them costs ~10 us to unbox at each call) holds the
+type, memory and schedule tables (cost/_tables.py), the MESH and DEVICE records, the ledger's
+layout, and a `Workspace`: every array a phase writes, sized for this model, reused by every
+evaluation. The entries (_driver.py) take the tables out of it once per evaluation and hand
+them to the phases, which bind the arrays they read to locals at their top. Evaluations run with the GIL held (the kernel
 does not release it), so the threads of one Lab share a state safely; what a caller keeps
 (the totals, an incremental estimator's live ranges) is copied out or lives in a `Liveness`
 of its own.
@@ -17,12 +19,33 @@ import numpy as np
 from numba import njit, types
 from numba.experimental import structref
 
+from . import _jit  # noqa: F401  (installs the kernel's cache locator first)
 from ._charge import NUM_KINDS
 from ._ledger import LEDGER, ledger_layout
 from ._reads import COPY, KEPT, MAX_SHARDINGS
 from ._result import NUM_TOTALS
 
 _I, _F, _B = np.int64, np.float64, np.bool_
+
+
+# Per operand row (_operands.py): the axes it holds, those its op does not want there, those
+# the op wants and it lacks, and those added on a dim held whole (a local slice).
+ROW_STATE = np.dtype([("held", _I), ("removed", _I), ("added", _I), ("onto_whole", _I)],
+                     align=True)
+# Per operand type (_operands.py, read by _reshard.py): the reshard the partitioner runs.
+OPERAND_STATE = np.dtype([
+    ("gather", _I), ("a2a", _I), ("sliced", _I), ("onto", _I), ("reorder", _I),
+    ("reorder_pattern", _I), ("compatible", _I), ("compatible_held", _I), ("only_sliced", _I),
+    ("reorder_reduced", _B), ("reorder_first", _B), ("remat", _B)], align=True)
+# Per op type (_ops.py, read by _schedule.py and _memory.py): the axes of its partial sums
+# and of its result, its compute and communication seconds per step, the bytes it holds while
+# it runs, the seconds of one execution of its reshards (of early operands, of the others) and
+# of the reduction after it, the buffer an all-reduce writes, whether it reduces, and the
+# schedule's seconds of one execution and whether it has collectives of its own.
+OP_STATE = np.dtype([
+    ("psum", _I), ("res", _I), ("compute", _F), ("comm", _F), ("gathered", _F),
+    ("pre_early", _F), ("pre_late", _F), ("post", _F), ("reduced", _F), ("run", _F),
+    ("reduces", _B), ("busy", _B)], align=True)
 
 
 class Workspace(NamedTuple):
@@ -32,36 +55,14 @@ class Workspace(NamedTuple):
 
     eff: np.ndarray              # [T, D] mesh axes of each dim (_masks)
     vmask: np.ndarray            # [T] their union
+    held: np.ndarray             # [T] the axes each type's buffers are divided over
+    retiled: np.ndarray          # [T] bool: indices a batched gather re-tiled (_indexing)
     ranks: np.ndarray            # [D] scratch of type_masks
     dims: np.ndarray             # [D] scratch of type_masks
     consensus: np.ndarray        # [G] the axes a contraction group shares
-    held_rows: np.ndarray        # [R] (_operands)
-    removed: np.ndarray          # [R]
-    added: np.ndarray            # [R]
-    onto_whole: np.ndarray       # [R]
-    gather: np.ndarray           # [O] (_operands)
-    a2a: np.ndarray              # [O]
-    sliced: np.ndarray           # [O]
-    onto: np.ndarray             # [O]
-    reorder: np.ndarray          # [O]
-    reorder_reduced: np.ndarray  # [O] bool
-    reorder_first: np.ndarray    # [O] bool
-    reorder_pattern: np.ndarray  # [O]
-    remat: np.ndarray            # [O] bool
-    compatible: np.ndarray       # [O]
-    compatible_held: np.ndarray  # [O]
-    only_sliced: np.ndarray      # [O]
-    op_psum: np.ndarray          # [P] (_ops)
-    op_res: np.ndarray           # [P]
-    op_compute: np.ndarray       # [P] seconds per step
-    op_comm: np.ndarray          # [P] seconds per step
-    gathered: np.ndarray         # [P] bytes held while the op runs
-    pre_early: np.ndarray        # [P] seconds of one execution
-    pre_late: np.ndarray         # [P]
-    post: np.ndarray             # [P]
-    reduced: np.ndarray          # [P] bytes an all-reduce writes
-    reduces: np.ndarray          # [P] bool
-    retiled: np.ndarray          # [T] bool: indices a batched gather re-tiled (_indexing)
+    row_state: np.ndarray        # [R] ROW_STATE records (_operands)
+    operand_state: np.ndarray    # [O] OPERAND_STATE records (_operands)
+    op_state: np.ndarray         # [P] OP_STATE records (_ops)
     member_bytes: np.ndarray     # [M] the buffer each member's reshard makes
     read_time: np.ndarray        # [S] seconds of one execution of each shared read
     kept: np.ndarray             # [MAX_SHARDINGS] KEPT records (_reads)
@@ -71,9 +72,7 @@ class Workspace(NamedTuple):
     feeds: np.ndarray            # [N] bool
     combined: np.ndarray         # [C]
     aliased: np.ndarray          # [Y] bool
-    run: np.ndarray              # [P] (_schedule)
-    busy: np.ndarray             # [P] bool
-    finish: np.ndarray           # [N]
+    finish: np.ndarray           # [N] (_schedule)
     wait: np.ndarray             # [N + 1]
     totals: np.ndarray           # [NUM_TOTALS] (_result)
     coll: np.ndarray             # [NUM_KINDS, K, 3] count, bytes, seconds (_charge)
@@ -90,23 +89,18 @@ class Liveness(NamedTuple):
 def workspace(tables, memory, masks: int) -> Workspace:
     """A Workspace for a model's tables (`masks`: the MESH table's length)."""
     T, D = tables.value_classes.shape
-    G, R, O = len(tables.groups), len(tables.rows), len(tables.operands)
-    P, M, S = len(tables.ops), len(tables.op_operands), len(tables.shared_reads)
     N = tables.num_ops
     z = np.zeros
     return Workspace(
-        eff=z((T, D), _I), vmask=z(T, _I), ranks=z(D, _I), dims=z(D, _I), consensus=z(G, _I),
-        held_rows=z(R, _I), removed=z(R, _I), added=z(R, _I), onto_whole=z(R, _I),
-        gather=z(O, _I), a2a=z(O, _I), sliced=z(O, _I), onto=z(O, _I), reorder=z(O, _I),
-        reorder_reduced=z(O, _B), reorder_first=z(O, _B), reorder_pattern=z(O, _I),
-        remat=z(O, _B), compatible=z(O, _I), compatible_held=z(O, _I), only_sliced=z(O, _I),
-        op_psum=z(P, _I), op_res=z(P, _I), op_compute=z(P, _F), op_comm=z(P, _F),
-        gathered=z(P, _F), pre_early=z(P, _F), pre_late=z(P, _F), post=z(P, _F),
-        reduced=z(P, _F), reduces=z(P, _B), retiled=z(T, _B), member_bytes=z(M, _F),
-        read_time=z(S, _F), kept=z(MAX_SHARDINGS, KEPT), copies=z(MAX_SHARDINGS, COPY),
-        gdelta=z(N + 2, _F), reducing=z(N, _B), feeds=z(N, _B),
-        combined=z(max(memory.num_computations, 1), _I), aliased=z(len(memory.outputs), _B),
-        run=z(P, _F), busy=z(P, _B), finish=z(N, _F), wait=z(N + 1, _F),
+        eff=z((T, D), _I), vmask=z(T, _I), held=z(T, _I), retiled=z(T, _B), ranks=z(D, _I),
+        dims=z(D, _I), consensus=z(len(tables.groups), _I),
+        row_state=z(len(tables.rows), ROW_STATE),
+        operand_state=z(len(tables.operands), OPERAND_STATE),
+        op_state=z(len(tables.ops), OP_STATE), member_bytes=z(len(tables.op_operands), _F),
+        read_time=z(len(tables.shared_reads), _F), kept=z(MAX_SHARDINGS, KEPT),
+        copies=z(MAX_SHARDINGS, COPY), gdelta=z(N + 2, _F), reducing=z(N, _B),
+        feeds=z(N, _B), combined=z(max(memory.num_computations, 1), _I),
+        aliased=z(len(memory.outputs), _B), finish=z(N, _F), wait=z(N + 1, _F),
         totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F))
 
 
@@ -138,6 +132,6 @@ def _new_state(tables, memory, schedule, mesh, device, layout, ws, no_ledger, sc
 def model_state(tables, memory, schedule, mesh_table, device_table) -> ModelState:
     """The ModelState of a model's tables (TypeTables, MemoryTables, ScheduleTables), its MESH
     table and its DEVICE record."""
-    return _new_state(tables, memory, schedule, mesh_table, device_table,
-                      ledger_layout(tables), workspace(tables, memory, len(mesh_table)),
-                      np.zeros(0, LEDGER), liveness(tables))
+    return _new_state(tables, memory, schedule, mesh_table, device_table, ledger_layout(tables),
+                      workspace(tables, memory, len(mesh_table)), np.zeros(0, LEDGER),
+                      liveness(tables))
