@@ -47,7 +47,8 @@ def _figures(model, plan) -> dict:
     est = model.estimate(plan)
     compute, comm, collectives = model.op_breakdown(plan)
     return {"estimate": dataclasses.asdict(est), "op_compute": compute, "op_comm": comm,
-            "op_collectives": {n: tuple(dataclasses.astuple(c) for c in cs)
+            "op_collectives": {n: tuple((c.kind, c.axes, c.operand, c.count, c.bytes, c.time_s)
+                                        for c in cs)
                                for n, cs in collectives.items()}}
 
 

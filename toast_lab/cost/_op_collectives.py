@@ -38,7 +38,8 @@ class OpCollective:
     for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
     it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
-    conventions (an all-gather counts its output).
+    conventions (an all-gather counts its output); patterns: the names of the XLA partitioner
+    cases that decided it (cost/_kernel/_patterns.py; "shard_map" for a shard_map body's own).
     """
 
     kind: str
@@ -47,6 +48,7 @@ class OpCollective:
     count: float
     bytes: float
     time_s: float
+    patterns: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -57,7 +59,8 @@ class OpCollective:
 class Charges(NamedTuple):
     """Every collective charge of one plan, one row per (op, place it is charged): [K] arrays.
     operand: the operand position (-1: partial sums); kind: _kernel.AR/AG/RS/A2A/CP; mask: mesh
-    axes as bits; count, bytes and seconds: per step, all the op's runs."""
+    axes as bits; count, bytes and seconds: per step, all the op's runs; pattern: the
+    partitioner pattern that charged it (_kernel.PATTERNS, -1: a shard_map body's own)."""
 
     op: np.ndarray
     operand: np.ndarray
@@ -66,6 +69,7 @@ class Charges(NamedTuple):
     count: np.ndarray
     bytes: np.ndarray
     seconds: np.ndarray
+    pattern: np.ndarray
 
 
 def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
@@ -143,23 +147,30 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
                    mask=np.concatenate([ledger["mask"][row], fixed[:, 2]]).astype(np.int64),
                    count=count,
                    bytes=count * np.concatenate([ledger["bytes"][row], fixed[:, 4]]),
-                   seconds=count * np.concatenate([ledger["seconds"][row],
-                                                   fixed[:, 5]])), op_compute
+                   seconds=count * np.concatenate([ledger["seconds"][row], fixed[:, 5]]),
+                   pattern=np.concatenate([ledger["pattern"][row],
+                                           np.full(len(fixed), -1)]).astype(np.int64)
+                   ), op_compute
 
 
 def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective, ...]]:
     """{op id: its OpCollectives} of `charges`, for the ops that pay any; `mask_axes[m]` the
     mesh axes of mask m. Charges of one kind, axes and operand at one op are added up."""
-    found: dict[int, dict[tuple, list[float]]] = {}
-    for n, t, k, m, c, b, s in zip(charges.op.tolist(), charges.operand.tolist(),
-                                   charges.kind.tolist(), charges.mask.tolist(),
-                                   charges.count.tolist(), charges.bytes.tolist(),
-                                   charges.seconds.tolist()):
-        total = found.setdefault(n, {}).setdefault((_KIND_NAMES[k], m, t), [0.0, 0.0, 0.0])
+    found: dict[int, dict[tuple, list]] = {}
+    for n, t, k, m, c, b, s, pat in zip(charges.op.tolist(), charges.operand.tolist(),
+                                        charges.kind.tolist(), charges.mask.tolist(),
+                                        charges.count.tolist(), charges.bytes.tolist(),
+                                        charges.seconds.tolist(), charges.pattern.tolist()):
+        total = found.setdefault(n, {}).setdefault((_KIND_NAMES[k], m, t),
+                                                   [0.0, 0.0, 0.0, []])
         total[0] += c
         total[1] += b
         total[2] += s
-    return {n: tuple(OpCollective(kind, mask_axes[m], None if t < 0 else t, c, b, s)
-                     for (kind, m, t), (c, b, s) in sorted(by.items(), key=lambda kv: (
+        name = "shard_map" if pat < 0 else _kernel.PATTERN_NAMES[pat]
+        if name not in total[3]:
+            total[3].append(name)
+    return {n: tuple(OpCollective(kind, mask_axes[m], None if t < 0 else t, c, b, s,
+                                  tuple(names))
+                     for (kind, m, t), (c, b, s, names) in sorted(by.items(), key=lambda kv: (
                          kv[0][2] < 0, kv[0][2], kv[0][0], kv[0][1])))
             for n, by in sorted(found.items())}
