@@ -15,6 +15,7 @@ from ._compiler import CompilerProfile, compiler_profile
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
 from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
 from ._op_collectives import OpCollective
+from ._timeline import CATEGORIES as MEMORY_CATEGORIES, MemoryTimeline
 from ..plan import PlanError, check_analysis
 from ._plan_arrays import PlanArrays, axis_bits, live_axis_bits, plan_arrays
 
@@ -40,5 +41,6 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 
 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
-           "CollectiveCost", "OpCollective", "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays",
+           "CollectiveCost", "OpCollective", "MemoryTimeline", "MEMORY_CATEGORIES",
+           "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays",
            "axis_bits", "live_axis_bits", "plan_arrays", "CompilerProfile", "compiler_profile"]

@@ -46,6 +46,7 @@ from ._manual import manual_collectives
 from ._fusion import (NOT_FUSIBLE, fused_live_ends, launches, library_inputs,
                       memory_traffic, own_fusions)
 from ._op_collectives import OpCollective, op_charges, op_collectives
+from ._timeline import MemoryTimeline, memory_timeline
 from ._tables import (ALIAS, DEVICE, INPUT, OPERAND_READ, OUTPUT, SLICE_READ, SPAN, TEMP,
                       TEMP_SLICES, MemoryTables, ScheduleTables)
 from ._types import build_types
@@ -454,6 +455,14 @@ class CostModel:
         compute = (op_compute / self.op_count)[self.ty.op_type]
         comm = np.bincount(charges.op, weights=charges.seconds, minlength=self.st.num_ops)
         return compute, comm, op_collectives(charges, self.mask_axes) if collectives else None
+
+    def memory_timeline(self, plan) -> MemoryTimeline:
+        """Live bytes per device at each op of `plan`'s step, by category, and where the peak
+        is (_timeline.py): what the estimate's peak is made of, for charts. Not the hot path."""
+        temps, added, outputs, held, totals = _kernel.live_bytes(
+            self.state, self.plan_arrays(plan), _kernel.liveness(self.ty.tables))
+        return memory_timeline(temps, added, outputs, held, _kernel.as_result(totals),
+                               self.memory.position)
 
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""

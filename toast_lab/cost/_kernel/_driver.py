@@ -147,3 +147,24 @@ def fill_temps(state, live, held):
 def empty_ledger(layout) -> np.ndarray:
     """A ledger of `layout.rows` rows, no charges."""
     return np.zeros(layout.rows, LEDGER)
+
+
+@njit(cache=True)
+def live_bytes(state, plan, live):
+    """What is live at each position of the memory sweep under one plan (not the hot path):
+    (temporaries' deltas [N + 2], the deltas of every buffer a plan adds but outputs [N + 2],
+    the outputs' deltas [N + 2] (negative for those not written yet), the bytes each op holds
+    while it runs [N], totals). The peak is the largest prefix sum of the three deltas plus the
+    held bytes, over the positions."""
+    _run_state(state, plan, live, True)
+    ws, memory = state.ws, state.memory
+    added = ws.gdelta.copy()
+    totals = ws.totals.copy()
+    ws.gdelta[:] = 0.0
+    arguments_and_outputs(state.mesh, memory, ws, totals)
+    outputs = ws.gdelta.copy()
+    op_type = memory.op_type
+    held = np.empty(op_type.shape[0])
+    for n in range(op_type.shape[0]):
+        held[n] = ws.op_state[op_type[n]].gathered
+    return live.delta.copy(), added - outputs, outputs, held, totals
