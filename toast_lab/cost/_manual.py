@@ -131,3 +131,64 @@ def manual_collectives(prog) -> list[ManualCollective]:
         out.extend(ManualCollective(op.id, kind, axes, count * op.trip_count, nbytes)
                    for kind, axes, count, nbytes in body_collectives(op.params["jaxpr"], used))
     return out
+
+
+class FixedCharges(NamedTuple):
+    """The collectives shard_map bodies run whatever the plan, priced on a mesh: one row per
+    collective (op, kernel kind, mesh-axis mask, count, bytes and seconds of one run), and
+    their sums: `coll` [kinds, masks, count | bytes | seconds], `seconds` in all, and
+    `op_comm` [P] seconds per op type."""
+
+    rows: np.ndarray
+    coll: np.ndarray
+    seconds: float
+    op_comm: np.ndarray
+
+
+_KERNEL_KINDS = {"all-reduce": 0, "all-gather": 1, "reduce-scatter": 2, "all-to-all": 3,
+                 "collective-permute": 4}  # (_kernel's AR, AG, RS, A2A, CP)
+
+
+def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCharges:
+    """The FixedCharges of `prog`'s shard_map bodies on a mesh (`axis_bit` {axis: its bit},
+    its MESH table), per op type (`op_type` [N]). A collective over axes the mesh lacks, or of
+    one device, is none (XLA drops a one-device group)."""
+    rows = []
+    for c in manual_collectives(prog):
+        mask = sum(axis_bit.get(a, 0) for a in set(c.axes))
+        cost = mesh_table[mask]
+        if mask == 0 or cost["ways"] <= 1.0 or c.nbytes <= 0:
+            continue
+        one = c.nbytes * cost["gather_beta"] + cost["gather_alpha"]
+        if c.kind == "all-reduce":  # a reduce-scatter and an all-gather
+            one *= 2.0
+        elif c.kind == "all-to-all":
+            one = c.nbytes * cost["a2a_beta"] + cost["gather_alpha"]
+        elif c.kind == "collective-permute":  # point to point, one hop (_collectives.py)
+            one = c.nbytes * cost["permute_beta"] + cost["permute_alpha"]
+        rows.append((c.op, _KERNEL_KINDS[c.kind], mask, c.count, c.nbytes, one))
+    fixed = np.array(rows, np.float64).reshape(-1, 6)
+    coll = np.zeros((len(_KERNEL_KINDS), len(mesh_table), 3))
+    op, kind, mask = (fixed[:, i].astype(np.int64) for i in range(3))
+    count, nbytes, seconds = fixed[:, 3], fixed[:, 4], fixed[:, 5]
+    for col, w in enumerate((count, count * nbytes, count * seconds)):
+        np.add.at(coll[:, :, col], (kind, mask), w)
+    return FixedCharges(fixed, coll, float((count * seconds).sum()),
+                        np.bincount(op_type[op], weights=count * seconds,
+                                    minlength=num_op_types))
+
+
+def out_spec_masks(prog, value_type, axis_bit, num_value_types) -> np.ndarray:
+    """[T] per value type, the mesh axes a shard_map's out_specs shard its result over (XLA
+    writes each device's shard and keeps it so; each result is a type of its own,
+    _types.build_types), 0 for other types."""
+    fixed = np.zeros(num_value_types, np.int64)
+    for op in prog.ops:
+        if op.primitive != "shard_map":
+            continue
+        for r, spec in zip(op.results, op.params["out_specs"]):
+            for entry in tuple(spec):
+                axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+                for a in axes:
+                    fixed[value_type[r]] |= axis_bit.get(a, 0)
+    return fixed

@@ -110,11 +110,12 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
         entry_type = np.repeat(np.arange(len(ops)), ops["groups_end"] - ops["groups_start"])
         at_every_instance(row, entry_type[entry], np.full(len(row), -1))
     # shared reads: rows 2M + 2G + 2s and + 1 of read s, at its own op
+    # (a read standing for a value of each repeated layer pays a share of its charges: _compress)
     o = np.nonzero(ty.operand_read >= 0)[0]
     for row in (read_rows + 2 * ty.operand_read[o], read_rows + 2 * ty.operand_read[o] + 1,
                 read_reorder + ty.operand_read[o]):  # + the permute putting its axes in order
         parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o], row,
-                      np.ones(len(o))))
+                      model.read_share[ty.operand_read[o]]))
     # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + OP_ROWS p and on: + 0
     # the all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices
     # (operand 1) in operand passthrough; + 2 the all-to-all of a gather's operand or of a
@@ -139,7 +140,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
     count = counts[row] * scale
     # a shard_map body's own collectives (CostModel._manual_tables), at the shard_map
-    fixed = model._fixed
+    fixed = model.fixed.rows
     count = np.concatenate([count, fixed[:, 3]])
     return Charges(op=np.concatenate([op, fixed[:, 0].astype(np.int64)]),
                    operand=np.concatenate([operand, np.full(len(fixed), -1)]).astype(np.int64),

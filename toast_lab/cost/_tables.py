@@ -103,9 +103,17 @@ OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=
 # the value is made where it runs each op as soon as it can). copy_of: where the read is of a
 # relayout the compiler writes out from the gathered value (a `rev`: _types.materialised),
 # that relayout's value (-1: none): one more gathered-size buffer, from `ready` to the read.
+# Where its buffer starts and ends in the memory sweep: ready_at and ready_weight for a buffer
+# starting at `ready`, end_at and end_weight for one ending after the read (memory_position
+# + 1), ready_end_at and ready_end_weight for one ending after `ready` (the weights count
+# buffers as TEMP's do: 1 where every position is its own; where a record stands for a value
+# of every repeated layer, _repeats.py, `trip` counts all of them and the positions are
+# compressed ones).
 SPAN = record(start=_I, end=_I)
 SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_F,
-                     early=np.bool_, pinned=_I, memory_position=_I, ready=_I, copy_of=_I)
+                     early=np.bool_, pinned=_I, memory_position=_I, ready=_I, copy_of=_I,
+                     ready_at=_I, ready_weight=_F, end_at=_I, end_weight=_F,
+                     ready_end_at=_I, ready_end_weight=_F)
 # An op's operand that is not a shared read, where the compiler reshards it as soon as the
 # value is made: the op's position, the reshard's, and the operand (an index into op_operands).
 OPERAND_READ = record(position=_I, ready=_I, member=_I)
@@ -152,20 +160,30 @@ DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=
                 memory_bandwidth=_F, reduce_scatter=np.bool_, launch_s=_F)
 # Temporaries: live over positions [start, end) of the sweep's order, written only from
 # min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
-# large enough, see _fusion.library_inputs).
-TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I, min_nbytes=_F)
+# large enough, see _fusion.library_inputs); start_weight and end_weight: how many temporaries
+# start and end there, counted (1 each where every position is its own; where repeated blocks
+# are compressed, _repeats.py, a record stands for several temporaries of one shape and a
+# later copy's start or end is not counted).
+TEMP = record(start=_I, end=_I, nbytes=_F, value_type=_I, min_nbytes=_F, start_weight=_F,
+              end_weight=_F)
 # A temporary some of whose readers may take a local slice of it (TEMP_SLICES, one per
 # temporary, in the order of MemoryTables.temps): where its last reader that reads it whole
 # runs (+1), and its reads by ops XLA:CPU does not fuse a slice into (reads[start:end] of
 # MemoryTables.slice_reads: each the reader's position and the operand type it reads).
 TEMP_SLICES = record(whole_end=_I, start=_I, end=_I)
 SLICE_READ = record(position=_I, operand_type=_I)
-INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_)
-# An output, and the op position that writes it (0: an argument returned as it is).
-OUTPUT = record(nbytes=_F, value_type=_I, position=_I)
-# A donated input and the output XLA may write into its buffer (same shape and dtype); the
-# buffer is shared when both are sharded alike.
-ALIAS = record(input_type=_I, output_type=_I, nbytes=_F, output=_I)
+# `count` arguments of one size and value type.
+INPUT = record(nbytes=_F, value_type=_I, is_state=np.bool_, count=_F)
+# `count` outputs of one size and value type, and the position of the op that writes them (0:
+# an argument returned as it is): written there by `position_weight` of them (counted, as
+# TEMP's weights), free from the start until then for `zero_weight`; alias_type: the value type
+# of the donated argument XLA may write them into (same shape and dtype; -1: none): the buffer
+# is shared when both are sharded alike.
+OUTPUT = record(nbytes=_F, value_type=_I, position=_I, count=_F, position_weight=_F,
+                zero_weight=_F, alias_type=_I)
+# A repeated block of the compressed positions (_repeats.py): its first position, its length,
+# and how many copies of it the step runs in a row.
+RUN = record(start=_I, length=_I, copies=_I)
 
 
 class ScheduleTables(NamedTuple):
@@ -173,11 +191,20 @@ class ScheduleTables(NamedTuple):
 
     op_type: np.ndarray         # [N] the type of each op
     ready: np.ndarray           # [N] the latest op making a non-early operand (-1: none)
+    # [N] the same in a loop body's first walk (a run of repeated blocks' first copy reads
+    # what came before the run, the others the copy before theirs: _compress.py)
+    ready_first: np.ndarray
     deadline: np.ndarray        # [N] the first op reading a result (N: an output, none)
     body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
     body_last_trip: np.ndarray  # [N] the loop's trip count at the last op of its body
     event: np.ndarray           # [N] bool: a loop's first or last op, or a shared read's op
-    reads_in_order: np.ndarray  # the shared reads (TypeTables.shared_reads) by position
+    # [N] bool, at a loop body's last op: the body is a run of repeated blocks (_repeats.py),
+    # walked until its steady state, where a loop's is walked twice (_kernel/_schedule.py)
+    body_converges: np.ndarray
+    # the shared reads the walk meets, by position: each one's SHARED_READ record (whose
+    # seconds it waits for) and its position
+    read_slot: np.ndarray
+    read_at: np.ndarray
 
 
 class MemoryTables(NamedTuple):
@@ -187,7 +214,7 @@ class MemoryTables(NamedTuple):
     temps_of_type: np.ndarray   # int64 indices into temps, grouped by value type
     inputs: np.ndarray          # INPUT records
     outputs: np.ndarray         # OUTPUT records (an output returned twice counts twice)
-    aliases: np.ndarray         # ALIAS records (none unless the model donates)
+    num_outputs: int            # outputs of the step (a tuple of pointers where several)
     instances_by_type: np.ndarray  # SPAN records per op type, into instances
     instances: np.ndarray       # int64 op positions, grouped by op type
     deadline: np.ndarray        # [N] the first op reading each op's result (N: none)
@@ -220,3 +247,5 @@ class MemoryTables(NamedTuple):
     # [T] mesh axes each value type's buffers are divided over whatever the plan: a shard_map's
     # results, written as their out_specs shards (0 elsewhere)
     fixed_held: np.ndarray
+    # RUN records over the positions (none where every position is its own: _repeats.py)
+    runs: np.ndarray

@@ -64,16 +64,13 @@ def _runs(lists) -> tuple[np.ndarray, np.ndarray, list]:
     return end - lengths, end, [m for lst in lists for m in lst]
 
 
-def build_types(st: Static, an, peak: np.ndarray, io, kernel: np.ndarray,
-                flop_scale: np.ndarray, sum_leader: np.ndarray,
-                workspace: np.ndarray, flops: np.ndarray, row_kind: np.ndarray,
-                launches: np.ndarray) -> Types:
-    """The types of `an` for one device: `flops` and `peak` FLOP/s per op, `io` the (op, value)
-    pairs that move bytes (_fusion.memory_traffic), `kernel` and `flop_scale` per op (_fusion),
-    the op that reduces each op's partial sums (-1: itself; _static._sum_leaders), the bytes
-    the compiler allocates inside each op (sharded like st.op_workspace_value), and `row_kind`
-    the kind of each of st's rows as the device's compiler partitions the op (_model.py), and
-    the kernels each op launches (_fusion.launches)."""
+def build_types(st: Static, an, dev_ops) -> Types:
+    """The types of `an` for one device's compiler (`dev_ops`, a _device_tables.DeviceOps:
+    each op's flops, rate, bytes moved, kernel, reducing leader, workspace, launches, and how
+    the partitioner reads each of st's rows)."""
+    peak, io, kernel, flop_scale = dev_ops.peak, dev_ops.io, dev_ops.kernel, dev_ops.flop_scale
+    sum_leader, workspace, flops = dev_ops.sum_leader, dev_ops.workspace, dev_ops.flops
+    row_kind, launches = dev_ops.row_kind, dev_ops.launches
     V = st.num_values
     # --- conflict-side tags -------------------------------------------------------------------
     tags = _Interner()

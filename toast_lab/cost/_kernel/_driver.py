@@ -81,7 +81,8 @@ def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fr
     early_slices(mesh, memory, ws)
     reduced_buffers(tables.ops, mesh, memory, ws)
     arguments_and_outputs(mesh, memory, ws, totals)
-    totals[T_TEMP] = peak_live(live.delta, ws.gdelta, ws.op_state, memory.op_type)
+    totals[T_TEMP] = peak_live(live.delta, ws.gdelta, ws.op_state, memory.op_type,
+                               memory.runs)
 
 
 @njit(cache=True)

@@ -10,6 +10,8 @@ written); `ws.gathered` per op type the buffers an op holds while it runs.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 from ._jit import inline, jit
 from ._result import T_ALIAS, T_ARG, T_OUT, T_STATE
@@ -22,8 +24,8 @@ def add_temps(delta, vmask, mesh, memory):
     for i in range(temps.shape[0]):
         temp = temps[i]
         s = _written(temp, mesh[vmask[temp.value_type]].ways)
-        delta[temp.start] += s
-        delta[temp.end] -= s
+        delta[temp.start] += s * temp.start_weight
+        delta[temp.end] -= s * temp.end_weight
 
 
 @inline
@@ -45,8 +47,8 @@ def move_temps(delta, old_vmask, new_vmask, mesh, memory):
         for j in range(by_type[t].start, by_type[t].end):
             temp = temps[of_type[j]]
             s = _written(temp, new_ways) - _written(temp, old_ways)
-            delta[temp.start] += s
-            delta[temp.end] -= s
+            delta[temp.start] += s * temp.start_weight
+            delta[temp.end] -= s * temp.end_weight
 
 
 @jit
@@ -233,57 +235,72 @@ def _feeds_a_reduction(memory, ws):
 
 
 @jit
-def peak_live(delta, gdelta, pstate, op_type):
+def peak_live(delta, gdelta, pstate, op_type, runs):
     """The largest live temporary bytes at any op, gathered buffers included (gdelta also
-    takes away the output buffers not yet written: see arguments_and_outputs)."""
+    takes away the output buffers not yet written: see arguments_and_outputs). A run of
+    repeated blocks (RUN records, _repeats.py) is swept once: each copy adds the same bytes
+    where the first does, so the live bytes at an op of copy i are those at the first copy's
+    plus i times one copy's net change, largest in the first copy or the last."""
     live = 0.0
     peak = 0.0
-    for n in range(op_type.shape[0]):
+    n = 0
+    r = 0
+    N = op_type.shape[0]
+    while n < N:
+        if r < runs.shape[0] and n == runs[r].start:
+            base = live
+            best = -np.inf
+            for m in range(n, n + runs[r].length):
+                live += delta[m] + gdelta[m]
+                best = max(best, live + pstate[op_type[m]].gathered)
+            net = live - base
+            peak = max(peak, best + max(0.0, net * (runs[r].copies - 1)))
+            live = base + net * runs[r].copies
+            n += runs[r].length
+            r += 1
+            continue
         live += delta[n] + gdelta[n]
         here = live + pstate[op_type[n]].gathered
         if here > peak:
             peak = here
+        n += 1
     return peak
 
 
 @jit
 def arguments_and_outputs(mesh, memory, ws, totals):
     """Argument, output, state and aliased bytes into totals. An output's buffer, unless a
-    donated argument holds it, is free from the start until the op that writes it: XLA's
-    buffer assignment places temporaries there, so gdelta takes it off the live bytes."""
+    donated argument holds it (its alias, where both are sharded alike, dim for dim), is free
+    from the start until the op that writes it: XLA's buffer assignment places temporaries
+    there, so gdelta takes it off the live bytes."""
     eff, vmask, gdelta = ws.eff, ws.vmask, ws.gdelta
+    inputs, outputs = memory.inputs, memory.outputs
     arg = 0.0
     state = 0.0
-    inputs, aliases = memory.inputs, memory.aliases
     for i in range(inputs.shape[0]):
-        b = inputs[i].nbytes / mesh[vmask[inputs[i].value_type]].ways
+        b = inputs[i].nbytes / mesh[vmask[inputs[i].value_type]].ways * inputs[i].count
         arg += b
         if inputs[i].is_state:
             state += b
     out = 0.0
-    outputs = memory.outputs
-    aliased = ws.aliased
-    aliased[:] = False
-    # a donated buffer holds its output where both are sharded alike, dim for dim
     alias = 0.0
-    for i in range(aliases.shape[0]):
-        pair = aliases[i]
-        same = True
-        for d in range(eff.shape[1]):
-            if eff[pair.input_type, d] != eff[pair.output_type, d]:
-                same = False
-        if same:
-            alias += pair.nbytes / mesh[vmask[pair.input_type]].ways
-            aliased[pair.output] = True
     for i in range(outputs.shape[0]):
-        b = outputs[i].nbytes / mesh[vmask[outputs[i].value_type]].ways
-        out += b
-        if not aliased[i] and outputs[i].position > 0:
-            gdelta[0] -= b
-            gdelta[outputs[i].position] += b
+        o = outputs[i]
+        b = o.nbytes / mesh[vmask[o.value_type]].ways
+        out += b * o.count
+        aliased = o.alias_type >= 0
+        if aliased:
+            for d in range(eff.shape[1]):
+                if eff[o.alias_type, d] != eff[o.value_type, d]:
+                    aliased = False
+        if aliased:
+            alias += o.nbytes / mesh[vmask[o.alias_type]].ways * o.count
+        elif o.position > 0:
+            gdelta[0] -= b * o.zero_weight
+            gdelta[o.position] += b * o.position_weight
     totals[T_ARG] = arg
     # XLA returns several outputs as a tuple: a table of 8-byte buffer pointers
-    totals[T_OUT] = out + (8.0 * outputs.shape[0] if outputs.shape[0] > 1 else 0.0)
+    n = memory.num_outputs
+    totals[T_OUT] = out + (8.0 * n if n > 1 else 0.0)
     totals[T_STATE] = state
     totals[T_ALIAS] = alias
-

@@ -32,14 +32,18 @@ MAX_SHARDINGS = 16
 # One sharding a shared value was resharded to: the reshard that made it (gather, a2a, the
 # pin it counts as a read of, sliced, onto, reorder, compatible: the key), the bytes of its
 # buffer and where that buffer lives [start, end).
+# (start_at, start_weight, end_at, end_weight: where in the memory sweep its start and end
+# count, and how many times: SHARED_READ's ready_at ... of the reads that set them.)
 KEPT = np.dtype([("gather", np.int64), ("a2a", np.int64), ("pin", np.int64),
                  ("sliced", np.int64), ("onto", np.int64), ("reorder", np.int64),
                  ("compatible", np.int64), ("bytes", np.float64), ("start", np.int64),
-                 ("end", np.int64)], align=True)
+                 ("end", np.int64), ("start_at", np.int64), ("start_weight", np.float64),
+                 ("end_at", np.int64), ("end_weight", np.float64)], align=True)
 # A relayout the compiler writes out from a kept buffer: (relayout value, kept) as one key,
 # its bytes and where it lives.
 COPY = np.dtype([("key", np.int64), ("bytes", np.float64), ("start", np.int64),
-                 ("end", np.int64)], align=True)
+                 ("end", np.int64), ("start_at", np.int64), ("start_weight", np.float64),
+                 ("end_at", np.int64), ("end_weight", np.float64)], align=True)
 
 
 class Reads(NamedTuple):
@@ -77,12 +81,12 @@ def shared_reads(plan, tables, mesh, ws, coll, ledger, layout, totals):
         for k in range(nk):
             kept = r.kept[k]
             if kept.end > kept.start:
-                gdelta[kept.start] += kept.bytes
-                gdelta[kept.end] -= kept.bytes
+                gdelta[kept.start_at] += kept.bytes * kept.start_weight
+                gdelta[kept.end_at] -= kept.bytes * kept.end_weight
         for k in range(nc):
             copy = r.copies[k]
-            gdelta[copy.start] += copy.bytes
-            gdelta[copy.end] -= copy.bytes
+            gdelta[copy.start_at] += copy.bytes * copy.start_weight
+            gdelta[copy.end_at] -= copy.bytes * copy.end_weight
 
 
 @inline
@@ -128,19 +132,27 @@ def _read(j, overridden, nk, nc, num_ops, v, r, mesh, coll, ledger, layout, tota
         kept.start = num_ops + 1  # empty until a direct read
         kept.end = 0
     kept = r.kept[found]
-    at = read.memory_position
     if read.copy_of < 0:
-        kept.start = min(kept.start, read.ready)
-        kept.end = max(kept.end, at + 1)
+        _starts(kept, read)
+        if read.memory_position + 1 > kept.end:
+            kept.end, kept.end_at, kept.end_weight = (read.memory_position + 1, read.end_at,
+                                                      read.end_weight)
         return nk, nc
     return nk, _copy(found, read, nc, r.copies, kept)
+
+
+@inline
+def _starts(record, read):
+    """A KEPT or COPY record starting where `read` is ready, if that is earlier."""
+    if read.ready < record.start:
+        record.start, record.start_at, record.start_weight = (read.ready, read.ready_at,
+                                                              read.ready_weight)
 
 
 @jit
 def _copy(found, read, nc, copies, kept):
     """Records a read of a relayout of the value's KEPT record `found` that the compiler writes
     out (a COPY record); returns the new number of COPY records."""
-    at = read.memory_position
     key = read.copy_of * MAX_SHARDINGS + found
     c = -1
     for k in range(nc):
@@ -155,14 +167,18 @@ def _copy(found, read, nc, copies, kept):
         copy = copies[c]
         copy.key = key
         copy.bytes = kept.bytes
-        copy.start = read.ready
-        copy.end = at + 1
+        copy.start = 1 << 62
+        copy.end = -1
     copy = copies[c]
-    copy.start = min(copy.start, read.ready)
-    copy.end = max(copy.end, at + 1)
+    _starts(copy, read)
+    if read.memory_position + 1 > copy.end:
+        copy.end, copy.end_at, copy.end_weight = (read.memory_position + 1, read.end_at,
+                                                  read.end_weight)
     # the gathered value lives until the relayout is made from it
-    kept.start = min(kept.start, read.ready)
-    kept.end = max(kept.end, read.ready + 1)
+    _starts(kept, read)
+    if read.ready + 1 > kept.end:
+        kept.end, kept.end_at, kept.end_weight = (read.ready + 1, read.ready_end_at,
+                                                  read.ready_end_weight)
     return nc
 
 

@@ -5,7 +5,8 @@ and of its shared reads (phase 5), and walks the program in order (ScheduleTable
 """
 
 from __future__ import annotations
-from ._jit import jit
+
+from ._jit import inline, jit
 
 
 
@@ -32,21 +33,26 @@ def schedule(sched, ops, reads, ws):
         w = ops[p].weight
         ps.run = ps.compute / w if w > 0.0 else 0.0  # seconds of one execution
         ps.busy = ps.pre_early > 0.0 or ps.pre_late > 0.0 or ps.post > 0.0
-    order, op_type, event, body_first = (sched.reads_in_order, sched.op_type, sched.event,
-                                         sched.body_first)
-    ready, deadline, body_last_trip = sched.ready, sched.deadline, sched.body_last_trip
+    read_slot, read_at, op_type, event, body_first = (
+        sched.read_slot, sched.read_at, sched.op_type, sched.event, sched.body_first)
+    ready, ready_first = sched.ready, sched.ready_first
+    deadline, body_last_trip = sched.deadline, sched.body_last_trip
+    converges = sched.body_converges
     N = op_type.shape[0]
     finish = ws.finish
     wait = ws.wait
+    finish[:] = 0.0  # (a run walked as a loop reads its last copy's finish before writing it)
     wait[:] = 0.0
     clock = 0.0     # when the next op may start
     stream = 0.0    # when the communication stream is free
     k = 0           # the next shared read, in program order
     loop_start = 0  # the loop body being walked: its first op and shared read
     loop_k = 0
-    second = False  # walking its steady-state iteration
+    walks = 0       # its walks done
     loop_clock = 0.0
     loop_stream = 0.0
+    clock_step = 0.0  # the last walk's increments of the clock and the stream
+    stream_step = 0.0
     n = 0
     while n < N:
         p = op_type[n]
@@ -57,23 +63,25 @@ def schedule(sched, ops, reads, ws):
             finish[n] = clock
             n += 1
             continue
-        if body_first[n] and not second:
+        if body_first[n] and walks == 0:
             loop_start = n
             loop_k = k
+            loop_clock = clock
+            loop_stream = stream
         early = pstate[p].pre_early
         late = pstate[p].pre_late
-        while k < order.shape[0] and reads[order[k]].position == n:
-            if reads[order[k]].early:
-                early += read_time[order[k]]
+        while k < read_at.shape[0] and read_at[k] == n:
+            if reads[read_slot[k]].early:
+                early += read_time[read_slot[k]]
             else:
-                late += read_time[order[k]]
+                late += read_time[read_slot[k]]
             k += 1
         start = clock
         if early > 0.0:
             stream += early
             start = max(start, stream)
         if late > 0.0:
-            r = ready[n]
+            r = ready_first[n] if walks == 0 else ready[n]
             stream = max(stream, finish[r] if r >= 0 else 0.0) + late
             start = max(start, stream)
         clock = start + pstate[p].run
@@ -85,15 +93,44 @@ def schedule(sched, ops, reads, ws):
                 wait[d] = stream
         trip = body_last_trip[n]
         if trip > 1.0:
-            if not second:  # walk the body again, in the steady state
-                second = True
+            walks += 1
+            again = _walk_again(walks, trip, converges[n], clock - loop_clock,
+                                stream - loop_stream, clock_step, stream_step)
+            clock_step, stream_step = clock - loop_clock, stream - loop_stream
+            if again:
                 loop_clock = clock
                 loop_stream = stream
                 n = loop_start
                 k = loop_k
                 continue
-            second = False
-            clock = loop_clock + (clock - loop_clock) * (trip - 1.0)
-            stream = max(stream, loop_stream + (stream - loop_stream) * (trip - 1.0))
+            remaining = trip - walks
+            last = clock
+            clock = loop_clock + (clock - loop_clock) * (remaining + 1.0)
+            stream = max(stream, loop_stream + (stream - loop_stream) * (remaining + 1.0))
+            if converges[n]:  # the ops after the run read its last copy's results
+                for m in range(loop_start, n + 1):
+                    finish[m] += clock - last
+            walks = 0
         n += 1
     return max(clock, wait[N], stream)
+
+
+# The most walks of a repeated block before its steady state is taken as reached.
+MAX_WALKS = 8
+
+
+@inline
+def _walk_again(walks, trip, converges, clock_step, stream_step, last_clock, last_stream):
+    """Whether to walk a loop body again after its `walks`-th walk, which moved the clock and
+    the communication stream by clock_step and stream_step (the walk before: by last_clock
+    and last_stream).
+    A loop's body is walked twice: the first iteration, then one in the steady state (whose
+    prefetches overlap the iteration before), which stands for the remaining ones. A run of
+    repeated blocks (`converges`) is walked until two walks move the clock and the stream
+    alike (a schedule falling behind its collectives reaches that rhythm after a few layers),
+    at most MAX_WALKS times or every copy."""
+    if not converges:
+        return walks < 2
+    steady = (walks >= 2 and abs(clock_step - last_clock) <= 1e-9 * abs(clock_step)
+              and abs(stream_step - last_stream) <= 1e-9 * abs(stream_step))
+    return not steady and walks < MAX_WALKS and walks < trip

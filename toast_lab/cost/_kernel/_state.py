@@ -51,7 +51,7 @@ OP_STATE = np.dtype([
 class Workspace(NamedTuple):
     """The arrays the phases write (shapes: T value types, D dims, G groups, R operand rows,
     O operand types, P op types, M op-type operand members, S shared reads, N ops, C
-    computations, Y outputs, K mesh-axis masks)."""
+    computations, K mesh-axis masks)."""
 
     eff: np.ndarray              # [T, D] mesh axes of each dim (_masks)
     vmask: np.ndarray            # [T] their union
@@ -71,7 +71,6 @@ class Workspace(NamedTuple):
     reducing: np.ndarray         # [N] bool (_memory)
     feeds: np.ndarray            # [N] bool
     combined: np.ndarray         # [C]
-    aliased: np.ndarray          # [Y] bool
     finish: np.ndarray           # [N] (_schedule)
     wait: np.ndarray             # [N + 1]
     totals: np.ndarray           # [NUM_TOTALS] (_result)
@@ -100,7 +99,7 @@ def workspace(tables, memory, masks: int) -> Workspace:
         read_time=z(len(tables.shared_reads), _F), kept=z(MAX_SHARDINGS, KEPT),
         copies=z(MAX_SHARDINGS, COPY), gdelta=z(N + 2, _F), reducing=z(N, _B),
         feeds=z(N, _B), combined=z(max(memory.num_computations, 1), _I),
-        aliased=z(len(memory.outputs), _B), finish=z(N, _F), wait=z(N + 1, _F),
+        finish=z(N, _F), wait=z(N + 1, _F),
         totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F))
 
 

@@ -1,0 +1,23 @@
+"""The overlap schedule's tables (ScheduleTables, _tables.py): program order, where each op's
+operands are ready and its results first read, loop bodies, and the shared reads in order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._tables import ScheduleTables
+
+
+def schedule_tables(st, ty) -> ScheduleTables:
+    """The ScheduleTables of static tables `st` and types `ty` (_kernel/_schedule.py reads
+    them)."""
+    reads = ty.tables.shared_reads
+    order = np.argsort(reads["position"], kind="stable").astype(np.int64)
+    event = st.body_first | (st.body_last_trip > 1.0)  # where the walk has more to do
+    event[reads["position"]] = True
+    return ScheduleTables(op_type=ty.op_type, ready=st.op_ready, ready_first=st.op_ready,
+                          deadline=st.op_deadline,
+                          body_first=st.body_first, body_last_trip=st.body_last_trip,
+                          event=event, body_converges=np.zeros(len(event), bool),
+                          read_slot=order,
+                          read_at=reads["position"][order].astype(np.int64))
