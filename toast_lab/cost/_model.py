@@ -91,7 +91,7 @@ class CostModel:
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
-        self._scratch = _kernel.liveness(self.ty.tables)  # a full evaluation's live ranges
+        self._scratch = _kernel.liveness(self.ty.tables, self.memory)  # a full evaluation's live ranges
         self._overlap_code = {"scheduled": _kernel.OVERLAP_SCHEDULED,
                               "none": _kernel.OVERLAP_NONE,
                               "perfect": _kernel.OVERLAP_PERFECT}[self.overlap]
@@ -272,7 +272,7 @@ class CostModel:
         """Live bytes per device at each op of `plan`'s step, by category, and where the peak
         is (_timeline.py): what the estimate's peak is made of, for charts. Not the hot path."""
         temps, added, outputs, held, totals = _kernel.live_bytes(
-            self.state, self.plan_arrays(plan), _kernel.liveness(self.ty.tables))
+            self.state, self.plan_arrays(plan), _kernel.liveness(self.ty.tables, self.memory))
         at = self.positions.compressed  # a run's every copy changes what its first does
         return memory_timeline(temps[at], added[at], outputs[at], held[at[:-2]],
                                _kernel.as_result(totals), self.memory.position)
@@ -314,7 +314,7 @@ class IncrementalEstimator:
                             if (k, d) in self._split.index}
         self._held = {k for k, _, _ in plan.overrides}
         # the temporaries' live ranges, sized replicated to begin with
-        self._live = _kernel.liveness(model.ty.tables)
+        self._live = _kernel.liveness(model.ty.tables, model.memory)
         _kernel.fill_temps(model.state, self._live, self._live.held)
         self.result = self._update()
 

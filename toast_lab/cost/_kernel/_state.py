@@ -88,7 +88,7 @@ class Liveness(NamedTuple):
 def workspace(tables, memory, masks: int) -> Workspace:
     """A Workspace for a model's tables (`masks`: the MESH table's length)."""
     T, D = tables.value_classes.shape
-    N = tables.num_ops
+    N = len(memory.op_type)  # positions of the sweeps (compressed where runs are)
     z = np.zeros
     return Workspace(
         eff=z((T, D), _I), vmask=z(T, _I), held=z(T, _I), retiled=z(T, _B), ranks=z(D, _I),
@@ -103,9 +103,9 @@ def workspace(tables, memory, masks: int) -> Workspace:
         totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F))
 
 
-def liveness(tables) -> Liveness:
+def liveness(tables, memory) -> Liveness:
     """An empty Liveness for a model's tables."""
-    return Liveness(np.zeros(tables.num_ops + 2), np.zeros(len(tables.value_classes), _I))
+    return Liveness(np.zeros(len(memory.op_type) + 2), np.zeros(len(tables.value_classes), _I))
 
 
 @structref.register
@@ -133,4 +133,4 @@ def model_state(tables, memory, schedule, mesh_table, device_table) -> ModelStat
     table and its DEVICE record."""
     return _new_state(tables, memory, schedule, mesh_table, device_table, ledger_layout(tables),
                       workspace(tables, memory, len(mesh_table)), np.zeros(0, LEDGER),
-                      liveness(tables))
+                      liveness(tables, memory))
