@@ -14,6 +14,10 @@ import toast_lab as tl
 from toast_lab.cost import CostModel
 from toast_lab.verification import read_compiled, summarize_collectives
 
+from tests.cost_patterns import (ALL_TO_ALL, AXIS_ORDER, COMPATIBLE_SLICE, DOT_SLICED_RESULT,
+                                 FULL_REMAT, GATHER_MAJOR_AXIS, HANDED_DIM, PARTIAL_SUMS,
+                                 SPLIT_FINER, VARIADIC_REDUCE, patterns_charged)
+
 
 @pytest.fixture(scope="module")
 def gpt():
@@ -322,6 +326,7 @@ def test_xla_cpu_all_reduces_only_the_slice_its_reduce_scatter_leaves():
     stats = read_compiled(plan.jit(fn, jm).lower(*args).compile(), jm)
     measured = {(c.kind, c.axes): c.operand_bytes for c in stats.collectives}
     assert measured == {("all-reduce", ("data",)): whole, ("all-reduce", ("model",)): whole / 4}
+    assert patterns_charged(plan, mesh, "dot_general") == {PARTIAL_SUMS}
 
 
 @pytest.mark.parametrize("axes, pins, permuted", [
@@ -357,6 +362,8 @@ def test_a_matmul_reduced_onto_its_result_axes_all_reduces_a_shard_and_permutes_
                  for (kind, ax), c in est.collectives.items()}
     assert estimated == measured
     assert any(kind == "collective-permute" for kind, _ in measured) == permuted
+    assert patterns_charged(plan, mesh, "dot_general") == (
+        {DOT_SLICED_RESULT} if permuted else {PARTIAL_SUMS})
 
 
 def test_a_convolution_reduced_onto_its_feature_axis_permutes_its_shard_like_a_matmul():
@@ -408,17 +415,26 @@ def test_a_dim_handed_to_other_axes_is_permuted_not_gathered_whole(compute, stor
     est = tl.estimate(an, plan, mesh)
     assert by_kind((k, c.bytes) for (k, _), c in est.collectives.items()) == measured
     assert measured["collective-permute"] > 0
+    assert patterns_charged(plan, mesh, kind="collective-permute") == {HANDED_DIM}
 
 
-def _compiled_and_estimated(fn, args, pins, constraints="compute"):
-    """(XLA's collective bytes by (kind, axes), the estimate's) of `fn` under `pins` on data=4
-    x model=2, compiled by plan.jit with `constraints`; the reduce-scatters counted as
-    all-reduces (XLA:CPU emits them so)."""
-    an = tl.analyze(tl.trace(fn, *args))
-    mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
-    plan = tl.Plan.replicated(an)
+PINNED_MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
+
+
+def _pinned_plan(fn, args, pins) -> tl.Plan:
+    """The plan of `fn` on `args` that gives each class of `pins` (name, mesh axes) its axes,
+    in that order, and replicates the rest."""
+    plan = tl.Plan.replicated(tl.analyze(tl.trace(fn, *args)))
     for name, axes in pins:
         plan = plan.with_axes(name, axes)
+    return plan
+
+
+def _compiled_and_estimated(fn, args, plan, constraints="compute"):
+    """(XLA's collective bytes by (kind, axes), the estimate's) of `fn` under `plan` on
+    PINNED_MESH, compiled by plan.jit with `constraints`; the reduce-scatters counted as
+    all-reduces (XLA:CPU emits them so)."""
+    an, mesh = plan.analysis, PINNED_MESH
     jm = mesh.jax_mesh()
     stats = read_compiled(plan.jit(fn, jm, constraints=constraints).lower(*args).compile(), jm)
     measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
@@ -454,12 +470,14 @@ def test_a_split_dims_axes_tile_its_parts_and_come_back_in_order(tokens, example
     the plan lists the examples' axes as (model, data), the same arrivals are in order
     exactly where they were not, and the reverse (tokens on model: a permute)."""
     args = (jnp.ones((16,), jnp.float32), jnp.ones((32, 16), jnp.int32))
-    measured, est = _compiled_and_estimated(_micro_batched_step, args,
-                                            [("tokens[0]", tokens), ("reshape[1]", examples)])
+    pins = [("tokens[0]", tokens), ("reshape[1]", examples)]
+    plan = _pinned_plan(_micro_batched_step, args, pins)
+    measured, est = _compiled_and_estimated(_micro_batched_step, args, plan)
     assert est == measured
-    assert (("collective-permute", ("data", "model")) in measured) == (
-        (examples == ("data", "model") and tokens != ("model",))
-        or (examples == ("model", "data") and tokens == ("model",)))
+    permuted = (("collective-permute", ("data", "model")) in measured)
+    assert permuted == ((examples == ("data", "model") and tokens != ("model",))
+                        or (examples == ("model", "data") and tokens == ("model",)))
+    assert (AXIS_ORDER in patterns_charged(plan, PINNED_MESH, "reshape")) == permuted
 
 
 def _heads_step(x):
@@ -478,11 +496,13 @@ def test_a_dim_gathered_over_its_major_axis_is_permuted_first(features, heads):
     projection; the model charged the gather alone). Dropping the minor axis needs no
     permute: (data, model) to data, (model, data) to model."""
     args = (jax.ShapeDtypeStruct((8, 32), jnp.float32),)
-    measured, est = _compiled_and_estimated(_heads_step, args,
-                                            [("x[1]", features), ("reshape[1]", heads)])
+    pins = [("x[1]", features), ("reshape[1]", heads)]
+    plan = _pinned_plan(_heads_step, args, pins)
+    measured, est = _compiled_and_estimated(_heads_step, args, plan)
     assert est == measured
-    assert (("collective-permute", ("data", "model")) in measured) == (
-        features == ("model", "data") and heads == ("data",))
+    permuted = ("collective-permute", ("data", "model")) in measured
+    assert permuted == (features == ("model", "data") and heads == ("data",))
+    assert (GATHER_MAJOR_AXIS in patterns_charged(plan, PINNED_MESH, "reshape")) == permuted
 
 
 def _merged_heads_step(x):
@@ -503,13 +523,42 @@ def test_a_merged_dims_axes_tile_its_parts_major_first(heads, features, expected
     data and features on model, only split each dim finer: every new tile lies in an old one,
     and XLA slices it and collective-permutes the 128 B tile (no all-to-all)."""
     args = (jax.ShapeDtypeStruct((8, 4, 8), jnp.float32),)
+    pins = [("x[1]", heads), ("x[2]", features), ("reshape[1]", ("data", "model"))]
     # every value pinned: the plan's shardings, not XLA's propagation, at the reshape
-    measured, est = _compiled_and_estimated(
-        _merged_heads_step, args,
-        [("x[1]", heads), ("x[2]", features), ("reshape[1]", ("data", "model"))],
-        constraints="all")
+    plan = _pinned_plan(_merged_heads_step, args, pins)
+    measured, est = _compiled_and_estimated(_merged_heads_step, args, plan, constraints="all")
     assert est == measured
     assert {k: v for k, v in measured.items() if k[0] != "all-reduce"} == expected
+    # the all-to-all: ALL_TO_ALL; the slice and permute: the compatible reshard that slices
+    # (ReshardFromPartialReplicateWithDynamicSlice), tried before an all-to-all
+    assert patterns_charged(plan, PINNED_MESH, "reshape") == {
+        ALL_TO_ALL if kind == "all-to-all" else COMPATIBLE_SLICE for kind, _ in expected}
+
+
+def _grouped_rows_step(x):
+    """Rows [32, 16] read as 4 groups of 8 rows (a reshape that splits a dim)."""
+    return jnp.sum(jnp.tanh(jnp.tanh(x).reshape(4, 8, 16)) * 2.0)
+
+
+@pytest.mark.parametrize("rows, groups, within, split", [
+    (("model",), ("data",), ("model",), True),
+    (("model",), ("model",), ("data",), False), (("data",), ("data",), ("model",), False)])
+def test_a_split_dim_whose_parts_only_split_finer_is_sliced_and_permuted(
+        rows, groups, within, split):
+    """Rows on model (2 tiles of the 4 groups) read as groups on data and their rows on model:
+    model leaves the groups for the rows within them, but each part only splits finer (2 to 4
+    tiles, 1 to 2), so every device's new tile lies inside one old tile: XLA slices it there
+    and collective-permutes the 256 B tile, no all-to-all. Rows on model or data read as
+    groups on the same axis and their rows on the other slice locally: nothing moves."""
+    args = (jax.ShapeDtypeStruct((32, 16), jnp.float32),)
+    plan = _pinned_plan(_grouped_rows_step, args,
+                        [("x[0]", rows), ("reshape[0]", groups), ("reshape[1]", within)])
+    measured, est = _compiled_and_estimated(_grouped_rows_step, args, plan)
+    assert est == measured
+    moved = {k: v for k, v in measured.items() if k[0] != "all-reduce"}
+    assert moved == ({("collective-permute", ("data", "model")): 32 * 16 * 4 / 8} if split
+                     else {})
+    assert patterns_charged(plan, PINNED_MESH, "reshape") == ({SPLIT_FINER} if split else set())
 
 
 def _padded(x):
@@ -533,10 +582,34 @@ def test_axes_moved_together_keep_their_order_from_the_dim_they_leave(fn, width,
     from the width to the features in the width's order: where the plan lists the features'
     axes otherwise, a collective-permute of the shard puts the tiles in order (XLA: 1 KiB
     each; the model charged none). Read by two pads, x is moved and put in order once."""
-    measured, est = _compiled_and_estimated(fn, (jnp.ones((8, 16, 16)),),
-                                            [("x[1]", width), ("x[2]", features)])
+    args = (jnp.ones((8, 16, 16)),)
+    plan = _pinned_plan(fn, args, [("x[1]", width), ("x[2]", features)])
+    measured, est = _compiled_and_estimated(fn, args, plan)
     assert est == measured
     assert (("collective-permute", ("data", "model")) in measured) == (width != features)
+    assert patterns_charged(plan, PINNED_MESH, "pad") == (
+        {ALL_TO_ALL, AXIS_ORDER} if width != features else {ALL_TO_ALL})
+
+
+@pytest.mark.parametrize("width, features, remat", [
+    (("data", "model"), ("model",), True), (("model", "data"), ("model",), True),
+    (("data", "model"), ("data", "model"), False)])
+def test_an_axis_leaving_a_dim_with_one_that_moves_gathers_the_operand_whole(
+        width, features, remat):
+    """x's width on (data, model), read by the pad that wants the width whole and the features
+    on model alone: data leaves the width as model moves to the features, a reshard XLA's
+    partitioner cannot split ("Involuntary full rematerialization", spmd_partitioner.cc): it
+    all-gathers x whole over both axes and slices the features' tile out of it (8 KiB, no
+    all-to-all), whichever order the width lists its axes in. Features on both axes take
+    them both from the width: one all-to-all of the 1 KiB shard."""
+    args = (jnp.ones((8, 16, 16)),)
+    plan = _pinned_plan(_padded, args, [("x[1]", width), ("x[2]", features)])
+    measured, est = _compiled_and_estimated(_padded, args, plan)
+    assert est == measured
+    assert measured == ({("all-gather", ("data", "model")): 8 * 16 * 16 * 4} if remat
+                        else {("all-to-all", ("data", "model")): 8 * 16 * 16 * 4 / 8})
+    assert patterns_charged(plan, PINNED_MESH, "pad") == ({FULL_REMAT} if remat
+                                                         else {ALL_TO_ALL})
 
 
 def _bias_step(b, x):
@@ -554,14 +627,18 @@ def test_a_pinned_reduction_puts_its_summed_axes_after_the_slice(batch, features
     reaches the features after the slice, from the all-reduce; where the plan lists it first,
     a permute of the bias's shard follows (XLA: 8 B; the model charged none, as it does not
     for the unpinned sum of the same shapes, which XLA reduces whole and slices in order)."""
-    measured, est = _compiled_and_estimated(_bias_step, (jnp.ones((16,)), jnp.ones((8, 16))),
-                                            [("x[0]", batch), ("b[0]", features)])
+    args = (jnp.ones((16,)), jnp.ones((8, 16)))
+    measured, est = _compiled_and_estimated(
+        _bias_step, args, _pinned_plan(_bias_step, args, [("x[0]", batch), ("b[0]", features)]))
     assert est == measured
     assert (("collective-permute", ("data", "model")) in measured) == (
         features[0] == batch[0])
-    unpinned, est = _compiled_and_estimated(lambda x: jnp.sum(x * 2.0, axis=0),
-                                            (jnp.ones((8, 16)),),
-                                            [("x[0]", batch), ("x[1]", features)])
+    def total(x):
+        return jnp.sum(x * 2.0, axis=0)
+
+    args = (jnp.ones((8, 16)),)
+    unpinned, est = _compiled_and_estimated(
+        total, args, _pinned_plan(total, args, [("x[0]", batch), ("x[1]", features)]))
     assert ("collective-permute", ("data", "model")) not in unpinned
     assert ("collective-permute", ("data", "model")) not in est
 
@@ -1049,6 +1126,7 @@ def test_an_argmax_over_a_sharded_dim_all_gathers_its_partial_results(fn, shard)
     measured = {k: v.bytes for k, v in summarize_collectives(stats.collectives).items()}
     assert [k for k, _ in measured] == ["all-gather"]
     assert est == measured
+    assert patterns_charged(plan, mesh) == {VARIADIC_REDUCE}
 
 
 def test_an_axis_across_nodes_uses_nvlink_inside_them():

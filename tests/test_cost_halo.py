@@ -10,6 +10,8 @@ import toast_lab as tl
 from toast_lab.cost import CostModel
 from toast_lab.verification import read_compiled, summarize_collectives
 
+from tests.cost_patterns import HALO_EXCHANGE, patterns_charged
+
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
 BATCH = 6  # no kernel's first dim: _rows_sharded finds activations by it
 
@@ -80,7 +82,8 @@ def test_a_convolution_sharded_on_its_rows_exchanges_halos_as_xla_does(
     args = (jax.ShapeDtypeStruct((BATCH, size, 6, 4), jnp.float32),
             jax.ShapeDtypeStruct((k, k, 4, 8), jnp.float32))
     an = tl.analyze(tl.trace(fn, *args))
-    measured, estimated = _permutes(fn, args, _rows_sharded(an, {1: axes}))
+    plan = _rows_sharded(an, {1: axes})
+    measured, estimated = _permutes(fn, args, plan)
     if size // 8 < k // 2:
         # Halos beyond the next shard come in two hops; the second one's pairs (shard j to
         # j + 2 over data x model) keep their model index, and the verification names its axes
@@ -89,6 +92,8 @@ def test_a_convolution_sharded_on_its_rows_exchanges_halos_as_xla_does(
     else:
         assert estimated == measured
     assert bool(measured) == (k != stride)
+    assert patterns_charged(plan, MESH, "conv_general_dilated", "collective-permute") == (
+        {HALO_EXCHANGE} if k != stride else set())
 
 
 def test_a_3x3_convolution_sends_one_row_each_way():

@@ -16,6 +16,11 @@ from toast_lab.cost._model import CostModel
 from toast_lab.plan._export import constraint_values
 from toast_lab.verification import read_compiled, summarize_collectives
 
+from tests.cost_patterns import (ALL_TO_ALL, COMPATIBLE_GATHER, COMPATIBLE_SLICE, FULL_REMAT,
+                                 GATHER, OPERAND_PASSTHROUGH, PARTIAL_SUMS, REGROUPED_INDICES,
+                                 REPLICATED_COPY, ROW_GATHER, UPDATES_KEEP_SHARDING,
+                                 patterns_charged)
+
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
 
 
@@ -185,6 +190,9 @@ def test_an_fsdp_embedding_gradient_is_partitioned_the_way_xla_picks(name, plan_
     assert _total(charged, "all-to-all") == _total(measured, "all-to-all")
     assert _total(charged, "all-reduce", "reduce-scatter") == \
         pytest.approx(_total(measured, "all-reduce"), rel=0.1)
+    # the token gradients' all-to-all and the indices' all-gather: operand passthrough
+    assert patterns_charged(plan, MESH, "scatter-add", "all-to-all") == {OPERAND_PASSTHROUGH}
+    assert OPERAND_PASSTHROUGH in patterns_charged(plan, MESH, "scatter-add", "all-gather")
 
 def _by_kind(collectives: dict) -> dict:
     """{kind: bytes} of {(kind, axes): bytes}; a reduce-scatter counted as the all-reduce
@@ -249,6 +257,10 @@ def test_a_table_gradient_after_operand_passthrough_is_partitioned_as_xla_regrou
     assert charged == pytest.approx(measured), (charged, measured)
     permuted = "collective-permute" in measured
     assert permuted == (case != "vocabulary_first")
+    # the token gradients moved to the table's embed sharding (operand passthrough), then the
+    # indices regrouped, but where the vocabulary's axes partition the group first
+    assert patterns_charged(plan, mesh, "scatter-add") == (
+        {OPERAND_PASSTHROUGH, REGROUPED_INDICES} if permuted else {OPERAND_PASSTHROUGH})
 
 
 @functools.cache
@@ -297,6 +309,10 @@ def test_a_row_gather_reduces_a_slice_and_moves_the_tile_as_xla_does(case):
     charged = _by_kind({k: c.bytes for k, c in tl.estimate(an, plan, mesh).collectives.items()})
     assert charged == pytest.approx(measured), (charged, measured)
     assert ("collective-permute" in measured) == (rows in features and case != "indices_on_data")
+    # the slice-and-move where the result's features hold the rows' axis; elsewhere the
+    # gather's partial sums are all-reduced whole
+    assert patterns_charged(plan, mesh, "gather") == (
+        {ROW_GATHER} if rows in features else {PARTIAL_SUMS})
 
 
 @functools.cache
@@ -349,6 +365,10 @@ def test_segment_sum_collectives_agree_with_xla(case):
     fn, args, an = segment_sum(edges, segments)
     plan = _segment_plan(an, seg_axes, feature_axes)
     assert _xla_bytes(fn, args, plan) == pytest.approx(_model_bytes(an, plan))
+    # more messages than sums: the scatter keeps the messages' sharding and moves its sums;
+    # fewer: the messages are gathered to the sums' sharding
+    assert patterns_charged(plan, MESH, "scatter-add") == (
+        {GATHER} if case == "gathered" else {UPDATES_KEEP_SHARDING})
 
 
 @functools.cache
@@ -412,6 +432,39 @@ def test_tied_table_reads_agree_with_xla():
     assert not any(kind == "all-to-all" for kind, _ in measured)
     whole = ("all-gather", ("data", "model"))
     assert _model_bytes(an, plan)[whole] == measured[whole]
+
+
+def _tied_matmuls(table, h):
+    """A table [256, 64] read by two matmuls: logits h @ table^T, then logits @ table (the
+    shape of a tied unembedding's input gradient)."""
+    logits = jnp.tanh(jnp.einsum("bd,vd->bv", h, table))
+    return jnp.tanh(logits @ table)
+
+
+def test_a_table_gathered_whole_for_one_matmul_is_sliced_for_the_next():
+    """The table's vocab on (model, data), h's batch on model and embed on data: the logits'
+    matmul wants the table whole (an all-gather over both axes, 64 KiB); the next wants its
+    vocab whole and its embed on data, from the table's own sharding a gather over model and
+    an all-to-all over data. XLA's partitioner runs neither: that reshard falls back to
+    Replicate() ("involuntary full rematerialization"), which finds the replicated copy in its
+    reshard cache and slices it (REPLICATED_COPY). The model charges the copy once, at the
+    first matmul, and nothing at the second: the pattern saves a charge, so no ledger row
+    names it."""
+    args = (jax.ShapeDtypeStruct((256, 64), jnp.float32),
+            jax.ShapeDtypeStruct((16, 64), jnp.float32))
+    an = tl.analyze(tl.trace(_tied_matmuls, *args))
+    plan = (tl.Plan.replicated(an).with_axes("h[0]", ("model",))
+            .with_axes("table[0]", ("model", "data")).with_axes("table[1]", ("data",)))
+    measured = _xla_bytes(_tied_matmuls, args, plan)
+    assert measured == {("all-gather", ("data",)): 16 * 64 * 4 / 2,  # h's embed
+                        ("all-gather", ("data", "model")): 256 * 64 * 4}  # the table, once
+    assert _model_bytes(an, plan) == measured
+    prog = an.program
+    logits, gradient = (n for n, op in enumerate(prog.ops) if op.primitive == "dot_general")
+    charged = cost_model(an, MESH).op_collectives(plan)
+    assert {c.operand for c in charged[logits]} == {0, 1}
+    assert patterns_charged(plan, MESH, "dot_general") == {GATHER}
+    assert gradient not in charged  # sliced from the logits' copy
 
 
 def test_plan_jit_pins_the_reshapes_it_gathers_at():
@@ -575,6 +628,9 @@ def test_a_reshard_slices_the_axes_it_adds_before_it_moves_the_others():
     for key in [("all-to-all", ("model",)), ("all-gather", ("model",)),
                 ("all-gather", ("data", "model"))]:
         assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (key, model, xla)
+    convolutions = "conv_general_dilated"
+    assert patterns_charged(plan, MESH, convolutions, "all-gather") == {GATHER}
+    assert patterns_charged(plan, MESH, convolutions, "all-to-all") == {ALL_TO_ALL}
 
 
 @functools.cache
@@ -602,6 +658,7 @@ def test_a_reshard_that_moves_one_axis_out_of_a_dim_another_leaves_gathers_it_wh
     model = _model_bytes(an, plan)
     key = ("all-to-all", ("model",))
     assert model.get(key, 0) == pytest.approx(xla.get(key, 0), rel=0.05), (model, xla)
+    assert FULL_REMAT in patterns_charged(plan, MESH, "reshape", "all-gather")
 
 
 @pytest.mark.slow
@@ -624,6 +681,7 @@ def test_a_reshard_that_gathers_and_moves_moves_the_gathered_buffer():
         gathered = next(c.bytes for c in charged[n] if c.kind == "all-gather")
         assert b == pytest.approx(gathered), (n, charged[n])
         assert b in xla_moved, (b, xla_moved)
+    assert patterns_charged(plan, MESH, "reshape", "all-to-all") == {ALL_TO_ALL}
 
 
 def test_an_op_that_needs_its_window_whole_reads_its_other_dims_as_the_model_charges():
@@ -820,3 +878,6 @@ def test_an_axis_moving_to_a_dim_with_fewer_tiles_is_permuted_then_gathered(stor
     xla = by_kind(_xla_bytes(step, args, plan))
     assert xla["collective-permute"] == 2 * 32768 and "all-to-all" not in xla
     assert by_kind(_model_bytes(an, plan)) == xla
+    # the weight permuted and gathered for the matmul, its update sliced and permuted back
+    assert patterns_charged(plan, MESH, "dot_general") == {COMPATIBLE_GATHER}
+    assert patterns_charged(plan, MESH, "sub") == {COMPATIBLE_SLICE}

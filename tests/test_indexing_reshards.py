@@ -20,6 +20,8 @@ import pytest
 import toast_lab as tl
 from toast_lab.verification import verify
 
+from tests.cost_patterns import BATCHED_RETILE, patterns_charged
+
 MESH = tl.Mesh({"data": 4, "model": 2})
 BATCH, SEQ, VOCAB = 8, 32, 256
 
@@ -114,6 +116,8 @@ def test_xla_moves_what_the_take_along_axis_rule_charges(picks):
     permuted = 2 * BATCH * SEQ * 4 / 8 if picks is None else 0.0
     assert measured.get("collective-permute", 0.0) == est.get("collective-permute", 0.0) \
         == permuted, rep
+    for indexing in ("gather", "scatter-add"):
+        assert (BATCHED_RETILE in patterns_charged(plan, MESH, indexing)) == (picks is None)
 
 
 
