@@ -186,12 +186,12 @@ def _full_rematerialization(o, v):
 
 @inline
 def _split_finer(o, v, mesh, rem, add):
-    """Each dim only split finer (its new ways a multiple of its old on every part, an axis
-    leaving a dim that gains more: heads on model read as heads on data and their features on
-    model): every device's new tile lies inside some device's old one, and XLA slices it there
-    and collective-permutes it, rather than run an all-to-all (jax 0.10.2: [8, 4, 8] P(None,
-    "model") to P(None, "data", "model") on data=4 x model=2 permutes the 128 B shard;
-    tests/test_cost.py). Returns whether it applies (and records it)."""
+    """Each dim only split finer (its new ways a multiple of its old on every part), where the
+    compatible reshards do not apply (a compound dim: x [32, 16] read as [4, 8, 16], the
+    examples' part of the batch on data, the micro-batches' on model): every device's new tile
+    lies inside some device's old one, and XLA slices it there and collective-permutes it,
+    rather than run an all-to-all (one permute of the 256 B shard on data=4 x model=2, jax
+    0.10.2; tests/test_cost.py). Returns whether it applies (and records it)."""
     for i in range(v.operands[o].start, v.operands[o].end):
         state = v.rstate[v.operand_rows[i]]
         new = (state.held & ~state.removed) | state.added
