@@ -1,12 +1,16 @@
-"""Cost-model evaluations per second on the 12-layer GPT-2-small training step.
+"""Cost-model evaluations per second on the 12-layer GPT-2-small training step, and the cost of
+one plan by depth.
 
-    python benchmarks/estimate_speed.py [--layers 12] [--seconds 3]
+    python benchmarks/estimate_speed.py [--layers 12] [--seconds 3] [--depths 2 12 48 96]
 
 - full: `CostModel.step_and_peak` of a whole plan from scratch (what MCTS calls per rollout);
 - incremental: `IncrementalEstimator.set_axes`, one class changed per call;
 - estimate: `CostModel.estimate` with every detail (collectives, scopes) built.
 Plans are random valid plans; the first call (numba compiling the kernel, cached on disk after
-that) is excluded. Goal (issue #4): at least 10,000 incremental evaluations per second.
+that) is excluded. Goals: at least 50,000 incremental evaluations per second; one plan's
+evaluation costing about the same whatever the depth (within x1.5 from 2 to 96 layers: repeated
+layers are grouped into types, and their positions compressed into one block per run,
+cost/_repeats.py).
 """
 
 from __future__ import annotations
@@ -30,10 +34,33 @@ def rate(fn, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
+def per_plan_us(layers: int, seconds: float) -> tuple[float, float, int]:
+    """(us per full evaluation, us per incremental one, positions swept) of random plans of
+    GPT-2-small at `layers` layers on data=4 x model=2 H100s."""
+    fn, fargs = tl.zoo.get("gpt", size="gpt2-small", layers=layers)
+    an = tl.analyze(tl.trace(fn, *fargs))
+    mesh = tl.Mesh({"data": 4, "model": 2}, device="h100")
+    model = CostModel(an, mesh)
+    space = Space(an, mesh)
+    rng = np.random.default_rng(0)
+    plans = [space.arrays(np.array([rng.integers(len(d.choices)) for d in space.decisions]))
+             for _ in range(64)]
+    model.step_and_peak(*plans[0])
+    i = iter(range(10**12))
+    full = rate(lambda: model.step_and_peak(*plans[next(i) % 64]), seconds)
+    inc = model.incremental()
+    moves = [(d.index, d.choices[c]) for d in space.decisions if d.kind == "class"
+             for c in range(len(d.choices))]
+    j = iter(range(10**12))
+    incremental = rate(lambda: inc.set_axes(*moves[next(j) % len(moves)]), seconds)
+    return 1e6 / full, 1e6 / incremental, len(model.memory.op_type)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--depths", type=int, nargs="*", default=[2, 12, 48, 96])
     args = parser.parse_args()
     fn, fargs = tl.zoo.get("gpt", size="gpt2-small", layers=args.layers)
     an = tl.analyze(tl.trace(fn, *fargs))
@@ -72,6 +99,16 @@ def main() -> None:
         tables = model.ty.tables
         print(f"| {name} | {build:.2f} | {len(tables.value_classes)} | {len(tables.ops)} | "
               f"{full:,.0f} | {incremental:,.0f} | {detailed:,.0f} |", flush=True)
+    if not args.depths:
+        return
+    print("\nOne plan by depth (GPT-2-small, data=4 x model=2, H100, layers grouped):\n")
+    print("| layers | ops | positions swept | full (us) | incremental (us) |")
+    print("|---:|---:|---:|---:|---:|")
+    for layers in args.depths:
+        full_us, inc_us, swept = per_plan_us(layers, args.seconds / 2)
+        fn, fargs = tl.zoo.get("gpt", size="gpt2-small", layers=layers)
+        ops = len(tl.trace(fn, *fargs).ops)
+        print(f"| {layers} | {ops:,} | {swept:,} | {full_us:.1f} | {inc_us:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
