@@ -154,11 +154,11 @@ def _schedule(schedule, pm: PositionMap, reads, schedule_reads):
         ready_c[pm.run_start[i]:pm.run_start[i] + run.length] = second
     body_first = _at_compressed(schedule.body_first, pm)
     trip = _at_compressed(schedule.body_last_trip, pm)
-    converges = np.zeros(pm.size, bool)
+    is_run = np.zeros(pm.size, bool)
     for i, run in enumerate(pm.runs):
         body_first[pm.run_start[i]] = True
         trip[pm.run_start[i] + run.length - 1] = run.copies
-        converges[pm.run_start[i] + run.length - 1] = True
+        is_run[pm.run_start[i] + run.length - 1] = True
     slot, position = (np.array(x, _I) for x in zip(*schedule_reads)) if schedule_reads \
         else (np.zeros(0, _I), np.zeros(0, _I))
     order = np.argsort(position, kind="stable")
@@ -167,7 +167,7 @@ def _schedule(schedule, pm: PositionMap, reads, schedule_reads):
     return schedule._replace(
         op_type=_at_compressed(schedule.op_type, pm), ready=ready_c, ready_first=ready_first,
         deadline=_at_compressed(deadline, pm), body_first=body_first,
-        body_last_trip=trip, event=event, body_converges=converges, read_slot=slot[order],
+        body_last_trip=trip, event=event, body_is_run=is_run, read_slot=slot[order],
         read_at=position[order])
 
 

@@ -18,6 +18,6 @@ def schedule_tables(st, ty) -> ScheduleTables:
     return ScheduleTables(op_type=ty.op_type, ready=st.op_ready, ready_first=st.op_ready,
                           deadline=st.op_deadline,
                           body_first=st.body_first, body_last_trip=st.body_last_trip,
-                          event=event, body_converges=np.zeros(len(event), bool),
+                          event=event, body_is_run=np.zeros(len(event), bool),
                           read_slot=order,
                           read_at=reads["position"][order].astype(np.int64))

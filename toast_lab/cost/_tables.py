@@ -199,8 +199,8 @@ class ScheduleTables(NamedTuple):
     body_last_trip: np.ndarray  # [N] the loop's trip count at the last op of its body
     event: np.ndarray           # [N] bool: a loop's first or last op, or a shared read's op
     # [N] bool, at a loop body's last op: the body is a run of repeated blocks (_repeats.py),
-    # walked until its steady state, where a loop's is walked twice (_kernel/_schedule.py)
-    body_converges: np.ndarray
+    # whose last copy's results later ops read (_kernel/_schedule.py)
+    body_is_run: np.ndarray
     # the shared reads the walk meets, by position: each one's SHARED_READ record (whose
     # seconds it waits for) and its position
     read_slot: np.ndarray

@@ -6,7 +6,7 @@ and of its shared reads (phase 5), and walks the program in order (ScheduleTable
 
 from __future__ import annotations
 
-from ._jit import inline, jit
+from ._jit import jit
 
 
 
@@ -24,7 +24,9 @@ def schedule(sched, ops, reads, ws):
       reduce-scatter or all-reduce) starts after its op and is waited for only by the first
       op reading the result (the optimizer, for a gradient), so later compute hides it.
     - A loop body is walked twice: the first iteration, then one in the steady state (whose
-      prefetches overlap the iteration before), which stands for the remaining ones.
+      prefetches overlap the iteration before), which stands for the remaining ones. So is a
+      run of repeated blocks (_repeats.py: one block per layer), whose first walk reads what
+      came before the run (ready_first) and whose last copy's results the ops after it read.
     Returns the step's seconds.
     """
     pstate, read_time = ws.op_state, ws.read_time
@@ -37,7 +39,7 @@ def schedule(sched, ops, reads, ws):
         sched.read_slot, sched.read_at, sched.op_type, sched.event, sched.body_first)
     ready, ready_first = sched.ready, sched.ready_first
     deadline, body_last_trip = sched.deadline, sched.body_last_trip
-    converges = sched.body_converges
+    is_run = sched.body_is_run
     N = op_type.shape[0]
     finish = ws.finish
     wait = ws.wait
@@ -51,8 +53,6 @@ def schedule(sched, ops, reads, ws):
     walks = 0       # its walks done
     loop_clock = 0.0
     loop_stream = 0.0
-    clock_step = 0.0  # the last walk's increments of the clock and the stream
-    stream_step = 0.0
     n = 0
     while n < N:
         p = op_type[n]
@@ -94,43 +94,19 @@ def schedule(sched, ops, reads, ws):
         trip = body_last_trip[n]
         if trip > 1.0:
             walks += 1
-            again = _walk_again(walks, trip, converges[n], clock - loop_clock,
-                                stream - loop_stream, clock_step, stream_step)
-            clock_step, stream_step = clock - loop_clock, stream - loop_stream
-            if again:
+            if walks < 2:  # walk the body again, in the steady state
                 loop_clock = clock
                 loop_stream = stream
                 n = loop_start
                 k = loop_k
                 continue
-            remaining = trip - walks
             last = clock
-            clock = loop_clock + (clock - loop_clock) * (remaining + 1.0)
-            stream = max(stream, loop_stream + (stream - loop_stream) * (remaining + 1.0))
-            if converges[n]:  # the ops after the run read its last copy's results
+            clock = loop_clock + (clock - loop_clock) * (trip - 1.0)
+            stream = max(stream, loop_stream + (stream - loop_stream) * (trip - 1.0))
+            if is_run[n]:  # the ops after the run read its last copy's results
                 for m in range(loop_start, n + 1):
                     finish[m] += clock - last
             walks = 0
         n += 1
     return max(clock, wait[N], stream)
 
-
-# The most walks of a repeated block before its steady state is taken as reached.
-MAX_WALKS = 8
-
-
-@inline
-def _walk_again(walks, trip, converges, clock_step, stream_step, last_clock, last_stream):
-    """Whether to walk a loop body again after its `walks`-th walk, which moved the clock and
-    the communication stream by clock_step and stream_step (the walk before: by last_clock
-    and last_stream).
-    A loop's body is walked twice: the first iteration, then one in the steady state (whose
-    prefetches overlap the iteration before), which stands for the remaining ones. A run of
-    repeated blocks (`converges`) is walked until two walks move the clock and the stream
-    alike (a schedule falling behind its collectives reaches that rhythm after a few layers),
-    at most MAX_WALKS times or every copy."""
-    if not converges:
-        return walks < 2
-    steady = (walks >= 2 and abs(clock_step - last_clock) <= 1e-9 * abs(clock_step)
-              and abs(stream_step - last_stream) <= 1e-9 * abs(stream_step))
-    return not steady and walks < MAX_WALKS and walks < trip
