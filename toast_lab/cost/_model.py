@@ -134,9 +134,13 @@ class CostModel:
         tables = self.ty.tables
         self.fixed = fixed_charges(prog, self.axis_bit, self.mesh_table, self.ty.op_type,
                                    len(tables.ops))
-        self.state = _kernel.model_state(tables, self.memory, self.schedule, self.mesh_table,
-                                         self.device_table)
+        self.state = self.new_state()
         self.layout = _kernel.ledger_layout(tables)
+
+    def new_state(self):
+        """A ModelState of this model's tables with a workspace of its own (_kernel)."""
+        return _kernel.model_state(self.ty.tables, self.memory, self.schedule, self.mesh_table,
+                                   self.device_table)
 
     def _compress(self):
         """Each run of repeated blocks kept once (_compress.py), where there is one."""
@@ -313,9 +317,11 @@ class IncrementalEstimator:
         self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
                             if (k, d) in self._split.index}
         self._held = {k for k, _, _ in plan.overrides}
-        # the temporaries' live ranges, sized replicated to begin with
+        # a workspace of its own, which keeps what the last edit left unchanged, and the
+        # temporaries' live ranges, sized replicated to begin with
+        self._state = model.new_state()
         self._live = _kernel.liveness(model.ty.tables, model.memory)
-        _kernel.fill_temps(model.state, self._live, self._live.held)
+        _kernel.fill_temps(self._state, self._live, self._live.held)
         self.result = self._update()
 
     def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
@@ -349,7 +355,7 @@ class IncrementalEstimator:
 
     def _update(self) -> tuple[float, float]:
         model = self.model
-        step, peak = _kernel.step_and_peak(model.state, PlanArrays(self.mask, self.rank,
+        step, peak = _kernel.step_and_peak(self._state, PlanArrays(self.mask, self.rank,
                                                                    self.res),
                                            self._live, False, model._overlap_code,
                                            model.fixed.seconds)

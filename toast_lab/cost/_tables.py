@@ -144,6 +144,11 @@ class TypeTables(NamedTuple):
     shared_reads: np.ndarray    # SHARED_READ records
     split_base: np.ndarray      # [S] the class of each split class (_plan_arrays.py)
     halos: np.ndarray           # HALO records: convolutions' windowed dims (OP.halo_start)
+    # SPAN records per op type into op_depends_on: the value types whose masks its costs read
+    # beyond its operands' (its result, what it moves, its workspace, a scatter's or gather's
+    # indices and updates): an incremental evaluation recosts the op when one changes
+    op_depends: np.ndarray
+    op_depends_on: np.ndarray
     num_ops: int
 
 

@@ -303,8 +303,26 @@ def build_types(st: Static, an, dev_ops) -> Types:
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
         shared_reads=shared_reads, split_base=split_classes(an).base,
-        halos=np.array(halos, HALO).reshape(-1), num_ops=N)
+        halos=np.array(halos, HALO).reshape(-1), num_ops=N, **_dependencies(ops, op_io))
     return Types(value_type, op_type, tables, operand_member, operand_read, read_loop)
+
+
+def _dependencies(ops, op_io) -> dict:
+    """TypeTables.op_depends and op_depends_on (see _tables.py)."""
+    lists = []
+    for p, op in enumerate(ops):
+        types = {int(op["result_type"]), int(op["workspace_type"])}
+        types |= {int(op_io[i]["value_type"]) for i in range(op["io_start"], op["io_end"])}
+        if op["scatter_updates"] > 0:
+            types |= {int(op["scatter_indices_type"]), int(op["scatter_updates_type"])}
+        if op["batch_index_dims"]:
+            types |= {int(op["batch_type"]), int(op["batch_indices_type"])}
+        if op["gather"] > 0:
+            types |= {int(op["gather"]) - 1, int(op["gather_indices"]) - 1}
+        lists.append(sorted(t for t in types if t >= 0))
+    start, end, flat = _runs(lists)
+    return {"op_depends": _records(SPAN, start=start, end=end),
+            "op_depends_on": np.array(flat, _I)}
 
 
 # Ops that only relayout their operand: same elements, same dtype, no arithmetic.

@@ -14,10 +14,11 @@ from numba import njit
 
 from ._jit import jit
 from ._ledger import LEDGER
+from ._dirty import mark_dirty
 from ._masks import group_consensus, type_masks
 from ._memory import (add_temps, arguments_and_outputs, early_slices, hoisted_reshards,
                       move_temps, peak_live, reduced_buffers)
-from ._ops import op_costs, op_masks
+from ._ops import op_costs, op_masks, op_totals
 from ._operands import classify_operands, classify_rows
 from ._reads import shared_reads
 from ._result import (T_ALIAS, T_ARG, T_COMM, T_COMPUTE, T_EXPOSED, T_OUT, T_SCHEDULED,
@@ -33,36 +34,40 @@ def _clear(ws):
     """Zeroes what the phases add into."""
     ws.totals[:] = 0.0
     ws.coll[:] = 0.0
-    pstate = ws.op_state
-    for p in range(pstate.shape[0]):
-        ps = pstate[p]
-        ps.pre_early = 0.0
-        ps.pre_late = 0.0
-        ps.reduced = 0.0
-        ps.reduces = False
     ws.retiled[:] = False
     ws.read_time[:] = 0.0
     ws.gdelta[:] = 0.0
 
 
 @jit
-def _collectives(tables, mesh, dev, layout, ws, plan, ledger):
-    """Phases 1-5: every collective and every op's compute, into the workspace."""
+def _collectives(tables, mesh, dev, layout, ws, plan, ledger, incremental):
+    """Phases 1-5: every collective and every op's compute, into the workspace; incremental:
+    the operands and op types of the last plan this workspace costed are kept where nothing
+    they read changed (_dirty.py)."""
     _clear(ws)
-    type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
-    group_consensus(tables, ws.eff, ws.consensus)
-    classify_rows(plan, tables, mesh, ws)
-    classify_operands(plan, tables, mesh, ws)
-    op_masks(tables, ws)
-    op_costs(tables, mesh, dev, ws, ws.coll, ledger, layout, ws.totals)
+    if incremental:
+        mark_dirty(plan, tables, ws)
+        rows, operands, ops = ws.dirty_row, ws.dirty_operand, ws.dirty_op
+    else:
+        type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
+        group_consensus(tables, ws.eff, ws.consensus)
+        ws.evaluated[0] = False  # (an incremental evaluation after this one starts afresh)
+        rows = operands = ops = ws.no_ops
+    classify_rows(plan, tables, mesh, ws, rows)
+    classify_operands(plan, tables, mesh, ws, operands)
+    if not incremental:
+        op_masks(tables, ws)
+    op_costs(tables, mesh, dev, ws, ws.coll, ledger, layout, ops)
+    op_totals(tables, ws, ws.totals)
     shared_reads(plan, tables, mesh, ws, ws.coll, ledger, layout, ws.totals)
 
 
 @jit
 def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fresh):
     """One plan, whole, into the workspace's totals. live: the temporaries' live ranges,
-    sized afresh (fresh) or moved from the masks they were sized under (incremental)."""
-    _collectives(tables, mesh, dev, layout, ws, plan, no_ledger)
+    sized afresh (fresh) or moved from the masks they were sized under, and the last plan's
+    costs kept where nothing changed (incremental, with the workspace of one estimator)."""
+    _collectives(tables, mesh, dev, layout, ws, plan, no_ledger, not fresh)
     totals = ws.totals
     step = schedule(sched, tables.ops, tables.shared_reads, ws)
     totals[T_SCHEDULED] = step
@@ -77,6 +82,9 @@ def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fr
         move_temps(live.delta, live.held, held, mesh, memory)
     for t in range(held.shape[0]):
         live.held[t] = held[t]
+    pstate = ws.op_state
+    for p in range(pstate.shape[0]):  # (the sweep adds to what each op holds while it runs)
+        pstate[p].gathered = pstate[p].own_gathered
     hoisted_reshards(tables, memory, ws)
     early_slices(mesh, memory, ws)
     reduced_buffers(tables.ops, mesh, memory, ws)
@@ -125,7 +133,7 @@ def charges(state, plan, ledger):
     the row of the place that charges it (_ledger.py); compute seconds per op type). Not the
     hot path."""
     _collectives(state.tables, state.mesh, state.device[0], state.layout, state.ws, plan,
-                 ledger)
+                 ledger, False)
     return ledger, state.ws.op_state.compute.copy()
 
 

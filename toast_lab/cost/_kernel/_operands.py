@@ -30,11 +30,14 @@ from ._views import OperandView
 
 
 @jit
-def classify_rows(plan, tables, mesh, ws):
-    """Fills ws.row_state: what each operand row holds and what its op wants there."""
+def classify_rows(plan, tables, mesh, ws, only):
+    """Fills ws.row_state: what each operand row holds and what its op wants there (only the
+    rows `only` marks, where it is not empty)."""
     eff, consensus, rstate = ws.eff, ws.consensus, ws.row_state
     mask, value_classes, rows = plan.mask, tables.value_classes, tables.rows
     for r in range(rows.shape[0]):
+        if only.shape[0] and not only[r]:
+            continue
         row = rows[r]
         actual = 0 if row.kind == ROW_FROM_WHOLE else eff[row.value_type, row.dim]
         if row.compound > 0:  # a compound dim's axes, split between its parts
@@ -61,8 +64,9 @@ def classify_rows(plan, tables, mesh, ws):
 
 
 @jit
-def classify_operands(plan, tables, mesh, ws):
-    """Fills ws.operand_state (see the module docstring).
+def classify_operands(plan, tables, mesh, ws, only):
+    """Fills ws.operand_state (see the module docstring); only the operand types `only` marks,
+    where it is not empty.
 
     The axes only added, onto a dim each device holds whole, are sliced first, locally: XLA's
     reshard takes its part of that dim before it communicates, so a gather or an all-to-all
@@ -73,6 +77,8 @@ def classify_operands(plan, tables, mesh, ws):
                     ws.operand_state, ws.vmask)
     operands, operand_rows, rstate, ostate = v.operands, v.operand_rows, v.rstate, v.ostate
     for o in range(operands.shape[0]):
+        if only.shape[0] and not only[o]:
+            continue
         rem = 0
         add = 0
         local = 0
@@ -113,6 +119,8 @@ def classify_operands(plan, tables, mesh, ws):
             continue  # permuted, or gathered whole and sliced as wanted: in order
         _axis_order(o, v, plan.mask, tables.value_classes, mesh)
     for o in range(operands.shape[0]):
+        if only.shape[0] and not only[o]:
+            continue
         s = ostate[o]
         s.only_sliced = 0
         if s.gather == 0 and s.a2a == 0 and s.sliced & v.vmask[operands[o].value_type] == 0:

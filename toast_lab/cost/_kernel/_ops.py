@@ -46,8 +46,9 @@ def op_masks(tables, ws):
 
 
 @jit
-def op_costs(tables, mesh, dev, ws, coll, ledger, layout, totals):
-    """Every op type's collectives and compute (see the module docstring)."""
+def op_costs(tables, mesh, dev, ws, coll, ledger, layout, only):
+    """Every op type's collectives and compute (see the module docstring); where `only` (bool
+    [P]) is not empty, only the op types it marks (the others keep their OP_STATE)."""
     ops, pstate, eff, vmask = tables.ops, ws.op_state, ws.eff, ws.vmask
     v = OperandView(tables.operands, tables.operand_rows, tables.rows, ws.row_state,
                     ws.operand_state, vmask)
@@ -55,9 +56,15 @@ def op_costs(tables, mesh, dev, ws, coll, ledger, layout, totals):
     op_dims, op_io = tables.op_dims, tables.op_io
     red = Reduction(tables.groups, tables.op_groups, ws.consensus, pstate, vmask, eff)
     for p in range(ops.shape[0]):
+        if only.shape[0] and not only[p]:
+            continue
         op = ops[p]
         w = op.weight
         ps = pstate[p]
+        ps.pre_early = 0.0
+        ps.pre_late = 0.0
+        ps.reduced = 0.0
+        ps.reduces = False
         gtime = _member_reshards(p, op, ps, op_operands, v, eff, member_bytes, mesh, coll,
                                  ledger, layout)
         if op.halo_end > op.halo_start:
@@ -94,12 +101,25 @@ def op_costs(tables, mesh, dev, ws, coll, ledger, layout, totals):
         compute, flops = _compute(op, psum, res_mask, op_dims, op_io, eff, vmask, mesh, dev)
         ps.compute = compute
         ptime += after
-        ps.comm = (gtime + ptime) * w
+        ps.own_comm = (gtime + ptime) * w
         ps.post = ptime
-        totals[T_COMPUTE] += compute
+        ps.flops = flops
+        ps.own_gathered = ps.gathered
+
+
+@jit
+def op_totals(tables, ws, totals):
+    """The op types' compute, communication and flops into totals, in order; each op's comm
+    starts from its own (shared reads add theirs after)."""
+    ops, pstate = tables.ops, ws.op_state
+    for p in range(ops.shape[0]):
+        ps = pstate[p]
+        op = ops[p]
+        ps.comm = ps.own_comm
+        totals[T_COMPUTE] += ps.compute
         totals[T_COMM] += ps.comm
-        totals[T_FLOPS] += flops * w
-        totals[T_FLOPS_ONCE] += flops * op.count * op.copies
+        totals[T_FLOPS] += ps.flops * op.weight
+        totals[T_FLOPS_ONCE] += ps.flops * op.count * op.copies
 
 
 @inline

@@ -42,10 +42,13 @@ OPERAND_STATE = np.dtype([
 # it runs, the seconds of one execution of its reshards (of early operands, of the others) and
 # of the reduction after it, the buffer an all-reduce writes, whether it reduces, and the
 # schedule's seconds of one execution and whether it has collectives of its own.
+# (own_comm and own_gathered: the op's own, before shared reads and the memory sweep add to
+# comm and gathered; flops: of one execution.)
 OP_STATE = np.dtype([
     ("psum", _I), ("res", _I), ("compute", _F), ("comm", _F), ("gathered", _F),
     ("pre_early", _F), ("pre_late", _F), ("post", _F), ("reduced", _F), ("run", _F),
-    ("reduces", _B), ("busy", _B)], align=True)
+    ("own_comm", _F), ("own_gathered", _F), ("flops", _F), ("reduces", _B), ("busy", _B)],
+    align=True)
 
 
 class Workspace(NamedTuple):
@@ -75,6 +78,22 @@ class Workspace(NamedTuple):
     wait: np.ndarray             # [N + 1]
     totals: np.ndarray           # [NUM_TOTALS] (_result)
     coll: np.ndarray             # [NUM_KINDS, K, 3] count, bytes, seconds (_charge)
+    no_ops: np.ndarray           # [0] bool: op_costs' `only` for every op type
+    # what an incremental evaluation compares with the last one (_dirty.py): the new masks
+    # and consensus, the plan's masks and the op types' partial-sum and result axes before,
+    # and what changed
+    eff_new: np.ndarray          # [T, D]
+    vmask_new: np.ndarray        # [T]
+    consensus_new: np.ndarray    # [G]
+    prev_mask: np.ndarray        # [S] split classes
+    prev_psum: np.ndarray        # [P]
+    prev_res: np.ndarray         # [P]
+    dirty_type: np.ndarray       # [T] bool
+    dirty_group: np.ndarray      # [G] bool
+    dirty_row: np.ndarray        # [R] bool
+    dirty_operand: np.ndarray    # [O] bool
+    dirty_op: np.ndarray         # [P] bool
+    evaluated: np.ndarray        # [1] bool: a plan was evaluated with this workspace
 
 
 class Liveness(NamedTuple):
@@ -100,7 +119,13 @@ def workspace(tables, memory, masks: int) -> Workspace:
         copies=z(MAX_SHARDINGS, COPY), gdelta=z(N + 2, _F), reducing=z(N, _B),
         feeds=z(N, _B), combined=z(max(memory.num_computations, 1), _I),
         finish=z(N, _F), wait=z(N + 1, _F),
-        totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F))
+        totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F), no_ops=z(0, _B),
+        eff_new=z((T, D), _I), vmask_new=z(T, _I), consensus_new=z(len(tables.groups), _I),
+        prev_mask=z(len(tables.split_base), _I), prev_psum=z(len(tables.ops), _I),
+        prev_res=z(len(tables.ops), _I), dirty_type=z(T, _B),
+        dirty_group=z(len(tables.groups), _B), dirty_row=z(len(tables.rows), _B),
+        dirty_operand=z(len(tables.operands), _B), dirty_op=z(len(tables.ops), _B),
+        evaluated=z(1, _B))
 
 
 def liveness(tables, memory) -> Liveness:
