@@ -311,7 +311,9 @@ def _dependencies(ops, op_io) -> dict:
     """TypeTables.op_depends and op_depends_on (see _tables.py)."""
     lists = []
     for p, op in enumerate(ops):
-        types = {int(op["result_type"]), int(op["workspace_type"])}
+        types = {int(op["result_type"])}
+        if op["workspace"] > 0:
+            types.add(int(op["workspace_type"]))
         types |= {int(op_io[i]["value_type"]) for i in range(op["io_start"], op["io_end"])}
         if op["scatter_updates"] > 0:
             types |= {int(op["scatter_indices_type"]), int(op["scatter_updates_type"])}
