@@ -137,10 +137,11 @@ class CostModel:
         self.state = self.new_state()
         self.layout = _kernel.ledger_layout(tables)
 
-    def new_state(self):
-        """A ModelState of this model's tables with a workspace of its own (_kernel)."""
+    def new_state(self, plan=None, live=None):
+        """A ModelState of this model's tables with a workspace of its own (_kernel); plan
+        and live: the PlanArrays and Liveness an incremental estimator edits in place."""
         return _kernel.model_state(self.ty.tables, self.memory, self.schedule, self.mesh_table,
-                                   self.device_table)
+                                   self.device_table, plan, live)
 
     def _compress(self):
         """Each run of repeated blocks kept once (_compress.py), where there is one."""
@@ -319,8 +320,8 @@ class IncrementalEstimator:
         self._held = {k for k, _, _ in plan.overrides}
         # a workspace of its own, which keeps what the last edit left unchanged, and the
         # temporaries' live ranges, sized replicated to begin with
-        self._state = model.new_state()
         self._live = _kernel.liveness(model.ty.tables, model.memory)
+        self._state = model.new_state(PlanArrays(self.mask, self.rank, self.res), self._live)
         _kernel.fill_temps(self._state, self._live, self._live.held)
         self.result = self._update()
 
@@ -355,8 +356,6 @@ class IncrementalEstimator:
 
     def _update(self) -> tuple[float, float]:
         model = self.model
-        step, peak = _kernel.step_and_peak(self._state, PlanArrays(self.mask, self.rank,
-                                                                   self.res),
-                                           self._live, False, model._overlap_code,
-                                           model.fixed.seconds)
+        step, peak = _kernel.step_and_peak_edited(self._state, model._overlap_code,
+                                                  model.fixed.seconds)
         return float(step), float(peak)

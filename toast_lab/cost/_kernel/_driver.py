@@ -117,6 +117,13 @@ def step_and_peak(state, plan, live, fresh, overlap, extra_s):
 
 
 @njit(cache=True)
+def step_and_peak_edited(state, overlap, extra_s):
+    """step_and_peak of the plan an incremental estimator holds in `state` (state.plan, its
+    live ranges state.scratch), costing only what its last edit changed."""
+    return step_and_peak(state, state.plan, state.scratch, False, overlap, extra_s)
+
+
+@njit(cache=True)
 def evaluate(state, plan, live, fresh):
     """Everything an Estimate needs of one plan: (totals, collectives [kind, mask, count |
     bytes | seconds], compute and communication seconds per op type), copies the caller

@@ -6,7 +6,7 @@ and of its shared reads (phase 5), and walks the program in order (ScheduleTable
 
 from __future__ import annotations
 
-from ._jit import jit
+from ._jit import inline, jit
 
 
 
@@ -29,20 +29,14 @@ def schedule(sched, ops, reads, ws):
       came before the run (ready_first) and whose last copy's results the ops after it read.
     Returns the step's seconds.
     """
-    pstate, read_time = ws.op_state, ws.read_time
-    for p in range(pstate.shape[0]):
-        ps = pstate[p]
-        w = ops[p].weight
-        ps.run = ps.compute / w if w > 0.0 else 0.0  # seconds of one execution
-        ps.busy = ps.pre_early > 0.0 or ps.pre_late > 0.0 or ps.post > 0.0
-    read_slot, read_at, op_type, event, body_first = (
-        sched.read_slot, sched.read_at, sched.op_type, sched.event, sched.body_first)
-    ready, ready_first = sched.ready, sched.ready_first
-    deadline, body_last_trip = sched.deadline, sched.body_last_trip
-    is_run = sched.body_is_run
+    _op_runs(sched, ops, ws)
+    op_type, event, read_slot, read_at = sched.op_type, sched.event, sched.read_slot, \
+        sched.read_at
+    body_first, body_last_trip, is_run = sched.body_first, sched.body_last_trip, \
+        sched.body_is_run
+    pstate, read_time, finish, wait = ws.op_state, ws.read_time, ws.finish, ws.wait
+    ready, ready_first, deadline = sched.ready, sched.ready_first, sched.deadline
     N = op_type.shape[0]
-    finish = ws.finish
-    wait = ws.wait
     finish[:] = 0.0  # (a run walked as a loop reads its last copy's finish before writing it)
     wait[:] = 0.0
     clock = 0.0     # when the next op may start
@@ -55,10 +49,10 @@ def schedule(sched, ops, reads, ws):
     loop_stream = 0.0
     n = 0
     while n < N:
-        p = op_type[n]
         if wait[n] > clock:
             clock = wait[n]
-        if not (pstate[p].busy or event[n]):
+        p = op_type[n]
+        if not (pstate[p].busy or event[n]):  # nothing to do but run the op
             clock += pstate[p].run
             finish[n] = clock
             n += 1
@@ -76,21 +70,9 @@ def schedule(sched, ops, reads, ws):
             else:
                 late += read_time[read_slot[k]]
             k += 1
-        start = clock
-        if early > 0.0:
-            stream += early
-            start = max(start, stream)
-        if late > 0.0:
-            r = ready_first[n] if walks == 0 else ready[n]
-            stream = max(stream, finish[r] if r >= 0 else 0.0) + late
-            start = max(start, stream)
-        clock = start + pstate[p].run
-        finish[n] = clock
-        if pstate[p].post > 0.0:
-            stream = max(stream, clock) + pstate[p].post
-            d = deadline[n]
-            if stream > wait[d]:
-                wait[d] = stream
+        r = ready_first[n] if walks == 0 else ready[n]
+        clock, stream = _step(n, pstate[p], clock, stream, early, late, r, deadline[n], finish,
+                              wait)
         trip = body_last_trip[n]
         if trip > 1.0:
             walks += 1
@@ -110,3 +92,35 @@ def schedule(sched, ops, reads, ws):
         n += 1
     return max(clock, wait[N], stream)
 
+
+@jit
+def _op_runs(sched, ops, ws):
+    """Per op type its seconds of one execution and whether it has collectives of its own."""
+    pstate = ws.op_state
+    for p in range(pstate.shape[0]):
+        ps = pstate[p]
+        w = ops[p].weight
+        ps.run = ps.compute / w if w > 0.0 else 0.0
+        ps.busy = ps.pre_early > 0.0 or ps.pre_late > 0.0 or ps.post > 0.0
+
+
+@inline
+def _step(n, ps, clock, stream, early, late, r, d, finish, wait):
+    """One op (its OP_STATE `ps`) with reshards of its own or of shared reads before it
+    (early: prefetchable; late: of values computed, the last made at position r), and the
+    reduction of its partial sums after it, first waited for at position d: (clock, stream)
+    after it."""
+    start = clock
+    if early > 0.0:
+        stream += early
+        start = max(start, stream)
+    if late > 0.0:
+        stream = max(stream, finish[r] if r >= 0 else 0.0) + late
+        start = max(start, stream)
+    clock = start + ps.run
+    finish[n] = clock
+    if ps.post > 0.0:
+        stream = max(stream, clock) + ps.post
+        if stream > wait[d]:
+            wait[d] = stream
+    return clock, stream

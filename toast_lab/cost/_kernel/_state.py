@@ -24,6 +24,7 @@ from ._charge import NUM_KINDS
 from ._ledger import LEDGER, ledger_layout
 from ._reads import COPY, KEPT, MAX_SHARDINGS
 from ._result import NUM_TOTALS
+from .._plan_arrays import PlanArrays
 
 _I, _F, _B = np.int64, np.float64, np.bool_
 
@@ -144,18 +145,25 @@ class ModelState(structref.StructRefProxy):
 
 
 _FIELDS = ("tables", "memory", "schedule", "mesh", "device", "layout", "ws", "no_ledger",
-           "scratch")
+           "scratch", "plan")
 structref.define_proxy(ModelState, ModelStateType, list(_FIELDS))
 
 
 @njit(cache=True)
-def _new_state(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch):
-    return ModelState(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch)
+def _new_state(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch, plan):
+    return ModelState(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch,
+                      plan)
 
 
-def model_state(tables, memory, schedule, mesh_table, device_table) -> ModelState:
+def model_state(tables, memory, schedule, mesh_table, device_table, plan=None,
+                live=None) -> ModelState:
     """The ModelState of a model's tables (TypeTables, MemoryTables, ScheduleTables), its MESH
-    table and its DEVICE record."""
+    table and its DEVICE record; `plan` and `live`: the PlanArrays and Liveness an incremental
+    estimator edits in place (shared, not copied)."""
+    if plan is None:
+        plan = PlanArrays(np.zeros(len(tables.split_base), _I),
+                          np.zeros(len(tables.split_base), _I),
+                          np.zeros(len(tables.conflict_class), _I))
     return _new_state(tables, memory, schedule, mesh_table, device_table, ledger_layout(tables),
                       workspace(tables, memory, len(mesh_table)), np.zeros(0, LEDGER),
-                      liveness(tables, memory))
+                      liveness(tables, memory) if live is None else live, plan)
