@@ -13,10 +13,9 @@ from toast_lab.cost._kernel._patterns import (  # noqa: F401  (re-exported for t
     ALL_TO_ALL, AXIS_ORDER, BATCHED_RETILE, COMPATIBLE_GATHER, COMPATIBLE_SLICE,
     DOT_SLICED_RESULT, FULL_REMAT, GATHER, GATHER_MAJOR_AXIS, HALO_EXCHANGE, HANDED_DIM,
     OPERAND_PASSTHROUGH, PARTIAL_SUMS, REGROUPED_INDICES, REPLICATED_COPY, ROW_GATHER,
-    SPLIT_FINER, UPDATES_KEEP_SHARDING, VARIADIC_REDUCE)
+    SHARD_MAP_BODY, SPLIT_FINER, UPDATES_KEEP_SHARDING, VARIADIC_REDUCE)
 
-SHARD_MAP = -1  # a shard_map body's own collectives: no partitioner pattern decided them
-_CODES = {name: code for code, name in enumerate(PATTERN_NAMES)} | {"shard_map": SHARD_MAP}
+_CODES = {name: code for code, name in enumerate(PATTERN_NAMES)}
 
 
 def patterns_charged(plan, mesh, primitive: str | None = None,
@@ -24,7 +23,7 @@ def patterns_charged(plan, mesh, primitive: str | None = None,
     """The codes of the patterns that charged the collectives of `plan` on `mesh`
     (CostModel.op_collectives of the plan's analysis): at the ops of `primitive` only (e.g.
     "dot_general", "scatter-add"; None: every op), of collective `kind` only (e.g.
-    "all-to-all"; None: every kind). SHARD_MAP for a shard_map body's own."""
+    "all-to-all"; None: every kind)."""
     an = plan.analysis
     prog = an.program
     found = set()

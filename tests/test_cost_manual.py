@@ -13,6 +13,8 @@ import toast_lab as tl
 from toast_lab.cost import CostModel
 from toast_lab.verification import read_compiled, summarize_collectives
 
+from tests.cost_patterns import SHARD_MAP_BODY, patterns_charged
+
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")
 
 
@@ -178,6 +180,8 @@ def test_a_ring_attention_kernel_pays_its_permutes_every_step():
         found = [(n, c) for n, cs in per_op.items() for c in cs if (c.kind, c.axes) == key]
         assert {an.program.ops[n].primitive for n, _ in found} == {"shard_map"}
         assert sum(c.bytes for _, c in found) == pytest.approx(measured.bytes)
+        assert {c.patterns for _, c in found} == {("shard_map body",)}
+        assert patterns_charged(plan, MESH, primitive="shard_map") == {SHARD_MAP_BODY}
 
 
 def test_a_permute_is_one_hop_over_the_slowest_link_it_crosses():

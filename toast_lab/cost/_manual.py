@@ -3,13 +3,13 @@
 Inside a shard_map the user partitions by hand: each psum, pmax, all_gather, psum_scatter,
 all_to_all and ppermute over named mesh axes lowers to one XLA collective over those axes, on
 the shapes the body sees (one device's shard), and no plan changes it. The estimate charges
-them as they are (CostModel adds them to every plan's collectives), priced by verify's
-convention: an all-gather by its gathered result, the others by their operand (jax 0.10.2 on
-XLA:CPU: a psum of an f32[4, 8] shard over model is one all-reduce of 128 B over the model
-groups; a tiled all_gather of f32[4, 16] over data, one all-gather of 1024 B; a ring shift
-of f32[16, 8] over data, one collective-permute of 512 B, whatever pairs its perm lists:
-XLA sizes it by its operand on every device, those that send nothing too;
-tests/test_cost_manual.py).
+them as they are, inside the op that runs them (its step in the schedule waits for them:
+they block the body), priced by verify's convention: an all-gather by its gathered result,
+the others by their operand (jax 0.10.2 on XLA:CPU: a psum of an f32[4, 8] shard over model
+is one all-reduce of 128 B over the model groups; a tiled all_gather of f32[4, 16] over
+data, one all-gather of 1024 B; a ring shift of f32[16, 8] over data, one
+collective-permute of 512 B, whatever pairs its perm lists: XLA sizes it by its operand on
+every device, those that send nothing too; tests/test_cost_manual.py).
 
 Not charged: collectives over axes the toast_lab Mesh lacks or of size 1 (XLA drops a
 one-device group), and those whose results nothing reads (XLA removes them). Charged but
@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from ._tables import FIXED, SPAN
 
 # primitive -> (collective kind, the parameter naming its mesh axes, priced by its result)
 _MANUAL_COLLECTIVES = {
@@ -134,19 +136,28 @@ def manual_collectives(prog) -> list[ManualCollective]:
 
 
 class FixedCharges(NamedTuple):
-    """The collectives shard_map bodies run whatever the plan, priced on a mesh: one row per
-    collective (op, kernel kind, mesh-axis mask, count, bytes and seconds of one run), and
-    their sums: `coll` [kinds, masks, count | bytes | seconds], `seconds` in all, and
-    `op_comm` [P] seconds per op type."""
+    """The collectives shard_map bodies run whatever the plan, priced on a mesh: `records`
+    (FIXED, ordered by op type: what the kernel charges, _kernel/_ops.py), `by_op` (SPAN [P]:
+    each op type's records) and `op` (the program op each record runs in)."""
 
-    rows: np.ndarray
-    coll: np.ndarray
-    seconds: float
-    op_comm: np.ndarray
+    records: np.ndarray
+    by_op: np.ndarray
+    op: np.ndarray
 
 
 _KERNEL_KINDS = {"all-reduce": 0, "all-gather": 1, "reduce-scatter": 2, "all-to-all": 3,
                  "collective-permute": 4}  # (_kernel's AR, AG, RS, A2A, CP)
+
+
+def _one_run(kind, nbytes, cost) -> float:
+    """Seconds of one collective of `kind` moving nbytes per device over a mesh-axis mask
+    whose MESH record is `cost` (verify's convention, _collectives.py)."""
+    if kind == "all-to-all":
+        return nbytes * cost["a2a_beta"] + cost["gather_alpha"]
+    if kind == "collective-permute":  # point to point, one hop
+        return nbytes * cost["permute_beta"] + cost["permute_alpha"]
+    one = nbytes * cost["gather_beta"] + cost["gather_alpha"]
+    return 2.0 * one if kind == "all-reduce" else one  # (a reduce-scatter and an all-gather)
 
 
 def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCharges:
@@ -159,23 +170,16 @@ def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCha
         cost = mesh_table[mask]
         if mask == 0 or cost["ways"] <= 1.0 or c.nbytes <= 0:
             continue
-        one = c.nbytes * cost["gather_beta"] + cost["gather_alpha"]
-        if c.kind == "all-reduce":  # a reduce-scatter and an all-gather
-            one *= 2.0
-        elif c.kind == "all-to-all":
-            one = c.nbytes * cost["a2a_beta"] + cost["gather_alpha"]
-        elif c.kind == "collective-permute":  # point to point, one hop (_collectives.py)
-            one = c.nbytes * cost["permute_beta"] + cost["permute_alpha"]
-        rows.append((c.op, _KERNEL_KINDS[c.kind], mask, c.count, c.nbytes, one))
-    fixed = np.array(rows, np.float64).reshape(-1, 6)
-    coll = np.zeros((len(_KERNEL_KINDS), len(mesh_table), 3))
-    op, kind, mask = (fixed[:, i].astype(np.int64) for i in range(3))
-    count, nbytes, seconds = fixed[:, 3], fixed[:, 4], fixed[:, 5]
-    for col, w in enumerate((count, count * nbytes, count * seconds)):
-        np.add.at(coll[:, :, col], (kind, mask), w)
-    return FixedCharges(fixed, coll, float((count * seconds).sum()),
-                        np.bincount(op_type[op], weights=count * seconds,
-                                    minlength=num_op_types))
+        rows.append((c.op, (int(op_type[c.op]), _KERNEL_KINDS[c.kind], mask, c.count,
+                            c.nbytes, _one_run(c.kind, c.nbytes, cost))))
+    rows.sort(key=lambda r: r[1][0])  # (stable: each op type's in program order)
+    records = np.array([r for _, r in rows], FIXED)
+    ends = np.cumsum(np.bincount(records["op_type"], minlength=num_op_types))
+    by_op = np.zeros(num_op_types if rows else 0, SPAN)
+    if rows:
+        by_op["end"] = ends
+        by_op["start"] = ends - np.bincount(records["op_type"], minlength=num_op_types)
+    return FixedCharges(records, by_op, np.array([op for op, _ in rows], np.int64))
 
 
 def out_spec_masks(prog, value_type, axis_bit, num_value_types) -> np.ndarray:

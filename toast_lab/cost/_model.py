@@ -134,8 +134,10 @@ class CostModel:
         tables = self.ty.tables
         self.fixed = fixed_charges(prog, self.axis_bit, self.mesh_table, self.ty.op_type,
                                    len(tables.ops))
+        self.ty = self.ty._replace(tables=tables._replace(fixed=self.fixed.records,
+                                                          fixed_by_op=self.fixed.by_op))
         self.state = self.new_state()
-        self.layout = _kernel.ledger_layout(tables)
+        self.layout = _kernel.ledger_layout(self.ty.tables)
 
     def new_state(self, plan=None, live=None):
         """A ModelState of this model's tables with a workspace of its own (_kernel); plan
@@ -220,21 +222,15 @@ class CostModel:
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
         step, peak = _kernel.step_and_peak(self.state, as_plan_arrays(mask, rank, res),
-                                           self._scratch, True, self._overlap_code,
-                                           self.fixed.seconds)
+                                           self._scratch, True, self._overlap_code)
         return float(step), float(peak)
 
     def _evaluate(self, plan):
         """One plan (PlanArrays) through the kernel: (its RESULT record, its collectives
         [kind, mask, count | bytes | seconds], compute and communication seconds per op
-        type), a shard_map body's own collectives added (on the critical path)."""
+        type)."""
         totals, coll, op_compute, op_comm = _kernel.evaluate(self.state, plan, self._scratch,
                                                              True)
-        if len(self.fixed.rows):
-            coll += self.fixed.coll
-            op_comm += self.fixed.op_comm
-            for field in ("communication_s", "scheduled_s", "exposed_s"):
-                totals[_kernel.RESULT.names.index(field)] += self.fixed.seconds
         return _kernel.as_result(totals), coll, op_compute, op_comm
 
     def _step_and_peak(self, result) -> tuple[float, float]:
@@ -356,6 +352,5 @@ class IncrementalEstimator:
 
     def _update(self) -> tuple[float, float]:
         model = self.model
-        step, peak = _kernel.step_and_peak_edited(self._state, model._overlap_code,
-                                                  model.fixed.seconds)
+        step, peak = _kernel.step_and_peak_edited(self._state, model._overlap_code)
         return float(step), float(peak)

@@ -39,7 +39,8 @@ class OpCollective:
     it reshards after the loop (_static.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
     conventions (an all-gather counts its output); patterns: the names of the XLA partitioner
-    cases that decided it (cost/_kernel/_patterns.py; "shard_map" for a shard_map body's own).
+    cases that decided it (cost/_kernel/_patterns.py; "shard_map body" for a shard_map body's
+    own).
     """
 
     kind: str
@@ -60,7 +61,7 @@ class Charges(NamedTuple):
     """Every collective charge of one plan, one row per (op, place it is charged): [K] arrays.
     operand: the operand position (-1: partial sums); kind: _kernel.AR/AG/RS/A2A/CP; mask: mesh
     axes as bits; count, bytes and seconds: per step, all the op's runs; pattern: the
-    partitioner pattern that charged it (_kernel.PATTERNS, -1: a shard_map body's own)."""
+    partitioner pattern that charged it (_kernel.PATTERNS)."""
 
     op: np.ndarray
     operand: np.ndarray
@@ -135,23 +136,18 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
         ops = tables.ops
         halo_type = np.repeat(np.arange(len(ops)), ops["halo_end"] - ops["halo_start"])
         at_every_instance(row, halo_type[row - halos], np.zeros(len(row), np.int64))
+    # a shard_map body's own collectives, rows from `fixed`: at the shard_map running them
+    n = len(model.fixed.op)
+    parts.append((model.fixed.op, np.full(n, -1), layout.fixed + np.arange(n), np.ones(n)))
     op, operand, row, scale = (np.concatenate([p[i] for p in parts]) for i in range(4))
     charged = counts[row] > 0
     op, operand, row, scale = op[charged], operand[charged], row[charged], scale[charged]
     count = counts[row] * scale
-    # a shard_map body's own collectives (CostModel._manual_tables), at the shard_map
-    fixed = model.fixed.rows
-    count = np.concatenate([count, fixed[:, 3]])
-    return Charges(op=np.concatenate([op, fixed[:, 0].astype(np.int64)]),
-                   operand=np.concatenate([operand, np.full(len(fixed), -1)]).astype(np.int64),
-                   kind=np.concatenate([ledger["kind"][row], fixed[:, 1]]).astype(np.int64),
-                   mask=np.concatenate([ledger["mask"][row], fixed[:, 2]]).astype(np.int64),
-                   count=count,
-                   bytes=count * np.concatenate([ledger["bytes"][row], fixed[:, 4]]),
-                   seconds=count * np.concatenate([ledger["seconds"][row], fixed[:, 5]]),
-                   pattern=np.concatenate([ledger["pattern"][row],
-                                           np.full(len(fixed), -1)]).astype(np.int64)
-                   ), op_compute
+    return Charges(op=op, operand=operand.astype(np.int64),
+                   kind=ledger["kind"][row].astype(np.int64),
+                   mask=ledger["mask"][row].astype(np.int64), count=count,
+                   bytes=count * ledger["bytes"][row], seconds=count * ledger["seconds"][row],
+                   pattern=ledger["pattern"][row].astype(np.int64)), op_compute
 
 
 def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective, ...]]:
@@ -167,7 +163,7 @@ def op_collectives(charges: Charges, mask_axes) -> dict[int, tuple[OpCollective,
         total[0] += c
         total[1] += b
         total[2] += s
-        name = "shard_map" if pat < 0 else _kernel.PATTERN_NAMES[pat]
+        name = _kernel.PATTERN_NAMES[pat]
         if name not in total[3]:
             total[3].append(name)
     return {n: tuple(OpCollective(kind, mask_axes[m], None if t < 0 else t, c, b, s,

@@ -117,6 +117,9 @@ SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_
 # An op's operand that is not a shared read, where the compiler reshards it as soon as the
 # value is made: the op's position, the reshard's, and the operand (an index into op_operands).
 OPERAND_READ = record(position=_I, ready=_I, member=_I)
+# A collective a shard_map body runs whatever the plan (_manual.py): the op type it runs in,
+# its kind, mesh-axis mask, how many per step, and the bytes and seconds of one.
+FIXED = record(op_type=_I, kind=_I, mask=_I, count=_F, nbytes=_F, seconds=_F)
 
 
 class TypeTables(NamedTuple):
@@ -150,6 +153,10 @@ class TypeTables(NamedTuple):
     op_depends: np.ndarray
     op_depends_on: np.ndarray
     num_ops: int
+    # the collectives shard_map bodies run whatever the plan (FIXED records, by op type), and
+    # each op type's run of them (SPAN records [P]; none where the program has no shard_map)
+    fixed: np.ndarray = np.zeros(0, FIXED)
+    fixed_by_op: np.ndarray = np.zeros(0, SPAN)
 
 
 # One record per mesh-axis mask: its devices, and what a collective over its axes costs

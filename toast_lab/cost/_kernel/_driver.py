@@ -100,15 +100,14 @@ def _run_state(state, plan, live, fresh):
 
 
 @njit(cache=True)
-def step_and_peak(state, plan, live, fresh, overlap, extra_s):
+def step_and_peak(state, plan, live, fresh, overlap):
     """(step seconds, peak bytes per device) of one plan: the search's hot path. overlap:
-    OVERLAP_*; extra_s: seconds of collectives on the critical path that no plan changes (a
-    shard_map body's own)."""
+    OVERLAP_*."""
     _run_state(state, plan, live, fresh)
     totals = state.ws.totals
-    compute, comm = totals[T_COMPUTE], totals[T_COMM] + extra_s
+    compute, comm = totals[T_COMPUTE], totals[T_COMM]
     if overlap == OVERLAP_SCHEDULED:
-        step = totals[T_SCHEDULED] + extra_s
+        step = totals[T_SCHEDULED]
     elif overlap == OVERLAP_PERFECT:
         step = max(compute, comm)
     else:
@@ -117,10 +116,10 @@ def step_and_peak(state, plan, live, fresh, overlap, extra_s):
 
 
 @njit(cache=True)
-def step_and_peak_edited(state, overlap, extra_s):
+def step_and_peak_edited(state, overlap):
     """step_and_peak of the plan an incremental estimator holds in `state` (state.plan, its
     live ranges state.scratch), costing only what its last edit changed."""
-    return step_and_peak(state, state.plan, state.scratch, False, overlap, extra_s)
+    return step_and_peak(state, state.plan, state.scratch, False, overlap)
 
 
 @njit(cache=True)

@@ -17,6 +17,7 @@ indexes the ledger through it:
 - `member_reorder`: per member m, the permute that puts its axes in order;
 - `halo`: per halo record h (TypeTables.halos), its halo exchange's permutes;
 - `read_reorder`: per shared read s, the permute that puts its axes in order;
+- `fixed`: per FIXED record (TypeTables.fixed), a shard_map body's collective;
 - `rows`: the ledger's length.
 """
 
@@ -57,6 +58,7 @@ class LedgerLayout(NamedTuple):
     member_reorder: int
     halo: int
     read_reorder: int
+    fixed: int
     rows: int
 
 
@@ -69,5 +71,6 @@ def ledger_layout(tables) -> LedgerLayout:
     member_reorder = op + OP_ROWS * len(tables.ops)
     halo = member_reorder + members
     read_reorder = halo + len(tables.halos)
-    return LedgerLayout(0, group, read, op, member_reorder, halo, read_reorder,
-                        read_reorder + len(tables.shared_reads))
+    fixed = read_reorder + len(tables.shared_reads)
+    return LedgerLayout(0, group, read, op, member_reorder, halo, read_reorder, fixed,
+                        fixed + len(tables.fixed))

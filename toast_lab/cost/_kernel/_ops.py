@@ -1,12 +1,14 @@
 """Phase 4, op costs: per op type, the reshards of its own operands, the partitioner's special
-cases, the reduction of its partial sums, and its compute time by roofline.
+cases, the reduction of its partial sums, the collectives a shard_map body runs inside it, and
+its compute time by roofline.
 
 Reads the masks and the operand classification from the workspace; writes per op type an
 OP_STATE record (_state.py): `psum` (the axes it computes partial sums over), `res` (its
 result's axes), `compute` and `comm` (seconds per step), `gathered` (bytes of the buffers it
 holds while it runs), `pre_early`, `pre_late` and `post` (seconds of one execution of the
 reshards of its early operands, of the others, and of the reduction after it: the schedule's
-input), `reduced` and `reduces` (liveness); and `member_bytes` per operand member, and the
+input), `inline` (seconds of one execution of a shard_map body's own collectives, which the
+op waits for), `reduced` and `reduces` (liveness); and `member_bytes` per operand member, and the
 totals.
 """
 
@@ -21,7 +23,7 @@ from ._charge import A2A, AG, a2a_time, charge, gather_time
 from ._halo import halo_exchange
 from ._indexing import batched_indexing
 from ._ledger import OP_BATCHED_OPERAND, OP_ROWS, OP_SCATTER_UPDATES
-from ._patterns import UPDATES_KEEP_SHARDING
+from ._patterns import SHARD_MAP_BODY, UPDATES_KEEP_SHARDING
 from ._reductions import Reduction, reduce_partials
 from ._reshard import reduced_reorder, reshard
 from ._result import T_COMM, T_COMPUTE, T_FLOPS, T_FLOPS_ONCE
@@ -101,7 +103,10 @@ def op_costs(tables, mesh, dev, ws, coll, ledger, layout, only):
         compute, flops = _compute(op, psum, res_mask, op_dims, op_io, eff, vmask, mesh, dev)
         ps.compute = compute
         ptime += after
-        ps.own_comm = (gtime + ptime) * w
+        inline = _shard_map_body(p, tables.fixed, tables.fixed_by_op, coll, ledger,
+                                 layout.fixed)
+        ps.inline = inline / w if w > 0.0 else 0.0
+        ps.own_comm = (gtime + ptime) * w + inline
         ps.post = ptime
         ps.flops = flops
         ps.own_gathered = ps.gathered
@@ -120,6 +125,21 @@ def op_totals(tables, ws, totals):
         totals[T_COMM] += ps.comm
         totals[T_FLOPS] += ps.flops * op.weight
         totals[T_FLOPS_ONCE] += ps.flops * op.count * op.copies
+
+
+@inline
+def _shard_map_body(p, fixed, fixed_by_op, coll, ledger, first):
+    """Charges the collectives the shard_map bodies of op type p run whatever the plan (FIXED
+    records, ledger rows from `first`); returns their seconds per step."""
+    if fixed.shape[0] == 0:
+        return 0.0
+    seconds = 0.0
+    for i in range(fixed_by_op[p].start, fixed_by_op[p].end):
+        f = fixed[i]
+        charge(coll, f.kind, f.mask, f.count, f.nbytes, f.seconds, ledger, first + i,
+               SHARD_MAP_BODY)
+        seconds += f.count * f.seconds
+    return seconds
 
 
 @inline

@@ -37,7 +37,8 @@ HALO_EXCHANGE = 15        # a convolution's windowed dims exchange halos
 ROW_GATHER = 16           # a gather of rows sliced over the axes its result's features hold
 DOT_SLICED_RESULT = 17    # a matmul all-reducing a slice of its result and moving it
 VARIADIC_REDUCE = 18      # an argmax's partial results all-gathered and reduced again
-NUM_PATTERNS = 19
+SHARD_MAP_BODY = 19       # a collective a shard_map body runs, whatever the plan
+NUM_PATTERNS = 20
 
 
 class Pattern(NamedTuple):
@@ -156,6 +157,10 @@ PATTERNS = (
             "partial results and reduces them again",
             "tests/test_cost.py::"
             "test_an_argmax_over_a_sharded_dim_all_gathers_its_partial_results"),
+    Pattern(SHARD_MAP_BODY, "shard_map body", "(none: the user's own collectives)",
+            "a psum, all_gather, psum_scatter, all_to_all or ppermute a shard_map body runs "
+            "lowers to one collective on the shapes it sees, whatever the plan, inside the op",
+            "tests/test_cost_manual.py::test_a_ring_attention_kernel_pays_its_permutes_every_step"),
 )
 assert [p.code for p in PATTERNS] == list(range(NUM_PATTERNS))
 PATTERN_NAMES = tuple(p.name for p in PATTERNS)

@@ -95,12 +95,13 @@ def schedule(sched, ops, reads, ws):
 
 @jit
 def _op_runs(sched, ops, ws):
-    """Per op type its seconds of one execution and whether it has collectives of its own."""
+    """Per op type its seconds of one execution (with the collectives a shard_map body runs
+    inside it) and whether it has collectives of its own to overlap."""
     pstate = ws.op_state
     for p in range(pstate.shape[0]):
         ps = pstate[p]
         w = ops[p].weight
-        ps.run = ps.compute / w if w > 0.0 else 0.0
+        ps.run = (ps.compute / w if w > 0.0 else 0.0) + ps.inline
         ps.busy = ps.pre_early > 0.0 or ps.pre_late > 0.0 or ps.post > 0.0
 
 

@@ -44,11 +44,13 @@ OPERAND_STATE = np.dtype([
 # of the reduction after it, the buffer an all-reduce writes, whether it reduces, and the
 # schedule's seconds of one execution and whether it has collectives of its own.
 # (own_comm and own_gathered: the op's own, before shared reads and the memory sweep add to
-# comm and gathered; flops: of one execution.)
+# comm and gathered; flops: of one execution; inline: seconds of one execution of the
+# collectives a shard_map body runs inside the op.)
 OP_STATE = np.dtype([
     ("psum", _I), ("res", _I), ("compute", _F), ("comm", _F), ("gathered", _F),
     ("pre_early", _F), ("pre_late", _F), ("post", _F), ("reduced", _F), ("run", _F),
-    ("own_comm", _F), ("own_gathered", _F), ("flops", _F), ("reduces", _B), ("busy", _B)],
+    ("own_comm", _F), ("own_gathered", _F), ("flops", _F), ("inline", _F), ("reduces", _B),
+    ("busy", _B)],
     align=True)
 
 
