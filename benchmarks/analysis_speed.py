@@ -3,10 +3,10 @@
     python benchmarks/analysis_speed.py [--layers 2 12 24 48] [--repeat 3]
 
 Analysis time excludes JAX's own tracing (`make_jaxpr`), which is reported separately as
-"trace"; "eqn/s" is equations analysed per second. Goal (issue #2): 24 layers under 1 s,
-growing linearly with depth. The last line times the rule table alone (`rules.rule_for` on every
-op of the 2-layer program, no analysis cache): rules run once per op of programs with 10,000+
-ops, so they must stay in the microseconds.
+"trace"; "eqn/s" is equations analysed per second. Goal: 24 layers under 1 s, growing
+linearly with depth. The last line times the rule table alone (`rules.rule_for` on every op of
+the 2-layer program, no analysis cache): rules run once per op of programs with 10,000+ ops, so
+they must stay in the microseconds.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ Beside MCTS: analysis + search-to-best time, and the XLA compile time of the cho
 simulated CPU devices (where the mesh has at most 8 devices). A second table compares every
 expert strategy with the search's plan. "plans" is the size of the classic space (one decision
 per class and conflict), which exhaustive and random search draw from; MCTS also decides
-per-domain overrides. Goals (issues #5 and #12): MCTS at least as good as every expert
-strategy on every row (within the default budget) and feasible where data parallel is not;
-analysis + search faster than XLA compiles that plan; the 96-layer model under 30 s.
+per-domain overrides. Goals: MCTS at least as good as every expert strategy on every row
+(within the default budget) and feasible where data parallel is not; analysis + search faster
+than XLA compiles that plan; the 96-layer model under 30 s.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ CASES = [
     ("gpt", dict(size="gpt3-175b", remat=True, dtype="bfloat16"),
      {"data": 8, "fsdp": 8, "model": 4}, "tpu-v5p"),
     # A 128B-parameter GPT (GPT-3's width, 70 layers) on 128 and 256 v5p chips, and on two
-    # 128-chip slices whose `dcn` axis crosses the data-center network (issue #12).
+    # 128-chip slices whose `dcn` axis crosses the data-center network.
     ("gpt", dict(_GPT_128B, batch=256), {"data": 2, "fsdp": 16, "tensor": 4}, "tpu-v5p"),
     ("gpt", dict(_GPT_128B, batch=512), {"data": 4, "fsdp": 16, "tensor": 4}, "tpu-v5p"),
     ("gpt", dict(_GPT_128B, batch=512), {"dcn": 2, "fsdp": 32, "tensor": 4}, "tpu-v5p", None,

@@ -34,10 +34,11 @@ psutil = pytest.importorskip("psutil")
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = ("quickstart", "concepts", "expert_in_the_loop", "bring_your_own_model")
-# Issue #11: each notebook runs top to bottom in under 60 s on a 2-core machine. Measured as
-# the kernel's CPU time (all its threads, start to last cell): the kernel waits on nothing but
-# the CPU, so on an idle 2-core machine its wall time is about that or less, and unlike wall
-# time it does not grow when other work shares the machine. The wall time is printed beside it; a cell that runs past WALL_LIMIT_S fails.
+# The README promises each notebook runs top to bottom in under a minute on a laptop CPU; here:
+# under 60 s on a 2-core machine. Measured as the kernel's CPU time (all its threads, start to
+# last cell): the kernel waits on nothing but the CPU, so on an idle 2-core machine its wall
+# time is about that or less, and unlike wall time it does not grow when other work shares the
+# machine. The wall time is printed beside it; a cell that runs past WALL_LIMIT_S fails.
 LIMIT_S = float(os.environ.get("TOAST_LAB_NOTEBOOK_LIMIT_S", "60"))
 WALL_LIMIT_S = 5 * LIMIT_S
 

@@ -1,6 +1,6 @@
-"""Published plans (issue #12, items 7 and 8): MaxText's FSDP x TP with the activations' embed
-on the tensor axis, ZeRO-1/2 and Megatron-SP with FSDP are expert strategies, verify against
-XLA, and the search is never worse than any expert strategy."""
+"""Published plans: MaxText's FSDP x TP with the activations' embed on the tensor axis,
+ZeRO-1/2 and Megatron-SP with FSDP are expert strategies, verify against XLA, and the search is
+never worse than any expert strategy."""
 
 import functools
 

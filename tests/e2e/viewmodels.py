@@ -1,10 +1,11 @@
 """A hand-made view model for the kernel-less plan viewer's tests (test_plan_viewer.py).
 
-`gpt_view()` is a view model (notes/VIEWMODEL.md) of a small GPT training step on a 2×2×2 mesh
-written by hand before the Lab's ViewBuilder existed: its ids follow the first draft of the
-contract (`op_104`, `grp_block*/mlp`) and it lacks note/notice/sharded. The Lab's own view
-model, which the widget tests use, is tests/data/lab_view_gpt.json, written by
-make_view_fixture.py with the real ViewBuilder; the plan viewer's tests should move to it.
+`gpt_view()` is a view model (toast_lab/lab/_viewmodel.py) of a small GPT training step on a
+2×2×2 mesh, written by hand rather than by the Lab's ViewBuilder: its ids (`op_104`,
+`grp_block*/mlp`) are not the ViewBuilder's, and it carries none of the optional fields (note,
+notice, sharded, ...), so the viewer is also tested on a view model without them. The Lab's own view model,
+which the widget tests use, is tests/data/lab_view_gpt.json, written by make_view_fixture.py
+with the real ViewBuilder.
 """
 
 from __future__ import annotations

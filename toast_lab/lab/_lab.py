@@ -290,7 +290,7 @@ class Lab:
         self.refresh()
 
     def _on_event(self, event: dict) -> None:
-        """One front-end message; see notes/VIEWMODEL.md for the events."""
+        """One front-end message; the events are listed in _viewmodel.py's docstring."""
         name = event.get("event") if isinstance(event, dict) else None
         self._error = None
         try:

@@ -1,11 +1,32 @@
-"""The Lab's view model: a frozen, JSON-ready description of what to draw (treescope's
-intermediate form). Python builds it (`_build.py`); the TypeScript view only draws it.
+"""The Lab's view model: a frozen, JSON-ready description of what to draw for one state of a
+session (treescope's intermediate form). Python builds it (`_build.py`); the TypeScript view only
+draws it, in the live widget and in the kernel-less plan viewer alike.
 
 The types mirror labextension/src/viewmodel.ts field for field (snake_case on both sides);
 sequences are tuples here and arrays in JSON. `ViewModel.to_dict()` is what the widget's `view`
-traitlet and a plan file carry; `ViewModel.from_dict` reads it back (a round trip gives an
-equal model); `to_text()` renders it for tests and terminals. Fields added later have defaults,
-so plan files written before them still read.
+traitlet and a plan file's "view" carry (`saved_view` drops the moment's state for a file);
+`ViewModel.from_dict` reads it back (a round trip gives an equal model); `to_text()` renders it
+for tests and terminals. Fields beyond the first version's have defaults, so plan files without
+them still read.
+
+The widget (`_widget.LabView`, labextension/src/widget.ts) carries the model whole in `view`,
+replaced on every change, beside `op_costs` (per-op seconds as a binary buffer) and `progress`.
+The front end answers with events (`LabEvent` in viewmodel.ts), each an ipywidgets custom
+message ``{"event": name, ...}``; `Lab._on_event` acts on it and sends a new `view` (a refused
+event shows as the view's `error`):
+
+- ``pin {name, value}``: fix a class to mesh axes (a list; [] replicated) or a conflict to a
+  resolution (a string): a choice in the Decisions tab, or a collective's remedy;
+- ``unpin {name}``: release a pinned decision (it keeps its value until a search changes it);
+- ``toggle {group}``: open a collapsed scope group, or close an open one (a click on a group);
+- ``select {kind, id}``: an op (id: its op id) or a drawn edge (id: the edge's); the view then
+  carries its collectives `explained`, and an op's `details` (Python also takes group, class
+  and conflict);
+- ``search {budget_s}``: MCTS over what is not pinned, in the background;
+- ``stop {}``: end the search, keeping the best plan found;
+- ``export {path}``: write the plan file (default "plan.json") with this view model in it.
+
+The plan viewer has no kernel: it sends none of them, and opens groups itself.
 """
 
 from __future__ import annotations

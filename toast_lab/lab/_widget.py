@@ -1,20 +1,18 @@
 """The Lab's notebook widget: synced state and front-end events, no engine logic.
 
 `LabView` mirrors the TypeScript model `LabViewModel` / view `LabView` in the JupyterLab
-extension "toast-lab" (labextension/src/widget.ts). Its two traitlets are the contract of
-notes/VIEWMODEL.md:
+extension "toast-lab" (labextension/src/widget.ts). Its three traitlets:
 
-- `view`: the view model, a JSON-ready dict (``format: "toast-lab-view"``), replaced whole on
-  every change;
+- `view`: the view model (_viewmodel.py), a JSON-ready dict (``format: "toast-lab-view"``),
+  replaced whole on every change;
 - `op_costs`: bytes, little-endian float64 ``[compute_s, comm_s]`` per op in op id order (a
   binary buffer, so a large program's per-op costs do not travel as JSON);
 - `progress`: what the Lab is still doing once displayed ("preparing the charts"), drawn as a
   line over the view; "" when nothing.
 
-The front end sends events as custom messages ``{"event": name, ...}``: ``pin {name, value}``,
-``unpin {name}``, ``toggle {group}``, ``select {kind, id}``, ``search {budget_s}``, ``stop {}``,
-``export {path}``. `on_event` delivers each as a dict; the session decides what it means and
-answers by assigning a new `view`.
+The front end sends events as custom messages ``{"event": name, ...}``, one of `EVENTS`
+(_viewmodel.py's docstring says what each carries and does). `on_event` delivers each as a
+dict; the session decides what it means and answers by assigning a new `view`.
 """
 
 from __future__ import annotations

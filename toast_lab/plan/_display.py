@@ -24,8 +24,8 @@ log = logging.getLogger("toast_lab.plan")
 class PlanDisplay:
     """What a plan looks like on a mesh, as JSON-ready dicts.
 
-    view: the view model (notes/VIEWMODEL.md) or None. estimate: the estimate as the view
-    shows it (Estimate.to_dict() plus communication by mesh axes) or None without a mesh.
+    view: the view model (toast_lab/lab/_viewmodel.py) or None. estimate: the estimate as the
+    view shows it (Estimate.to_dict() plus communication by mesh axes) or None without a mesh.
     experts: the expert strategies on the same cost model, rows of {name, step_time_s,
     peak_memory_bytes, feasible, classes}. note: what is missing and why, or None.
     """

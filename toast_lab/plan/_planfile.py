@@ -19,9 +19,9 @@ program, and carries the program's fingerprint so a plan for another program fai
 
 Version 2 added "overrides" (a class's axes in one domain of the step, see plan/_plan.py; only
 present when a plan has some) and "experts" and "view": what the JupyterLab extension draws
-without a kernel (notes/VIEWMODEL.md). Those two are informative: loading a plan never reads
-them, and skips the view's text without parsing it (_skip.py), so no size or nesting depth there
-can break a load. Version 1 files load unchanged.
+without a kernel (the view model, toast_lab/lab/_viewmodel.py). Those two are informative:
+loading a plan never reads them, and skips the view's text without parsing it (_skip.py), so
+no size or nesting depth there can break a load. Version 1 files load unchanged.
 
 The mesh section names the device; where the device is not the preset of that name (one made
 with `dataclasses.replace(preset, ...)` keeps the preset's name; one of the user's own has a
