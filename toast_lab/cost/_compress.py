@@ -255,4 +255,6 @@ def _read_classes(types, pm: PositionMap):
 
 def _slots(operand_read: np.ndarray, slot_of: np.ndarray) -> np.ndarray:
     """Static's operands' shared reads, as class slots (-1 stays -1)."""
+    if len(slot_of) == 0:  # no shared reads: nothing to map
+        return np.full_like(operand_read, -1)
     return np.where(operand_read >= 0, slot_of[np.maximum(operand_read, 0)], -1)

@@ -101,7 +101,9 @@ def workspace_temps(temps, pieces, prog, position, value_type) -> None:
         ready = position[producer] if producer >= 0 else 0
         start, end = {"iota": (0, ready + 1), "window": (ready, ready + 1),
                       "indices": (ready, position[op] + 1)}[kind]
-        temps[i] = (start, end, nbytes, value_type[value], 0.0)
+        temp = temps[i]  # (a record view: its other fields are the caller's)
+        temp["start"], temp["end"], temp["nbytes"] = start, end, nbytes
+        temp["value_type"], temp["min_nbytes"] = value_type[value], 0.0
 
 
 def ready_positions(prog, position) -> np.ndarray:
