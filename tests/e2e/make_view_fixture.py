@@ -45,9 +45,14 @@ def build() -> tuple[dict, dict]:
 
 
 def _portable(doc: dict) -> str:
-    """JSON with source paths relative to the checkout (the fixture is the same everywhere)."""
-    root = str(Path(__file__).resolve().parents[2]) + "/"
-    return json.dumps(doc, indent=1).replace(root, "") + "\n"
+    """JSON with source paths relative to the checkout, or to site-packages for a library's
+    line (the fixture is the same everywhere)."""
+    import sysconfig
+
+    text = json.dumps(doc, indent=1)
+    for root in (str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"]):
+        text = text.replace(root + "/", "")
+    return text + "\n"
 
 
 def main() -> None:

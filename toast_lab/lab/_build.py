@@ -19,12 +19,14 @@ from ._details import op_details, snippet
 from ._dot import to_dot
 from ._explain import Explainer
 from ._graph import ProgramIndex, VisibleGraph
+from ._memory import memory_view
 from ._palette import class_colors, legend_classes
 from ._resolutions import resolution_words
 from ._scopes import ROOT, build_scope_tree
 from ._start import ruled_out
 from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, ExplainedView, GraphView,
-                         GroupView, NodeView, SearchView, StartView, ViewModel, _plain)
+                         GroupView, MemoryView, NodeView, SearchView, StartView, ViewModel,
+                         _plain)
 
 GRAPH_CACHE = 8  # quotient graphs kept (sets of open groups a person toggles between)
 DEFAULT_NODES = 40  # what the graph opens with: about what one screen shows legibly
@@ -50,6 +52,7 @@ class ViewBuilder:
         self._breakdown: tuple = (None, None, None)  # (model, plan, its op_breakdown)
         self._priced: tuple = (None, None, None)     # (model, plan, its choices)
         self._explained: tuple = (None, None)        # ((plan, selection, open groups), view)
+        self._memory: tuple = (None, None, None)     # (model, plan, its MemoryView)
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -146,6 +149,7 @@ class ViewBuilder:
                                      colls.get(o, ()))
             explained = self._explain(model, plan, selected, graph, colls, classes, conflicts)
             experts = self.experts(session)
+            memory = self.memory(model, plan)
             pinned = tuple(sorted(plan.pinned))
             snip = snippet(plan, self.mesh)
             start = session.start
@@ -157,11 +161,11 @@ class ViewBuilder:
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
             notice=notice, start=StartView(start.name, start.how, start.step_time_s,
                                            start.peak_memory_bytes, start.note, start.label),
-            explained=explained)
+            explained=explained, memory=memory)
 
     def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
         """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
-        the plan and its decisions, with no costs, prices, estimate or expert rows."""
+        the plan and its decisions, with no costs, prices, estimate, expert rows or memory chart."""
         expanded = self.default_expanded if expanded is None else expanded
         graph = self.graph(expanded)
         zeros = np.zeros(len(self.analysis.program.ops))
@@ -185,6 +189,17 @@ class ViewBuilder:
         """{op id: its OpCollectives} under `plan`, as the cost model charges them
         (CostModel.op_collectives; cached for the last plan)."""
         return self._op_breakdown(model, plan)[2]
+
+    def memory(self, model, plan) -> MemoryView:
+        """The live bytes of `plan`'s step for the memory chart (CostModel.memory_timeline,
+        sampled: _memory.py), kept for the last plan: once per plan shown, not per pin priced
+        or search rollout."""
+        cached_model, cached_plan, cached = self._memory
+        if cached_model is model and cached_plan == plan:
+            return cached
+        view = memory_view(self.analysis, model.memory_timeline(plan))
+        self._memory = (model, plan, view)
+        return view
 
     def _op_breakdown(self, model, plan) -> tuple:
         """CostModel.op_breakdown of `plan`, kept for the last plan: a view and its details

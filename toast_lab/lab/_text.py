@@ -34,6 +34,8 @@ def render(vm) -> str:
         by_axis = ", ".join(f"{a} {_ms(t)}" for a, t in est["communication_by_axis"].items())
         if by_axis:
             lines.append(f"  communication by axis: {by_axis}")
+    if vm.memory is not None:
+        lines.append(_memory(vm.memory))
     if vm.start:
         lines.append(f"{vm.start.label} ({vm.start.note})")
     if vm.error:
@@ -95,6 +97,25 @@ def render(vm) -> str:
     if vm.explained:
         lines += _explained(vm.explained)
     return "\n".join(lines)
+
+
+def _memory(m) -> str:
+    """One line: the peak of the live bytes over the step, its op, and what it holds."""
+    if not m.positions:
+        return "memory over the step: no ops"
+    parts = ", ".join(f"{k} {_bytes(v)}" for k, v in m.at_peak().items() if v)
+    where = ", ".join(x for x in (m.peak_source, m.peak_scope) if x)
+    return (f"memory over the step: peak {_bytes(m.peak_bytes)} at op {m.peak_op} "
+            f"({m.peak_primitive}{'; ' + where if where else ''}), run {m.peak_position + 1} "
+            f"of {m.steps} ({parts}); {len(m.positions)} positions drawn")
+
+
+def _bytes(b) -> str:
+    """Bytes in the largest binary unit that keeps a digit before the point (GiB, MiB...)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= scale:
+            return f"{b / scale:.2f} {unit}"
+    return f"{b:.0f} B"
 
 
 def _explained(x) -> list[str]:

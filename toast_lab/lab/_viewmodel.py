@@ -285,6 +285,39 @@ class DetailsView:
 
 
 @dataclass(frozen=True)
+class MemoryView:
+    """Live bytes per device over one step of the plan (CostModel.memory_timeline), drawn as
+    the memory chart: bytes stacked by category over program order.
+
+    steps: the ops of the step, at positions 0..steps-1 in the order the compiler runs them;
+    positions: [M] the positions drawn, ascending: every one when steps <= MAX_SAMPLES, else
+    the most and the least live position of each equal stretch of the step, the first, the
+    last and the peak (_memory.py); ops: [M] the op at each; categories: {name: [M] bytes},
+    whole bytes, in MEMORY_CATEGORIES order (the bottom of the stack first); peak_position,
+    peak_op, peak_bytes: where the live bytes are largest and how many (the estimate's
+    peak_memory_bytes); peak_primitive, peak_source, peak_scope: that op in words.
+    """
+
+    steps: int
+    positions: tuple[int, ...]
+    ops: tuple[int, ...]
+    categories: Mapping[str, tuple[int, ...]]
+    peak_position: int
+    peak_op: int
+    peak_bytes: float
+    peak_primitive: str = ""
+    peak_source: str = ""
+    peak_scope: str = ""
+
+    def at_peak(self) -> dict[str, int]:
+        """{category: bytes} at the peak position (one of the positions drawn)."""
+        if not self.positions:
+            return {}
+        k = self.positions.index(self.peak_position)
+        return {name: values[k] for name, values in self.categories.items()}
+
+
+@dataclass(frozen=True)
 class Selection:
     kind: str               # "op" | "group" | "class" | "conflict" | "edge"
     id: str
@@ -311,6 +344,7 @@ class ViewModel:
     notice: str | None = None   # what the last action did besides the obvious (not an error)
     start: StartView | None = None        # the plan the session started on
     explained: ExplainedView | None = None  # the selected op's or edge's collectives
+    memory: MemoryView | None = None      # live bytes over the step (None: no mesh)
     format: str = FORMAT
     version: int = VERSION
 
@@ -442,5 +476,6 @@ def _build(tp, data):
 
 __all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView",
            "NodeView", "EdgeView", "ExpertRow", "StartView", "SearchView", "DetailsView",
-           "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "Selection",
+           "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "MemoryView",
+           "Selection",
            "FORMAT", "VERSION", "saved_view"]
