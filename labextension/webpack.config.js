@@ -13,7 +13,7 @@ module.exports = {
   optimization: {
     // rspack's default minimizers, leaving out the files emitted as they are
     minimizer: [
-      new rspack.SwcJsMinimizerRspackPlugin({ exclude: /^bokeh\.min\./ }),
+      new rspack.SwcJsMinimizerRspackPlugin({ exclude: /^bokeh(-api)?\.min\./ }),
       new rspack.LightningCssMinimizerRspackPlugin()
     ]
   }

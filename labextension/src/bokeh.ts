@@ -1,12 +1,19 @@
 /**
- * BokehJS, loaded once into the page by this extension: the Lab's charts are jupyter_bokeh
- * widgets (`BokehModel`), whose views need `window.Bokeh`. The bundle carries BokehJS's own
- * minified build from the npm package `@bokeh/bokehjs`, pinned in package.json to the version
- * of the Python package `bokeh` (a test checks both), so no notebook output embeds BokehJS and
- * no CDN is needed.
+ * BokehJS, loaded once into the page by this extension: the Lab's live charts are jupyter_bokeh
+ * widgets (`BokehModel`), whose views need `window.Bokeh`; the charts the view draws itself
+ * from the view model (the memory chart, also in the kernel-less plan viewer) use BokehJS's
+ * plotting API (`bokeh-api`), loaded on top the first time one is drawn. The bundle carries
+ * BokehJS's own minified builds from the npm package `@bokeh/bokehjs`, pinned in package.json
+ * to the version of the Python package `bokeh` (a test checks both), so no notebook output
+ * embeds BokehJS and no CDN is needed.
  */
+import type * as BokehAPI from '@bokeh/bokehjs';
 import bokehPackage from '@bokeh/bokehjs/package.json';
 import bokehUrl from '@bokeh/bokehjs/build/js/bokeh.min.js?url';
+import bokehApiUrl from '@bokeh/bokehjs/build/js/bokeh-api.min.js?url';
+
+/** `window.Bokeh` with its plotting API: `Plotting.figure`, `Plotting.show`, the models. */
+export type BokehPlotting = typeof BokehAPI;
 
 /** The BokehJS version this extension loads. */
 export const BOKEHJS_VERSION: string = bokehPackage.version;
@@ -22,6 +29,7 @@ declare global {
 }
 
 let loading: Promise<void> | null = null;
+let loadingApi: Promise<BokehPlotting> | null = null;
 
 /**
  * Loads BokehJS with a <script> tag unless the page has this version already (an output of
@@ -49,4 +57,31 @@ export function loadBokehJS(): Promise<void> {
     });
   }
   return loading;
+}
+
+/** BokehJS with its plotting API, loaded (once) on top of `loadBokehJS()`'s. */
+export function loadBokehPlotting(): Promise<BokehPlotting> {
+  const ready = () => window.Bokeh as unknown as BokehPlotting;
+  if (loadingApi === null) {
+    loadingApi = loadBokehJS().then(() =>
+      window.Bokeh?.Plotting
+        ? ready()
+        : new Promise<BokehPlotting>((resolve, reject) => {
+            const script = document.createElement('script');
+            script.src = bokehApiUrl;
+            script.async = true;
+            script.dataset.toastLab = 'bokehjs-api';
+            script.onload = () =>
+              window.Bokeh?.Plotting
+                ? resolve(ready())
+                : reject(new Error(`BokehJS's plotting API ${BOKEHJS_VERSION} loaded from ${bokehApiUrl} but set no Bokeh.Plotting`));
+            script.onerror = () => reject(new Error(`could not load BokehJS's plotting API ${BOKEHJS_VERSION} from ${bokehApiUrl}`));
+            document.head.appendChild(script);
+          })
+    );
+    loadingApi.catch(() => {
+      loadingApi = null; // a later call tries again
+    });
+  }
+  return loadingApi;
 }

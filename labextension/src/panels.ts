@@ -7,6 +7,8 @@
 import { chip, h } from './dom';
 import * as fmt from './format';
 import { explainedPanel, meshGrids } from './explained';
+import { MemoryPoint } from './memorychart';
+import { memoryPointCard } from './memorypanel';
 import {
   ChoiceView,
   ClassView,
@@ -488,9 +490,12 @@ export function scopesPanel(view: ViewModel, host: PanelHost): HTMLElement {
 
 // Op details ----------------------------------------------------------------------------------
 
-export function detailsPanel(view: ViewModel, localNode: NodeView | null, host: PanelHost): HTMLElement {
+export function detailsPanel(view: ViewModel, localNode: NodeView | null, host: PanelHost, localPoint: MemoryPoint | null = null): HTMLElement {
   const d = view.details;
   const explained = view.explained ?? null;
+  if (localPoint && !host.interactive) {
+    return memoryPointCard(localPoint, view);
+  }
   if (d) {
     return h('div', null, opDetails(d, view), explained && explained.kind === 'op' ? explainedPanel(explained, view, host) : null);
   }
@@ -555,6 +560,7 @@ function opDetails(d: DetailsView, view: ViewModel): HTMLElement {
     kv('compute', fmt.seconds(d.compute_s)),
     kv('communication', fmt.seconds(d.comm_s)),
     kv('collectives', d.collectives.length ? d.collectives.join(', ') : 'none'),
+    view.memory && view.memory.peak_op === d.op ? kv('memory', h('span', { className: 'tl-memory-peak-note' }, `the step's memory peak: ${fmt.bytes(view.memory.peak_bytes)} live here`)) : null,
     view.mesh ? meshGrids([...d.operands.map(t => ['in', t] as [string, TensorView]), ...d.results.map(t => ['out', t] as [string, TensorView])], view.mesh.axes) : null
   );
 }

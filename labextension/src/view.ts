@@ -7,19 +7,22 @@ import * as fmt from './format';
 import { GraphPane } from './graph';
 import { sharedLayout } from './layout';
 import { legendEntries } from './legend';
+import { MemoryChart, MemoryPoint } from './memorychart';
+import { MemoryHost, memoryPanel } from './memorypanel';
 import { AT_STAKE, decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
 import { EdgeView, EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
 
-type Tab = 'decisions' | 'estimate' | 'scopes' | 'details' | 'export';
+type Tab = 'decisions' | 'estimate' | 'memory' | 'scopes' | 'details' | 'export';
 const TABS: [Tab, string][] = [
   ['decisions', 'Decisions'],
   ['estimate', 'Estimate'],
+  ['memory', 'Memory'],
   ['scopes', 'Scopes'],
   ['details', 'Op'],
   ['export', 'Export']
 ];
 
-export class LabGraphView implements PanelHost {
+export class LabGraphView implements PanelHost, MemoryHost {
   readonly node: HTMLDivElement;
   private view: ViewModel | null = null;
   private opCosts: Float64Array | null = null;
@@ -39,6 +42,9 @@ export class LabGraphView implements PanelHost {
   /** Read-only mode: which scopes are open, and the node last clicked (no kernel to ask). */
   private localOpen = new Set<string>();
   private localNode: NodeView | null = null;
+  /** Read-only mode: the point of the memory chart last clicked. */
+  private localPoint: MemoryPoint | null = null;
+  private memoryChart = new MemoryChart(point => this.pickMemory(point));
   private budget = h('input', { className: 'tl-input tl-budget', type: 'number', min: 1, step: 1, value: 30, title: 'Search budget in seconds' });
   private exportPath = h('input', { className: 'tl-input tl-path', type: 'text', value: 'plan.json', spellcheck: 'false' });
   private titleBox = h('div', { className: 'tl-title' });
@@ -119,6 +125,7 @@ export class LabGraphView implements PanelHost {
 
   dispose(): void {
     this.graph.dispose();
+    this.memoryChart.dispose();
   }
 
   // PanelHost -----------------------------------------------------------------------------
@@ -171,6 +178,34 @@ export class LabGraphView implements PanelHost {
     return this.interactive ? group.expanded : this.localOpen.has(group.id);
   }
 
+  // MemoryHost ----------------------------------------------------------------------------
+
+  pickPeak(): void {
+    const m = this.view?.memory;
+    if (m && m.positions.length) {
+      const k = m.positions.indexOf(m.peak_position);
+      this.pickMemory({ op: m.peak_op, position: m.peak_position, bytes: Object.fromEntries(Object.entries(m.categories).map(([c, v]) => [c, v[k]])) });
+    }
+  }
+
+  /** A click on the memory chart: its op selected, as a click on the op in the graph does. */
+  private pickMemory(point: MemoryPoint): void {
+    const drawn = this.view?.graph.nodes.find(n => n.kind === 'op' && n.op === point.op) ?? null;
+    if (this.interactive) {
+      this.sink.send({ event: 'select', kind: 'op', id: String(point.op) });
+      if (this.view?.details?.op === point.op) {
+        this.tab = 'details'; // selected already: no new details will switch to it
+        this.renderTabs();
+      }
+      return;
+    }
+    this.localPoint = point;
+    this.localNode = null;
+    this.tab = 'details';
+    this.renderTabs();
+    this.graph.markSelected(drawn ? drawn.id : null);
+  }
+
   // Rendering -----------------------------------------------------------------------------
 
   /** A click on an edge or its collective badge: its collectives explained (a live Lab). */
@@ -188,6 +223,7 @@ export class LabGraphView implements PanelHost {
         this.sink.send({ event: 'select', kind: 'op', id: String(n.op) });
       } else {
         this.localNode = n;
+        this.localPoint = null;
         this.tab = 'details';
         this.renderTabs();
         this.graph.markSelected(n.id);
@@ -245,11 +281,13 @@ export class LabGraphView implements PanelHost {
     fill(
       this.figures,
       figure('step time', est ? fmt.seconds(est.step_time_s) : '–', '', est ? stepSplit(est) : null),
-      figure(
-        'peak memory',
-        est ? `${fmt.bytes(est.peak_memory_bytes)} / ${fmt.bytes(est.memory_capacity_bytes)}` : '–',
-        est && !est.feasible ? 'tl-bad' : '',
-        est && !est.feasible ? h('div', { className: 'tl-figure-split tl-bad' }, 'does not fit') : null
+      this.memoryFigure(
+        figure(
+          'peak memory',
+          est ? `${fmt.bytes(est.peak_memory_bytes)} / ${fmt.bytes(est.memory_capacity_bytes)}` : '–',
+          est && !est.feasible ? 'tl-bad' : '',
+          est && !est.feasible ? h('div', { className: 'tl-figure-split tl-bad' }, 'does not fit') : null
+        )
       ),
       figure('pinned', String(v.pinned.length), '')
     );
@@ -272,6 +310,19 @@ export class LabGraphView implements PanelHost {
     this.searchMessage.textContent = message ?? '';
     this.searchMessage.title = message ?? '';
     this.searchMessage.classList.toggle('tl-bad', message !== null && s.best_step_time_s === null);
+  }
+
+  /** The header's peak memory opens the Memory tab, where the chart shows what makes it. */
+  private memoryFigure(el: HTMLElement): HTMLElement {
+    if (this.view?.memory) {
+      el.classList.add('tl-figure-link');
+      el.title = 'Memory over the step: click for the chart';
+      el.addEventListener('click', () => {
+        this.tab = 'memory';
+        this.renderTabs();
+      });
+    }
+    return el;
   }
 
   private renderBanner(): void {
@@ -416,11 +467,14 @@ export class LabGraphView implements PanelHost {
       case 'estimate':
         body = estimatePanel(v);
         break;
+      case 'memory':
+        body = memoryPanel(v, this.memoryChart, this);
+        break;
       case 'scopes':
         body = scopesPanel(v, this);
         break;
       case 'details':
-        body = detailsPanel(v, this.localNode, this);
+        body = detailsPanel(v, this.localNode, this, this.localPoint);
         break;
       case 'export':
         body = exportPanel(v, this, this.exportPath);
@@ -442,10 +496,12 @@ export class LabGraphView implements PanelHost {
         return [v.classes, v.conflicts, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
       case 'estimate':
         return [v.estimate, v.experts, v.classes.map(c => c.axes)];
+      case 'memory':
+        return [v.memory === undefined ? 'absent' : v.memory, v.mesh?.memory_bytes, v.estimate?.memory_capacity_bytes];
       case 'scopes':
         return [v.groups, v.classes.map(c => c.color), v.conflicts.map(c => c.active), v.selected, [...this.localOpen]];
       case 'details':
-        return [v.details, v.explained ?? null, v.estimate?.step_time_s, v.mesh, v.classes.map(c => c.color), this.localNode?.id ?? null];
+        return [v.details, v.explained ?? null, v.estimate?.step_time_s, v.mesh, v.classes.map(c => c.color), this.localNode?.id ?? null, this.localPoint, v.memory?.peak_op];
       case 'export':
         return [v.snippet];
     }

@@ -27,6 +27,9 @@ export interface ViewModel {
   start?: StartView | null;
   /** The collectives of the selected op or edge, explained. */
   explained?: ExplainedView | null;
+  /** Live bytes per device over the step, for the memory chart (null: no mesh to price it;
+   * absent: a view saved before the chart). */
+  memory?: MemoryView | null;
 }
 
 export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';
@@ -224,6 +227,25 @@ export interface ExplainedView {
   id: string;
   subject: string;
   collectives: CollectiveView[];
+}
+
+/**
+ * Live bytes per device over one step (CostModel.memory_timeline), sampled: `positions` are
+ * places in the order the ops run (0..steps-1, ascending), `ops` the op at each, and
+ * `categories` the bytes of each category there (whole bytes, the bottom of the stack first).
+ * The peak is one of the positions; its bytes are the estimate's peak_memory_bytes.
+ */
+export interface MemoryView {
+  steps: number;
+  positions: number[];
+  ops: number[];
+  categories: Record<string, number[]>;
+  peak_position: number;
+  peak_op: number;
+  peak_bytes: number;
+  peak_primitive: string;
+  peak_source: string;
+  peak_scope: string;
 }
 
 /** Events from the view to Python (ipywidgets custom messages `{"event": ..., ...}`). */

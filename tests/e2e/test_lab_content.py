@@ -2,8 +2,8 @@
 the first view already an answer (the best expert plan, coloured, named in the header), the
 legend lighting its classes, a collective explained after a click on its edge and removed by
 its choice, a conflict resolved by its worded choice (and drawn quietly while its class is
-replicated), the expert plans a pin rules out, prices while a search runs, and an op's tensors
-over the device grid.
+replicated), the expert plans a pin rules out, prices while a search runs, an op's tensors
+over the device grid, and the memory over the step with its peak op a click away.
 
 One notebook (one kernel) for the module; each test starts from the state it needs.
 """
@@ -34,6 +34,26 @@ lab'''
 STROKES = '''() => [...document.querySelectorAll('.tl-widget .tl-svg g.edge path')]
   .map(p => (p.getAttribute('stroke') || '').toLowerCase())'''
 
+
+# The memory chart as BokehJS drew it: where its peak marker is on the page, and its labels.
+MEMORY_CHART = '''() => {
+  const views = Object.values(window.Bokeh?.index ?? {});
+  const plot = views.find(v => v.model?.name === 'toast-lab-memory-timeline');
+  if (!plot) { return null; }
+  const marker = plot.model.renderers.find(r => r.glyph?.type === 'Scatter');
+  const data = marker.data_source.data;
+  const column = k => data instanceof Map ? data.get(k) : data[k];
+  const x = column('x')[0], y = column('y')[0];
+  const box = plot.canvas_view.el.getBoundingClientRect();
+  return {
+    x: box.left + plot.frame.x_scale.compute(x), y: box.top + plot.frame.y_scale.compute(y),
+    width: box.width, height: box.height, id: plot.model.id,
+    labels: plot.model.center.filter(a => a.type === 'Label').map(a => a.text),
+    spans: plot.model.center.filter(a => a.type === 'Span').map(a => [a.dimension, a.location]),
+    y_label: plot.model.left[0].axis_label, x_label: plot.model.below[0].axis_label,
+    areas: plot.model.renderers.filter(r => r.glyph?.type === 'VAreaStep').length,
+  };
+}'''
 
 # Whether a legend item of a Bokeh chart in the page names the pin that rules its plan out.
 RULED_OUT_IN_A_CHART = '''() => [...(window.Bokeh?.documents ?? [])].some(d =>
@@ -328,3 +348,90 @@ def test_nothing_the_content_adds_is_cut_off_at_1280_by_800(content):
         shoot(page, "content_device_grid_1280")
     finally:
         page.set_viewport_size({"width": 1500, "height": 1200})
+
+
+def _bytes(b: float) -> str:
+    """format.ts's bytes(): three significant digits in B, KiB, MiB, GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= scale:
+            return f"{format(b / scale, '#.3g').rstrip('.')} {unit}"
+    return f"{b:.0f} B"
+
+
+def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
+    from playwright.sync_api import expect
+
+    from .layout import clipped
+
+    c, page, lab = content, content.page, content.lab
+    _back_to_the_start(c)
+    memory = c.value("lab.view.to_dict()['memory']")
+    peak_bytes = c.value("lab.estimate.peak_memory_bytes")
+    capacity = c.value("lab.mesh.device.memory_bytes")
+    assert memory["peak_bytes"] == peak_bytes  # the chart's peak is the estimate's
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        lab.locator('.tl-tab[data-tab="memory"]').click()
+        panel = lab.locator(".tl-memory")
+        expect(panel).to_have_attribute("data-peak-op", str(memory["peak_op"]))
+        expect(panel.locator(".tl-big-figure")).to_contain_text(f"peak {_bytes(peak_bytes)}")
+        expect(panel.locator(".tl-memory-peak")).to_contain_text(
+            f"{memory['peak_primitive']} (op {memory['peak_op']})")
+        for category in memory["categories"]:
+            expect(panel.locator(f'.tl-memory-legend [data-category="{category}"]')).to_be_visible()
+        page.wait_for_function(f"() => !!({MEMORY_CHART})()", timeout=30_000)
+        chart = page.evaluate(MEMORY_CHART)
+        assert chart["areas"] == len(memory["categories"])
+        assert chart["y_label"] == "GiB per device" and "order they run" in chart["x_label"]
+        assert any(t.startswith(f"peak {_bytes(peak_bytes)}\n{memory['peak_primitive']} "
+                                f"(op {memory['peak_op']})") for t in chart["labels"]), chart
+        assert any(t.startswith(f"capacity {_bytes(capacity)}") for t in chart["labels"]), chart
+        assert ["width", capacity / 2**30] in chart["spans"], chart  # the capacity line
+        panel.scroll_into_view_if_needed()
+        page.mouse.move(5, 5)
+        assert not clipped(lab.locator(".tl-right")), clipped(lab.locator(".tl-right"))
+        shoot(page, "content_memory_chart_1280")
+        # hovering the stack says what is live there
+        chart = page.evaluate(MEMORY_CHART)  # where the marker is now, the panel in view
+        page.mouse.move(chart["x"] - 3, chart["y"] + 9)
+        page.mouse.move(chart["x"], chart["y"] + 12, steps=4)  # BokehJS hovers on moves
+        tip = page.locator(".tl-memory-tip")
+        expect(tip).to_contain_text(f"{_bytes(peak_bytes)} live (the peak)")
+        expect(tip).to_contain_text(f"op {memory['peak_op']}, run {memory['peak_position'] + 1}")
+        shoot(page, "content_memory_hover_1280")
+        # a click on the peak's marker selects its op, as a click on the op in the graph does
+        page.mouse.click(chart["x"], chart["y"])
+        details = lab.locator(f'.tl-details[data-op="{memory["peak_op"]}"]')
+        expect(details).to_be_visible(timeout=15_000)
+        expect(lab.locator(".tl-tab-on")).to_have_text("Op")
+        expect(details.locator(".tl-details-title")).to_contain_text(memory["peak_primitive"])
+        expect(details.locator(".tl-memory-peak-note")).to_contain_text(
+            f"memory peak: {_bytes(peak_bytes)}")
+        assert c.value("[lab.session.selected.kind, lab.session.selected.id]") == [
+            "op", str(memory["peak_op"])]
+        shoot(page, "content_memory_peak_op_1280")
+        # back on the Memory tab, the chart is the one drawn before, still whole
+        lab.locator('.tl-tab[data-tab="memory"]').click()
+        lab.locator(".tl-memory").scroll_into_view_if_needed()
+        again = page.evaluate(MEMORY_CHART)
+        assert again["id"] == chart["id"] and again["width"] == chart["width"] > 600, again
+        page.mouse.move(5, 5)
+        shoot(page, "content_memory_chart_again_1280")
+        # a pin that changes the plan redraws the chart for it
+        c.kernel("lab.pin('batch', [])")
+        c.settle()
+        pinned = c.value("lab.view.to_dict()['memory']")
+        assert pinned["peak_bytes"] != memory["peak_bytes"]
+        assert pinned["peak_bytes"] == c.value("lab.estimate.peak_memory_bytes")
+        page.wait_for_function(f"() => ({MEMORY_CHART})()?.labels.some(t => t.startsWith("
+                               f"'peak {_bytes(pinned['peak_bytes'])}'))")
+        expect(lab.locator(".tl-memory .tl-big-figure")).to_contain_text(
+            f"peak {_bytes(pinned['peak_bytes'])}")
+        assert page.evaluate("() => window.Bokeh.documents.filter(d => d.roots().some("
+                             "r => r.name === 'toast-lab-memory-timeline')).length") == 1
+        lab.locator(".tl-memory").scroll_into_view_if_needed()
+        page.mouse.move(5, 5)
+        shoot(page, "content_memory_chart_pinned_1280")
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1200})
+    assert not c.errors, c.errors
