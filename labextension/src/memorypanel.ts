@@ -1,11 +1,11 @@
 /**
- * The Memory tab: the peak of the step in words, the memory chart (./memorychart), its legend
- * with each category's bytes at the peak, and an honest word where there is no chart; and the
- * card the Op tab shows for a point of the chart in the kernel-less viewer.
+ * The Memory tab: the peak of the step in words, the memory chart with its legend
+ * (./memorychart), and an honest word where there is no chart; and the card the Op tab shows
+ * for a point of the chart in the kernel-less viewer.
  */
 import { h } from './dom';
 import * as fmt from './format';
-import { MEMORY_COLORS, MemoryChart, MemoryPoint } from './memorychart';
+import { MemoryChart, MemoryPoint } from './memorychart';
 import { ViewModel } from './viewmodel';
 
 /** What the panel asks of the view that holds it. */
@@ -34,8 +34,6 @@ export function memoryPanel(view: ViewModel, chart: MemoryChart, host: MemoryHos
   const capacity = view.mesh?.memory_bytes ?? est?.memory_capacity_bytes ?? null;
   const fits = capacity === null || m.peak_bytes <= capacity;
   void chart.draw({ memory: m, capacity });
-  const k = m.positions.indexOf(m.peak_position);
-  const names = Object.keys(m.categories);
   const sampled = m.positions.length < m.steps;
   return h(
     'div',
@@ -44,7 +42,7 @@ export function memoryPanel(view: ViewModel, chart: MemoryChart, host: MemoryHos
       'div',
       { className: 'tl-section-note' },
       'Live bytes per device at each op of the step, in the order the ops run, by category. ',
-      `Click the peak (▼) or any point to see its op${host.interactive ? '' : ' (in the Op tab)'}.`
+      `Point at the chart to read what is live there; click the peak (▼) or any point to see its op${host.interactive ? '' : ' (in the Op tab)'}.`
     ),
     h(
       'div',
@@ -65,14 +63,6 @@ export function memoryPanel(view: ViewModel, chart: MemoryChart, host: MemoryHos
       m.peak_source ? h('div', { className: 'tl-source', title: m.peak_source }, m.peak_source) : null
     ),
     chart.node,
-    h(
-      'div',
-      { className: 'tl-bar-legend tl-memory-legend', title: 'Bytes of each category at the peak' },
-      names.map((c, j) =>
-        h('span', { 'data-category': c }, h('span', { className: 'tl-swatch', style: `background:${MEMORY_COLORS[j % MEMORY_COLORS.length]}` }), `${c} ${fmt.bytes(m.categories[c][k])}`)
-      ),
-      capacity !== null ? h('span', null, h('span', { className: 'tl-capacity-line-key' }), `capacity ${fmt.bytes(capacity)}`) : null
-    ),
     sampled
       ? h(
           'div',

@@ -7,7 +7,7 @@ import * as fmt from './format';
 import { GraphPane } from './graph';
 import { sharedLayout } from './layout';
 import { legendEntries } from './legend';
-import { MemoryChart, MemoryPoint } from './memorychart';
+import { MemoryChart, MemoryPoint, pointAt } from './memorychart';
 import { MemoryHost, memoryPanel } from './memorypanel';
 import { AT_STAKE, decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
 import { EdgeView, EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
@@ -183,8 +183,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   pickPeak(): void {
     const m = this.view?.memory;
     if (m && m.positions.length) {
-      const k = m.positions.indexOf(m.peak_position);
-      this.pickMemory({ op: m.peak_op, position: m.peak_position, bytes: Object.fromEntries(Object.entries(m.categories).map(([c, v]) => [c, v[k]])) });
+      this.pickMemory(pointAt(m, m.positions.indexOf(m.peak_position)));
     }
   }
 

@@ -7,7 +7,8 @@ their screenshots.
 and every element whose own content is cut (`scrollWidth > clientWidth` under
 `overflow: hidden`, as `text-overflow: ellipsis` does). Scroll containers (`overflow: auto` or
 `scroll`) do not cut: what they hold is reached by scrolling. The graph's SVG is left to
-`graph_fit`: it is panned and zoomed, not laid out by CSS.
+`graph_fit`: it is panned and zoomed, not laid out by CSS. `MEMORY_CHART` reads the memory
+chart back from BokehJS: where its peak marker is on the page, its labels and lines.
 """
 
 from __future__ import annotations
@@ -116,3 +117,33 @@ def graph_fit(locator) -> dict:
     `covered` (nodes and labels under the zoom buttons), `labels` (each edge label's text and
     font size on screen, px), `nodeTextPx` (the smallest node text, px), `scale`."""
     return locator.evaluate(GRAPH)
+
+
+# The memory chart as BokehJS drew it (null until drawn): where its peak marker is on the page
+# (x, y), its size, its labels, lines and stacked areas, and its axes' labels.
+MEMORY_CHART = '''() => {
+  const views = Object.values(window.Bokeh?.index ?? {});
+  const plot = views.find(v => v.model?.name === 'toast-lab-memory-timeline');
+  if (!plot) { return null; }
+  const marker = plot.model.renderers.find(r => r.glyph?.type === 'Scatter');
+  const data = marker.data_source.data;
+  const column = k => data instanceof Map ? data.get(k) : data[k];
+  const x = column('x')[0], y = column('y')[0];
+  const box = plot.canvas_view.el.getBoundingClientRect();
+  return {
+    x: box.left + plot.frame.x_scale.compute(x), y: box.top + plot.frame.y_scale.compute(y),
+    width: box.width, height: box.height, id: plot.model.id,
+    labels: plot.model.center.filter(a => a.type === 'Label').map(a => a.text),
+    spans: plot.model.center.filter(a => a.type === 'Span').map(a => [a.dimension, a.location]),
+    y_label: plot.model.left[0].axis_label, x_label: plot.model.below[0].axis_label,
+    areas: plot.model.renderers.filter(r => r.glyph?.type === 'VAreaStep').length,
+  };
+}'''
+
+
+def bytes_text(b: float) -> str:
+    """format.ts's bytes(): three significant digits in B, KiB, MiB, GiB or TiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= scale:
+            return f"{format(b / scale, '#.3g').rstrip('.')} {unit}"
+    return f"{b:.0f} B"

@@ -35,26 +35,6 @@ STROKES = '''() => [...document.querySelectorAll('.tl-widget .tl-svg g.edge path
   .map(p => (p.getAttribute('stroke') || '').toLowerCase())'''
 
 
-# The memory chart as BokehJS drew it: where its peak marker is on the page, and its labels.
-MEMORY_CHART = '''() => {
-  const views = Object.values(window.Bokeh?.index ?? {});
-  const plot = views.find(v => v.model?.name === 'toast-lab-memory-timeline');
-  if (!plot) { return null; }
-  const marker = plot.model.renderers.find(r => r.glyph?.type === 'Scatter');
-  const data = marker.data_source.data;
-  const column = k => data instanceof Map ? data.get(k) : data[k];
-  const x = column('x')[0], y = column('y')[0];
-  const box = plot.canvas_view.el.getBoundingClientRect();
-  return {
-    x: box.left + plot.frame.x_scale.compute(x), y: box.top + plot.frame.y_scale.compute(y),
-    width: box.width, height: box.height, id: plot.model.id,
-    labels: plot.model.center.filter(a => a.type === 'Label').map(a => a.text),
-    spans: plot.model.center.filter(a => a.type === 'Span').map(a => [a.dimension, a.location]),
-    y_label: plot.model.left[0].axis_label, x_label: plot.model.below[0].axis_label,
-    areas: plot.model.renderers.filter(r => r.glyph?.type === 'VAreaStep').length,
-  };
-}'''
-
 # Whether a legend item of a Bokeh chart in the page names the pin that rules its plan out.
 RULED_OUT_IN_A_CHART = '''() => [...(window.Bokeh?.documents ?? [])].some(d =>
   [...d.all_models].some(m => String(m.label?.value ?? '').includes('ruled out by batch=data')))'''
@@ -350,18 +330,10 @@ def test_nothing_the_content_adds_is_cut_off_at_1280_by_800(content):
         page.set_viewport_size({"width": 1500, "height": 1200})
 
 
-def _bytes(b: float) -> str:
-    """format.ts's bytes(): three significant digits in B, KiB, MiB, GiB."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= scale:
-            return f"{format(b / scale, '#.3g').rstrip('.')} {unit}"
-    return f"{b:.0f} B"
-
-
 def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
     from playwright.sync_api import expect
 
-    from .layout import clipped
+    from .layout import MEMORY_CHART, bytes_text, clipped
 
     c, page, lab = content, content.page, content.lab
     _back_to_the_start(c)
@@ -374,7 +346,7 @@ def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
         lab.locator('.tl-tab[data-tab="memory"]').click()
         panel = lab.locator(".tl-memory")
         expect(panel).to_have_attribute("data-peak-op", str(memory["peak_op"]))
-        expect(panel.locator(".tl-big-figure")).to_contain_text(f"peak {_bytes(peak_bytes)}")
+        expect(panel.locator(".tl-big-figure")).to_contain_text(f"peak {bytes_text(peak_bytes)}")
         expect(panel.locator(".tl-memory-peak")).to_contain_text(
             f"{memory['peak_primitive']} (op {memory['peak_op']})")
         for category in memory["categories"]:
@@ -383,22 +355,29 @@ def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
         chart = page.evaluate(MEMORY_CHART)
         assert chart["areas"] == len(memory["categories"])
         assert chart["y_label"] == "GiB per device" and "order they run" in chart["x_label"]
-        assert any(t.startswith(f"peak {_bytes(peak_bytes)}\n{memory['peak_primitive']} "
+        assert any(t.startswith(f"peak {bytes_text(peak_bytes)}\n{memory['peak_primitive']} "
                                 f"(op {memory['peak_op']})") for t in chart["labels"]), chart
-        assert any(t.startswith(f"capacity {_bytes(capacity)}") for t in chart["labels"]), chart
+        assert any(t.startswith(f"capacity {bytes_text(capacity)}") for t in chart["labels"]), chart
         assert ["width", capacity / 2**30] in chart["spans"], chart  # the capacity line
         panel.scroll_into_view_if_needed()
         page.mouse.move(5, 5)
         assert not clipped(lab.locator(".tl-right")), clipped(lab.locator(".tl-right"))
         shoot(page, "content_memory_chart_1280")
-        # hovering the stack says what is live there
+        # the legend reads the bytes at the peak, or at the op under the pointer
+        readout = panel.locator(".tl-memory-readout")
+        expect(readout).to_have_text(f"{bytes_text(peak_bytes)} live at the peak:")
         chart = page.evaluate(MEMORY_CHART)  # where the marker is now, the panel in view
-        page.mouse.move(chart["x"] - 3, chart["y"] + 9)
-        page.mouse.move(chart["x"], chart["y"] + 12, steps=4)  # BokehJS hovers on moves
-        tip = page.locator(".tl-memory-tip")
-        expect(tip).to_contain_text(f"{_bytes(peak_bytes)} live (the peak)")
-        expect(tip).to_contain_text(f"op {memory['peak_op']}, run {memory['peak_position'] + 1}")
+        page.mouse.move(chart["x"] - 120, chart["y"] + 40)
+        page.mouse.move(chart["x"] - 100, chart["y"] + 30, steps=4)  # BokehJS reads moves
+        expect(readout).not_to_contain_text("the peak")
+        expect(readout).to_contain_text(" live at run ")
         shoot(page, "content_memory_hover_1280")
+        page.mouse.move(chart["x"], chart["y"] + 12, steps=4)
+        expect(readout).to_have_text(f"{bytes_text(peak_bytes)} live at run "
+                                     f"{memory['peak_position'] + 1}, op {memory['peak_op']} "
+                                     f"(the peak):")
+        page.mouse.move(5, 5, steps=4)
+        expect(readout).to_have_text(f"{bytes_text(peak_bytes)} live at the peak:")
         # a click on the peak's marker selects its op, as a click on the op in the graph does
         page.mouse.click(chart["x"], chart["y"])
         details = lab.locator(f'.tl-details[data-op="{memory["peak_op"]}"]')
@@ -406,7 +385,7 @@ def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
         expect(lab.locator(".tl-tab-on")).to_have_text("Op")
         expect(details.locator(".tl-details-title")).to_contain_text(memory["peak_primitive"])
         expect(details.locator(".tl-memory-peak-note")).to_contain_text(
-            f"memory peak: {_bytes(peak_bytes)}")
+            f"memory peak: {bytes_text(peak_bytes)}")
         assert c.value("[lab.session.selected.kind, lab.session.selected.id]") == [
             "op", str(memory["peak_op"])]
         shoot(page, "content_memory_peak_op_1280")
@@ -424,9 +403,9 @@ def test_the_memory_chart_shows_the_step_and_its_peak_opens_the_op(content):
         assert pinned["peak_bytes"] != memory["peak_bytes"]
         assert pinned["peak_bytes"] == c.value("lab.estimate.peak_memory_bytes")
         page.wait_for_function(f"() => ({MEMORY_CHART})()?.labels.some(t => t.startsWith("
-                               f"'peak {_bytes(pinned['peak_bytes'])}'))")
+                               f"'peak {bytes_text(pinned['peak_bytes'])}'))")
         expect(lab.locator(".tl-memory .tl-big-figure")).to_contain_text(
-            f"peak {_bytes(pinned['peak_bytes'])}")
+            f"peak {bytes_text(pinned['peak_bytes'])}")
         assert page.evaluate("() => window.Bokeh.documents.filter(d => d.roots().some("
                              "r => r.name === 'toast-lab-memory-timeline')).length") == 1
         lab.locator(".tl-memory").scroll_into_view_if_needed()

@@ -1,8 +1,9 @@
 """Saved plans opened in JupyterLab with no kernel: the same graph view, read-only.
 
 Plan files written by `plan.save`, `lab.export` and `toast-lab partition --out` open by
-double-click; a format-1 file opens as its tables; a notebook's plan and diff outputs survive
-saving, closing and reopening where no kernel can start.
+double-click, their memory chart's peak showing its op; a format-1 file opens as its tables;
+a notebook's plan and diff outputs survive saving, closing and reopening where no kernel can
+start.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import urllib.request
 import pytest
 
 from .conftest import REPO, shoot, write_json
+from .layout import MEMORY_CHART, bytes_text, clipped
 from .viewmodels import gpt_view, plan_file
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +56,10 @@ def test_plan_file_opens_in_the_graph_view_without_a_kernel(lab_server, page):
     expect(softmax).to_have_count(0)
     lab.locator('.tl-scope[data-group="block*/attn"]').click()
     expect(softmax).to_be_visible()
+    # A view saved before the memory chart existed says so, rather than drawing nothing.
+    lab.locator('.tl-tab[data-tab="memory"]').click()
+    expect(lab.locator(".tl-memory-unavailable")).to_contain_text(
+        "written before the Lab drew one")
     assert not page.toast_errors, page.toast_errors
 
 
@@ -183,6 +189,25 @@ def test_written_plan_file_opens_by_double_click_without_a_kernel(
     expect(lab.locator(".tl-experts tr[data-expert]")).to_have_count(len(doc["experts"]))
     expect(lab.locator(".tl-estimate")).to_contain_text("Memory per device")
     shoot(page, f"plan_file_{source}_estimate")
+    # The memory over the step, as the Lab drew it; its peak shows its op without a kernel.
+    memory = view["memory"]
+    assert memory["peak_bytes"] == doc["estimate"]["peak_memory_bytes"]
+    lab.locator('.tl-tab[data-tab="memory"]').click()
+    expect(lab.locator(".tl-memory")).to_have_attribute("data-peak-op", str(memory["peak_op"]))
+    page.wait_for_function(f"() => !!({MEMORY_CHART})()", timeout=30_000)
+    lab.locator(".tl-memory").scroll_into_view_if_needed()
+    chart = page.evaluate(MEMORY_CHART)
+    assert any(t.startswith(f"peak {bytes_text(memory['peak_bytes'])}") for t in chart["labels"])
+    page.mouse.move(5, 5)
+    assert not clipped(lab.locator(".tl-right")), clipped(lab.locator(".tl-right"))
+    shoot(page, f"plan_file_{source}_memory")
+    page.mouse.click(chart["x"], chart["y"])
+    card = lab.locator(f'.tl-details[data-op="{memory["peak_op"]}"]')
+    expect(card).to_be_visible()
+    expect(card.locator(".tl-details-title")).to_contain_text(memory["peak_primitive"])
+    expect(card).to_contain_text("the peak of the step")
+    expect(card).to_contain_text(memory["peak_source"][:30])
+    shoot(page, f"plan_file_{source}_memory_peak_op")
     # Nothing asked for a kernel.
     assert kernels_and_sessions(lab_server) == before and path.name not in before[1]
     assert not page.toast_errors, page.toast_errors
