@@ -170,13 +170,17 @@ export class MemoryChart {
       Object.entries(p.bytes).map(([c, b], j) =>
         h('span', { 'data-category': c }, h('span', { className: 'tl-swatch', style: `background:${MEMORY_COLORS[j % MEMORY_COLORS.length]}` }), `${c} ${fmt.bytes(b)}`)
       ),
-      input.capacity !== null ? h('span', null, h('span', { className: 'tl-capacity-line-key' }), `capacity ${fmt.bytes(input.capacity)}`) : null
+      input.capacity === null
+        ? null
+        : capacityDrawn(m, input.capacity)
+          ? h('span', null, h('span', { className: 'tl-capacity-line-key' }), `capacity ${fmt.bytes(input.capacity)}`)
+          : h('span', null, `capacity ${fmt.bytes(input.capacity)}, above the chart`)
     );
   }
 
   private figure(B: BokehPlotting, { memory: m, capacity }: MemoryChartInput) {
     const peak = m.peak_bytes;
-    const capacityShown = capacity !== null && capacity > 0 && capacity <= CAPACITY_IN_VIEW * peak;
+    const capacityShown = capacity !== null && capacityDrawn(m, capacity);
     const unit = axisUnit(Math.max(peak, capacityShown ? capacity! : 0));
     const top = (Math.max(peak, capacityShown ? capacity! : 0) / unit.scale) * HEADROOM || 1;
     const fig = B.Plotting.figure({
@@ -307,6 +311,11 @@ export class MemoryChart {
       this.pick(pointAt(m, Math.abs(e.sx - peakSx) <= PEAK_PX ? k : nearest(m.positions, e.x)));
     });
   }
+}
+
+/** Whether the capacity is drawn as a line (near enough the peak not to flatten the stack). */
+function capacityDrawn(m: MemoryView, capacity: number): boolean {
+  return capacity > 0 && capacity <= CAPACITY_IN_VIEW * m.peak_bytes;
 }
 
 /** Forgets a chart's document: BokehJS keeps every document it has shown in `documents`. */
