@@ -16,7 +16,8 @@ import numpy as np
 
 from ..plan import donated_arguments
 from ..program import NO_OP
-from ._fusion import NOT_FUSIBLE, fused_live_ends, library_inputs, own_fusions
+from ._cpu_fusion import library_inputs, own_fusions
+from ._fusion import NOT_FUSIBLE, fused_live_ends
 from ._order import ready_positions, workspace_temps
 from ._static import _LINEAR
 from ._tables import (INPUT, OPERAND_READ, OUTPUT, RUN, SLICE_READ, SPAN, TEMP, TEMP_SLICES,

@@ -25,8 +25,8 @@ from ..analysis import crossing_reads
 from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ..rules import qkv_axes
-from ._fusion import (CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels,
-                      fused_values, fusion_copies)
+from ._cpu_fusion import fusion_copies
+from ._fusion import CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels, fused_values
 from ._plan_arrays import split_classes
 from ._unroll import unrolled_copies
 
@@ -87,7 +87,7 @@ class Static:
     # ops
     num_ops: int
     op_flops: np.ndarray        # [N] float64, whole-op flops
-    op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_fusion.py)
+    op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_cpu_fusion.py)
     op_clone_flops: np.ndarray  # [N] flops of each copy after the first (_CLONED_FLOPS)
     op_trip: np.ndarray         # [N] float64
     # [N] copies of the op XLA compiles (an unrolled scan body's: _unroll.py), and the copies
@@ -181,7 +181,7 @@ _EXPANDED_FLOPS = {
 # once (an erf_inv read by Adam's two moment updates: 73 flops per element, not 37). Measured
 # as cost_analysis() on XLA:CPU of the op read by two fusions less that of one (jax 0.10.2;
 # tests/test_cost.py). The ops whose expansion ends in an expensive op (acos, logistic) are
-# not cloned: _fusion.py's CLONED_TAIL lists these.
+# not cloned: _cpu_fusion.py's CLONED_TAIL lists these.
 _CLONED_FLOPS = {
     "erf_inv": 36.0, "erfc": 62.0, "lgamma": 33.0, "digamma": 20.0, "asin": 1.0, "sinh": 6.0,
     "cosh": 1.0, "asinh": 8.0, "acosh": 3.0, "atanh": 5.0,

@@ -172,7 +172,7 @@ DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=
                 memory_bandwidth=_F, reduce_scatter=np.bool_, launch_s=_F)
 # Temporaries: live over positions [start, end) of the sweep's order, written only from
 # min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
-# large enough, see _fusion.library_inputs); start_weight and end_weight: how many temporaries
+# large enough, see _cpu_fusion.library_inputs); start_weight and end_weight: how many temporaries
 # start and end there, counted (1 each where every position is its own; where repeated blocks
 # are compressed, _repeats.py, a record stands for several temporaries of one shape and a
 # later copy's start or end is not counted).
