@@ -89,9 +89,9 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
         pieces = select_and_scatter_pieces(prog)
         workspace = workspace.copy()
         workspace[[op for op, *_ in pieces]] = 0.0
-    flops = st.op_flops
+    flops = st.flops.whole
     if compiler.clones_fused_producers:  # each copy after the first: the op's cloned flops
-        flops = flops + st.op_clone_flops * (st.op_fusion_copies - 1.0)
+        flops = flops + st.flops.clone * (st.flops.fusion_copies - 1.0)
     # ops the compiler computes whole want their operands whole: all-gathered, as XLA does,
     # and the result sliced locally
     row_kind = st.row_kind

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import crossing_reads
-from ..program import BODY_INPUT, CONST, INPUT, LITERAL, NO_OP
+from ..program import BODY_INPUT, INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
-from ..rules import qkv_axes
-from ._cpu_fusion import fusion_copies
-from ._fusion import CUDNN_ATTENTION, CUDNN_BACKWARD, MOVEMENT, attention_kernels, fused_values
+from ._flops import FlopCounts, flop_counts, random_bits_width
+from ._folding import constant_folding
+from ._fusion import MOVEMENT, attention_kernels, fused_values
 from ._plan_arrays import split_classes
 from ._unroll import unrolled_copies
 
@@ -86,9 +86,7 @@ class Static:
     operand_sliced_first: np.ndarray
     # ops
     num_ops: int
-    op_flops: np.ndarray        # [N] float64, whole-op flops
-    op_fusion_copies: np.ndarray  # [N] copies XLA:CPU's fusion emits of the op (_cpu_fusion.py)
-    op_clone_flops: np.ndarray  # [N] flops of each copy after the first (_CLONED_FLOPS)
+    flops: FlopCounts           # each op's flops, as XLA counts them (_flops.py)
     op_trip: np.ndarray         # [N] float64
     # [N] copies of the op XLA compiles (an unrolled scan body's: _unroll.py), and the copies
     # one execution of the computation it runs in holds; [N] that computation's region op
@@ -157,63 +155,11 @@ class Static:
 # cannot split: it all-gathers the operand and computes the op whole on every device.
 _CPU_WHOLE = frozenset({"top_k"})
 
-# Ops XLA runs as one transcendental each, which HloCostAnalysis counts apart from flops (those
-# it expands into several ops are in _EXPANDED_FLOPS).
-_TRANSCENDENTAL = frozenset({
-    "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "sin", "cos", "tan",
-    "atan2", "erf", "pow", "atan",
-})
-# Ops lowered to several HLO ops (CHLO decompositions: polynomials and rational
-# approximations around an exp or log; XLA's LogisticExpander: 1 / (1 + exp(-x))), whose
-# arithmetic HloCostAnalysis counts as flops beside their transcendentals: flops per float32
-# element as cost_analysis() counts them on XLA:CPU (jax 0.10.2; tests/test_cost.py). exact
-# GELU is an erfc.
-_EXPANDED_FLOPS = {
-    "erfc": 60.0, "erf_inv": 37.0, "lgamma": 52.0, "digamma": 73.0, "asin": 5.0, "acos": 3.0,
-    "sinh": 10.0, "cosh": 3.0, "asinh": 11.0, "acosh": 7.0, "atanh": 6.0, "logistic": 3.0,
-    "exp2": 1.0,
-    # JAX >= 0.11's tanh derivative: 1 - x * x, a multiply and a subtract
-    "one_minus_square": 2.0,
-}
-# Of those, the flops of each further copy where XLA:CPU's fusion clones the op into several
-# consumer fusions: the expansion's cheap tail after its last expensive op (a log, a sqrt, an
-# exp, a division), which is cloned like any cheap elementwise op while the expensive part runs
-# once (an erf_inv read by Adam's two moment updates: 73 flops per element, not 37). Measured
-# as cost_analysis() on XLA:CPU of the op read by two fusions less that of one (jax 0.10.2;
-# tests/test_cost.py). The ops whose expansion ends in an expensive op (acos, logistic) are
-# not cloned: _cpu_fusion.py's CLONED_TAIL lists these.
-_CLONED_FLOPS = {
-    "erf_inv": 36.0, "erfc": 62.0, "lgamma": 33.0, "digamma": 20.0, "asin": 1.0, "sinh": 6.0,
-    "cosh": 1.0, "asinh": 8.0, "acosh": 3.0, "atanh": 5.0,
-}
-# random_bits lowers to jax's partitionable threefry2x32: per element, counters from iotas, the
-# key schedule and 20 rounds of add / rotate / xor, the rounds in a loop whose body
-# HloCostAnalysis counts once: 47 flops per element of 32-bit bits, one more to narrow to 8
-# or 16 bits, three more to join two words into 64 (cost_analysis() on XLA:CPU, jax 0.10.2;
-# tests/test_cost.py). The bits of a shard are made on its device, so it shards like them.
-_THREEFRY_FLOPS = {8: 48.0, 16: 48.0, 32: 47.0, 64: 50.0}
 # XLA:CPU runs those rounds in a while loop whose state holds the two counter words and a key
 # word per element: 12 bytes of workspace per element of 32- or 64-bit bits, 16 for 8- or
 # 16-bit ones (a u32 word narrowed after the loop): the memory_analysis() temp of
 # jax.random.bits jitted alone, whose bits are its output (jax 0.10.2; tests/test_cost.py).
 _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
-# Elementwise ops HloCostAnalysis counts at one flop per element, though XLA fuses them.
-_ONE_FLOP = frozenset({"select_n", "square", "convert_element_type", "clamp"})
-
-# Reductions HloCostAnalysis counts as (operand - result) elements: each combine merges two
-# into one (a sum over an ensemble of 2 counts half the operand, not all of it). psum, pmax
-# and pmin are these over vmap's positional axes (rules/_reduce.py).
-_REDUCERS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
-                       "psum", "pmax", "pmin"})
-
-# Of a complex operand, the flops per element cost_analysis() counts where XLA expands the op
-# into real arithmetic on its parts (XLA:CPU, jax 0.10.2, complex64; tests/test_cost.py): a
-# complex exp is exp, cos and sin of the parts and 15 flops, a conj a negation and a rebuild.
-# Complex add, mul, div, abs and dots count as their real counterparts do.
-_COMPLEX_FLOPS = {
-    "exp": 15.0, "log": 61.0, "log1p": 79.0, "sqrt": 98.0, "square": 14.0, "conj": 4.0,
-    "sin": 14.0, "cos": 15.0, "sinh": 33.0, "cosh": 33.0, "logistic": 18.0, "exp2": 16.0,
-}
 
 
 def _gathered_partials(op, values) -> float:
@@ -236,179 +182,6 @@ def _gathered_partials(op, values) -> float:
     if op.primitive == "reduce" and len(op.results) > 1:
         return float(sum(values[r].nbytes for r in op.results))
     return 0.0
-
-
-def _bit_width(op) -> int:
-    """The width of the words a random_bits op makes (jax's default: 32)."""
-    return int(op.params.get("bit_width", 32))
-
-
-def _flops(op, values) -> float:
-    """Flops as XLA's HloCostAnalysis counts them (so the estimate and cost_analysis() agree):
-    2 per multiply-add of a matmul or convolution, one per element of an elementwise op,
-    integer powers by their multiplies, transcendentals none, ops XLA expands into several
-    (_EXPANDED_FLOPS, random_bits) by the arithmetic of their expansion."""
-    name = op.primitive
-    out = [values[r].shape for r in op.results]
-    size = lambda s: float(np.prod(s, dtype=np.float64)) if s else 1.0  # noqa: E731
-    if op.body or not out:
-        return 0.0
-    if name == "shard_map":
-        return _manual_body_flops(op.params["jaxpr"])
-    if name in CUDNN_ATTENTION:
-        return _cudnn_attention_flops(op, values)
-    if name in _COMPLEX_FLOPS and op.operands and np.issubdtype(
-            values[op.operands[0]].dtype, np.complexfloating):
-        return size(out[0]) * _COMPLEX_FLOPS[name]
-    if name in _TRANSCENDENTAL:
-        return 0.0
-    if name in _EXPANDED_FLOPS:
-        return size(out[0]) * _EXPANDED_FLOPS[name]
-    if name in _ONE_FLOP:
-        return size(out[0])
-    if name == "random_bits":
-        return size(out[0]) * _THREEFRY_FLOPS.get(_bit_width(op), 47.0)
-    if name == "integer_pow":  # square-and-multiply
-        y = abs(int(op.params.get("y", 2)))
-        return size(out[0]) * max(1, y.bit_length() - 1 + bin(y).count("1") - 1)
-    if name == "dot_general":
-        (lc, _), _ = op.params["dimension_numbers"]
-        k = size(tuple(values[op.operands[0]].shape[d] for d in lc))
-        return 2.0 * size(out[0]) * k
-    if name == "conv_general_dilated":
-        return _conv_flops(op, values)
-    if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
-                                     "broadcast_in_dim", "iota", "rng_bit_generator"):
-        return 0.0
-    if name in _CUMULATIVE:
-        shape = values[op.operands[0]].shape
-        n = shape[op.params["axis"]] if shape else 1
-        rows = size(shape) / max(n, 1)
-        return rows * _scan_flops(n) * (8.0 if name == "cumlogsumexp" else 1.0)
-    if name in _REDUCERS:  # one combine per element that does not become a result
-        return sum(size(values[v].shape) for v in op.operands) - sum(size(y) for y in out)
-    if name.startswith("reduce_") or name in ("argmax", "argmin") or name.startswith("cum"):
-        return size(values[op.operands[0]].shape)
-    if name == "select_and_scatter_add":
-        # XLA expands it into a reduce-window whose comparator carries the window index (about
-        # 8 flops per window element) and a scatter-add: 34 flops per source element for a
-        # 2 x 2 window, as XLA:CPU's cost_analysis() counts the expansion.
-        window = size(op.params["window_dimensions"])
-        return size(values[op.operands[0]].shape) * (8.0 * window + 2.0)
-    if name.startswith("scatter"):
-        return size(values[op.operands[2]].shape) if len(op.operands) > 2 else 0.0
-    if name == "sort":
-        n = size(out[0])
-        return n * max(1.0, np.log2(max(2.0, values[op.operands[0]].shape[
-            op.params.get("dimension", 0)])))
-    return size(out[0]) * len(out)  # elementwise: one flop per element and result
-
-
-def _cudnn_attention_flops(op, values) -> float:
-    """cuDNN's fused attention by FlashAttention's count (Dao et al. 2022): the forward's two
-    matmuls, q k^T and p v, 4 B N T S H; the backward's five, 2.5 times that. Whole: a causal
-    kernel's skipped half is its flop_scale (_fusion.attention_kernels)."""
-    q, k = (values[v].shape for v in op.operands[:2])
-    t_ax, _, h_ax = qkv_axes(q, op.params)
-    rows = float(np.prod(q, dtype=np.float64)) / q[h_ax]  # B N T
-    forward = 4.0 * rows * k[t_ax] * q[h_ax]
-    return forward * (2.5 if op.primitive in CUDNN_BACKWARD else 1.0)
-
-
-@dataclass(frozen=True)
-class _BodyOp:
-    """An equation of a jaxpr toast-lab does not trace, in the shape _flops reads."""
-
-    primitive: str
-    params: dict
-    operands: tuple
-    results: tuple
-    body: tuple = ()
-
-
-# Inside a shard_map body: ops that only mark a value as varying over mesh axes (pvary lowers
-# to nothing) or move it (XLA counts no flops for a collective that does not combine), and
-# the all-reduces over named axes, which cost_analysis() counts one flop per element of
-# (jax 0.10.2: psum of an f32[4, 8] shard, 32; tests/test_cost.py).
-_MANUAL_MOVES = frozenset({"pvary", "pbroadcast", "ppermute", "all_gather", "all_gather_invariant",
-                           "all_to_all", "axis_index"})
-_MANUAL_REDUCES = frozenset({"psum", "psum_invariant", "pmax", "pmin", "reduce_scatter",
-                             "psum_scatter"})
-
-
-def _manual_body_flops(jaxpr) -> float:
-    """Flops of one device's run of a `shard_map` body: its equations counted on the shapes
-    they have there, the per-device shard. XLA partitions nothing inside (the body is manual),
-    so every device runs all of it and cost_analysis() counts it once, whatever the plan does
-    outside (jax 0.10.2: a [16, 16] @ [16, 16] under in_specs P("data"), P(None, "model") on
-    data=4 x model=2 counts the [4, 16] @ [16, 8] of a shard; tests/test_cost.py). A loop or
-    call inside counts its body as _flops' callers do: a scan's per iteration, a while loop's
-    once, a cond's costliest branch."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        inner = [getattr(v, "jaxpr", v) for p in eqn.params.values()
-                 for v in (p if isinstance(p, (tuple, list)) else (p,))
-                 if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
-        if inner:
-            parts = [_manual_body_flops(j) for j in inner]
-            if eqn.primitive.name == "cond":
-                total += max(parts)
-            elif eqn.primitive.name == "while":
-                total += sum(parts)
-            else:
-                total += sum(parts) * float(eqn.params.get("length", 1))
-            continue
-        name = eqn.primitive.name
-        if name in _MANUAL_MOVES:
-            continue
-        if name in _MANUAL_REDUCES:  # an all-reduce: one combine per element of its result
-            total += float(sum(np.prod(v.aval.shape, dtype=np.float64) for v in eqn.outvars))
-            continue
-        avals = [v.aval for v in list(eqn.invars) + list(eqn.outvars)]
-        n = len(eqn.invars)
-        op = _BodyOp(eqn.primitive.name, eqn.params, tuple(range(n)),
-                     tuple(range(n, len(avals))))
-        total += _flops(op, avals)
-    return total
-
-
-# JAX lowers a cumulative reduction on CPU and TPU to a reduce-window over the whole axis
-# (loops.py, cumred_reduce_window_impl: window n, padding n - 1), which XLA's
-# ReduceWindowRewriter (base length 16 on XLA:CPU) turns into a scan of 16-wide blocks and a
-# scan of the blocks' totals. cost_analysis() counts that (_scan_flops); cumlogsumexp's
-# combine (a logaddexp) counts 8 flops where the others count one.
-_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
-
-
-def _scan_flops(n: int) -> float:
-    """Flops XLA:CPU's cost_analysis() counts for one row of a cumulative reduction of length
-    n (jax 0.10.2; measured n = 4 .. 4096, tests/test_cost.py): n (n - 1) up to 16; above, the
-    row padded to 16 m elements costs 16 per element, plus m^2 - 1 for the block totals'
-    scan up to m = 16 and that scan's own cost above."""
-    if n <= 16:
-        return float(n * (n - 1))
-    m = -(-n // 16)
-    return 16.0 * 16 * m + (m * m - 1.0 if m <= 16 else _scan_flops(m))
-
-
-def _conv_flops(op, values) -> float:
-    """Multiply-adds of a convolution that touch the input, x2, as XLA's HloCostAnalysis
-    counts them: per spatial dim, the (output position, kernel tap) pairs that land inside the
-    (dilated) input, not in its padding."""
-    p = op.params
-    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
-    lhs, rhs = values[op.operands[0]].shape, values[op.operands[1]].shape
-    out = values[op.results[0]].shape
-    taps = 1.0
-    for j, (ld, rd, od) in enumerate(zip(lhs_spec[2:], rhs_spec[2:], out_spec[2:])):
-        stride, (lo, _) = p["window_strides"][j], p["padding"][j]
-        lhs_dil, rhs_dil = p["lhs_dilation"][j], p["rhs_dilation"][j]
-        dilated = (lhs[ld] - 1) * lhs_dil + 1
-        o = np.arange(out[od])[:, None] * stride - lo + np.arange(rhs[rd])[None, :] * rhs_dil
-        taps *= float(np.count_nonzero((o >= 0) & (o < dilated) & (o % lhs_dil == 0)))
-    per_group = lhs[lhs_spec[1]] / p.get("feature_group_count", 1)
-    return 2.0 * out[out_spec[0]] * out[out_spec[1]] * per_group * taps
 
 
 def _matmul_shape(op, values):
@@ -476,8 +249,6 @@ def build_static(an) -> Static:
                             "compound", "src_compound", "operand")}
     group_is_reduction, group_op = [], []
     operand_op, operand_value, operand_slot, operand_nbytes = [], [], [], []
-    op_flops = np.zeros(N, np.float64)
-    op_clone_flops = np.zeros(N, np.float64)
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
     op_is_region = np.array([bool(op.body) for op in ops], bool)
@@ -505,13 +276,9 @@ def build_static(an) -> Static:
     written: dict[int, list] = {}
     for w in prog.handed_on_stacks():
         written.setdefault(w[0], []).append(w)
-    folded = _constant_values(prog)
-    uniform = _uniform_constants(prog, folded)
+    folding = constant_folding(prog)
+    folded, uniform = folding
     for op, rule in zip(ops, an.op_rules):
-        op_flops[op.id] = 0.0 if _simplified_away(op, folded, uniform) else _flops(op, values)
-        op_clone_flops[op.id] = op_flops[op.id]
-        if op.primitive in _CLONED_FLOPS and op_flops[op.id]:
-            op_clone_flops[op.id] *= _CLONED_FLOPS[op.primitive] / _EXPANDED_FLOPS[op.primitive]
         with_dims = [r for r in op.results if values[r].ndim]
         if with_dims:
             op_result[op.id] = with_dims[0]
@@ -633,8 +400,7 @@ def build_static(an) -> Static:
         operand_nbytes=np.array(operand_nbytes, np.float64),
         operand_uniform=np.array([u in uniform for u in operand_value], bool),
         operand_sliced_first=_sliced_first(an, operand_op, operand_value),
-        num_ops=N, op_flops=op_flops, op_fusion_copies=fusion_copies(prog),
-        op_clone_flops=op_clone_flops, op_trip=op_trip, **unrolled_copies(prog),
+        num_ops=N, flops=flop_counts(prog, folding), op_trip=op_trip, **unrolled_copies(prog),
         op_result=op_result,
         op_results=tuple(op.results for op in ops), op_is_region=op_is_region,
         op_matmul=tuple(_matmul_shape(op, values) for op in ops),
@@ -777,59 +543,6 @@ def _scan_stacks(op) -> range:
     return range(op.params["num_consts"] + op.params["num_carry"], len(op.operands))
 
 
-def _constant_values(prog) -> np.ndarray:
-    """[V] bool: values computed from constants and literals alone (XLA folds them)."""
-    const = np.array([v.origin in (CONST, LITERAL) for v in prog.values], bool)
-    for op in prog.ops:
-        if op.operands and not op.body and all(const[u] for u in op.operands):
-            const[list(op.results)] = True
-    return const
-
-
-# Elementwise arithmetic on a constant that keeps it one value throughout (a broadcast zero,
-# its square): what _uniform_constants evaluates.
-_UNIFORM_MAPS = {
-    "broadcast_in_dim": lambda a: a, "reshape": lambda a: a, "convert_element_type": lambda a: a,
-    "neg": np.negative, "square": np.square, "add": np.add, "add_any": np.add,
-    "sub": np.subtract, "mul": np.multiply,
-}
-# The operand of these ops that XLA's AlgebraicSimplifier drops when it is this constant
-# (x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1), leaving the other: the op computes nothing.
-_IDENTITIES = {"add": ((0, 0.0), (1, 0.0)), "add_any": ((0, 0.0), (1, 0.0)),
-               "sub": ((1, 0.0),), "mul": ((0, 1.0), (1, 1.0)), "div": ((1, 1.0),)}
-
-
-def _uniform_constants(prog, folded) -> dict[int, float]:
-    """Value id -> the one number all its elements hold, for the literals and scalar or
-    uniform constants and what _UNIFORM_MAPS make of them alone."""
-    known = {}
-    for v, c in prog.constants.items():
-        a = np.asarray(c)
-        if a.dtype.kind in "fiub" and a.size and np.all(a == a.flat[0]):
-            known[v] = a.flat[0].item()
-    for op in prog.ops:
-        f = _UNIFORM_MAPS.get(op.primitive)
-        if f is not None and len(op.results) == 1 and folded[op.results[0]] \
-                and all(u in known for u in op.operands):
-            with np.errstate(all="ignore"):
-                known[op.results[0]] = np.asarray(f(*(known[u] for u in op.operands))).item()
-    return known
-
-
-def _simplified_away(op, folded, uniform) -> bool:
-    """Whether XLA leaves nothing of the op to compute: its results come from constants
-    alone (constant folding; an elementwise op of a broadcast constant is moved before the
-    broadcast, onto one element), or it is an identity of _IDENTITIES (optax's global norm
-    adds the square of a zero imaginary part to every leaf's square, and its clipping
-    multiplies by a max norm of 1.0: as many flops again as the norm, none in XLA)."""
-    if op.body or not op.operands or op.primitive == "random_bits":
-        return False
-    if all(folded[r] for r in op.results):
-        return True
-    return any(uniform.get(op.operands[i]) == x for i, x in _IDENTITIES.get(op.primitive, ())
-               if i < len(op.operands))
-
-
 def _early_values(prog) -> np.ndarray:
     """[V] bool: values known before any compute (inputs, and data movement of them)."""
     values, ops = prog.values, prog.ops
@@ -938,7 +651,7 @@ def _workspace(prog) -> dict:
     for op in ops:
         if op.primitive == "random_bits" and op.results and not op.body:
             bits = values[op.results[0]]
-            per = _THREEFRY_WORKSPACE.get(_bit_width(op), 12.0)
+            per = _THREEFRY_WORKSPACE.get(random_bits_width(op), 12.0)
             workspace[op.id] = per * float(np.prod(bits.shape, dtype=np.float64))
             value[op.id] = op.results[0]
         elif op.primitive == "select_and_scatter_add" and len(op.operands) >= 2:
