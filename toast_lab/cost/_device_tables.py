@@ -78,10 +78,10 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
     prog = an.program
     # Fusion follows the device's compiler: XLA's attention fuses where its profile says so (a
     # shard_map's body and cuDNN's attention are kernels of their own everywhere)
-    fused, kernel = st.fused, st.op_kernel_own
+    fused, kernel = st.passes.fused, st.passes.kernel_own
     if compiler.fuses_attention:
-        fused, kernel = st.fused | st.attention_inside, st.op_kernel
-    leaders = st.op_sum_leader if compiler.reassociates_all_reduce else \
+        fused, kernel = st.passes.fused | st.passes.attention_inside, st.passes.kernel
+    leaders = st.passes.sum_leader if compiler.reassociates_all_reduce else \
         np.full(st.num_ops, -1, np.int64)
     workspace = st.op_workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
     pieces = []
@@ -99,7 +99,7 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
         whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
         row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
     return DeviceOps(peak_rates(prog, dev), memory_traffic(prog, fused), kernel,
-                     st.op_flop_scale, leaders, workspace, flops, row_kind,
+                     st.passes.flop_scale, leaders, workspace, flops, row_kind,
                      launches(prog, fused, kernel), fused, pieces)
 
 

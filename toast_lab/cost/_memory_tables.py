@@ -19,7 +19,7 @@ from ..program import NO_OP
 from ._cpu_fusion import library_inputs, own_fusions
 from ._fusion import NOT_FUSIBLE, fused_live_ends
 from ._order import ready_positions, workspace_temps
-from ._static import _LINEAR
+from ._xla_passes import LINEAR
 from ._tables import (INPUT, OPERAND_READ, OUTPUT, RUN, SLICE_READ, SPAN, TEMP, TEMP_SLICES,
                       MemoryTables)
 
@@ -54,7 +54,7 @@ def memory_tables(an, st, ty, compiler, dev_ops, order, donate, is_state,
         inputs=inputs, outputs=outputs, num_outputs=len(outputs),
         instances_by_type=_spans(np.bincount(ty.op_type, minlength=len(ty.tables.ops))),
         instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-        deadline=st.op_deadline, combine_all_reduces=compiler.combines_all_reduces,
+        deadline=st.passes.deadline, combine_all_reduces=compiler.combines_all_reduces,
         position=position.astype(np.int64),
         result_end=np.where(st.op_result >= 0, live_end[st.op_result],
                             position + 1).astype(np.int64),
@@ -87,10 +87,10 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     readers = {}
     if compiler.reduces_in_library:
         threshold, readers = an.derived("cost.library_inputs",
-                                        lambda: library_inputs(prog, st.fused))
+                                        lambda: library_inputs(prog, st.passes.fused))
         min_nbytes = np.minimum(min_nbytes, threshold)
     temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
-                      & (st.nbytes > 0) & ~st.outside_buffer)[0]
+                      & (st.nbytes > 0) & ~st.passes.outside_buffer)[0]
     temps = np.zeros(len(temp) + len(pieces), TEMP)
     live_end = fused_live_ends(prog, live_end, fused)
     for v, ops in readers.items():
@@ -212,7 +212,7 @@ def _readers(prog) -> dict:
 def _sliced_reads(prog, position) -> np.ndarray:
     """MemoryTables.sliced_read: [N] (program order) where the last op reading each op's result
     runs, when every reader is a loop fusion that can take a slice of it in (through changes of
-    layout, _LINEAR); -1 where one cannot (a dot, a gather, an output). XLA:CPU writes a
+    layout, LINEAR); -1 where one cannot (a dot, a gather, an output). XLA:CPU writes a
     reduce-scatter as an all-reduce and a dynamic slice, and fuses the slice into such readers:
     the whole all-reduced buffer then lives until the last of them (an FSDP weight gradient read
     by the global norm early and by Adam's moments after it); a reader that cannot fuse it
@@ -225,7 +225,7 @@ def _sliced_reads(prog, position) -> np.ndarray:
             fusible &= v not in outputs
             for r in prog.users(v):
                 op = prog.ops[r]
-                if op.primitive in _LINEAR:
+                if op.primitive in LINEAR:
                     fusible &= readers[r] is not None
                     found |= readers[r] or set()
                 elif op.body or op.primitive in NOT_FUSIBLE:

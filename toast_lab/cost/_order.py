@@ -128,7 +128,7 @@ def memory_order(an, dev):
         return np.arange(st.num_ops), st.live_start, st.live_end
 
     def build():
-        position = breadth_first_positions(an.program, st.fused)
+        position = breadth_first_positions(an.program, st.passes.fused)
         return (position, *liveness(an.program, position))
 
     return an.derived("cost.breadth_first", build)

@@ -26,9 +26,9 @@ from ..program import BODY_INPUT, INPUT, NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._flops import FlopCounts, flop_counts, random_bits_width
 from ._folding import constant_folding
-from ._fusion import MOVEMENT, attention_kernels, fused_values
 from ._plan_arrays import split_classes
 from ._unroll import unrolled_copies
+from ._xla_passes import PassAnalyses, early_values, pass_analyses
 
 # An operand row wants its dim sharded like a result's dim (ROW_RESULT), like its group's
 # consensus (ROW_GROUP) or whole (ROW_REPLICATE); ROW_FROM_WHOLE: the operand holds the dim
@@ -48,12 +48,6 @@ class Static:
     width: int                  # D: the largest rank
     slot_class: np.ndarray      # [V, D] int32
     nbytes: np.ndarray          # [V] float64, whole-tensor bytes
-    # [V] int32: the value whose sharding v's buffer takes in XLA, where that is not v's own
-    # while v keeps its classes (and so the layout plan.jit exports): only its bytes per
-    # device follow (-1: its own; _held_like)
-    held_like: np.ndarray
-    fused: np.ndarray           # [V] bool: an elementwise intermediate XLA fuses away
-    attention_inside: np.ndarray  # [V] bool: a score-shaped value of a fused attention kernel
     # rows
     row_op: np.ndarray          # [R] int32
     row_value: np.ndarray       # [R] int32
@@ -130,25 +124,7 @@ class Static:
     output_values: np.ndarray   # [O'] int32
     value_classes: tuple        # per value: its classes (for incremental updates)
     conflict_class: np.ndarray  # [C] int64: the split class of each conflict (_plan_arrays.py)
-    op_sum_leader: np.ndarray   # [N] int: the op that reduces this op's partial sums (-1: itself)
-    # scheduling (the overlap of collectives with compute)
-    early: np.ndarray           # [V] bool: known before any compute (inputs, and casts of them)
-    op_ready: np.ndarray        # [N] int: the latest op making a non-early operand (-1: none)
-    op_deadline: np.ndarray     # [N] int: the first op reading a result (N: none, an output)
-    body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
-    body_last_trip: np.ndarray  # [N]: the trip count at the last op of a top-level loop body
-    # [V] the outermost loop (a scan op) each value is the same across every iteration of, a
-    # loop-invariant input of its body (-1: none), and the value outside that loop it is
-    invariant_loop: np.ndarray
-    invariant_source: np.ndarray
-    # [V] bool: a region's body value that is a buffer outside the body, not one of its own
-    # (in_place_body_values): a constant or a branch's input is its operand, read in place; a
-    # loop's carry in and out are its state buffer, updated in place; a branch's output is
-    # the cond's result
-    outside_buffer: np.ndarray
-    op_kernel: np.ndarray       # [N] int8: _fusion.KERNEL_*, XLA's attention fused
-    op_kernel_own: np.ndarray   # [N] int8: the same where it is not (_fusion.attention_kernels)
-    op_flop_scale: np.ndarray   # [N]: the share of its flops a fused kernel computes
+    passes: PassAnalyses        # what XLA's passes make of the program (_xla_passes.py)
 
 
 # Ops XLA:CPU lowers to a custom call (top_k: the TopK custom call), which the SPMD partitioner
@@ -252,7 +228,7 @@ def build_static(an) -> Static:
     op_trip = np.array([op.trip_count for op in ops], np.float64)
     op_result = np.full(N, -1, np.int32)
     op_is_region = np.array([bool(op.body) for op in ops], bool)
-    early = _early_values(prog)
+    early = early_values(prog)
 
     def add_operand(op_id, value, slot, size, dims):
         """An operand `op_id` reshards (`value`, its position `slot` among the op's operands,
@@ -378,16 +354,13 @@ def build_static(an) -> Static:
     is_input = np.array([v.origin == INPUT for v in values], bool)
     is_output = np.zeros(V, bool)
     is_output[list(prog.outputs)] = True
-    fused = fused_values(prog)
-    attention_inside, op_kernel_own, op_kernel, op_flop_scale = attention_kernels(prog)
     gathered_partials = np.array([_gathered_partials(op, values) for op in ops], np.float64)
-    leaders = _sum_leaders(prog, {n for g, n in enumerate(group_op)
+    passes = pass_analyses(prog, {n for g, n in enumerate(group_op)
                                   if group_is_reduction[g] and not gathered_partials[n]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
         num_values=V, width=width, slot_class=slot_class, nbytes=nbytes,
-        held_like=_held_like(prog), fused=fused,
-        attention_inside=attention_inside,
+        passes=passes,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
         row_src_dim=arr("src_dim"), row_group=arr("group"), row_compound=arr("compound"),
@@ -412,10 +385,7 @@ def build_static(an) -> Static:
         live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
         input_values=np.array(prog.inputs, np.int32),
         output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes, op_kernel=op_kernel, op_kernel_own=op_kernel_own,
-        op_flop_scale=op_flop_scale,
-        op_sum_leader=leaders, conflict_class=split.conflict_class, **_schedule(prog, leaders),
-        **_loop_invariants(prog))
+        value_classes=an.value_classes, conflict_class=split.conflict_class)
 
 
 def liveness(prog, position=None):
@@ -461,169 +431,11 @@ def liveness(prog, position=None):
     return start, end
 
 
-# Ops a partial sum passes through unchanged in value (up to layout and precision).
-_LINEAR = frozenset({"convert_element_type", "reshape", "transpose", "squeeze", "expand_dims",
-                     "copy"})
-
-
-def _sum_leaders(prog, reducers) -> np.ndarray:
-    """[N]: for an op leaving partial sums that are only added to other such ops' (q, k and v
-    input gradients, add_any of a tied weight's gradients), the last op of that sum: XLA adds
-    the partial sums and reduces once there (AllReduceReassociate). -1 elsewhere."""
-    values, ops = prog.values, prog.ops
-    parent = {}
-
-    def find(i):
-        while parent.get(i, i) != i:
-            i = parent[i]
-        return i
-
-    def sources(v):
-        """The reducers whose partial sums reach v through single-reader linear ops and adds."""
-        p = values[v].producer
-        if p == NO_OP:
-            return None
-        op = ops[p]
-        if p in reducers:
-            return [p]
-        if op.primitive in _LINEAR or op.primitive in ("add", "add_any"):
-            found = []
-            for u in op.operands:
-                if len(prog.users(u)) != 1:
-                    return None
-                more = sources(u)
-                if more is None:
-                    return None
-                found += more
-            return found
-        return None
-
-    for op in ops:
-        if op.primitive not in ("add", "add_any") or op.body:
-            continue
-        found = sources(op.results[0])
-        if found and len(found) > 1:
-            root = find(found[0])
-            for q in found[1:]:
-                parent[find(q)] = root
-    leader = np.full(len(ops), -1, np.int64)
-    members: dict[int, list[int]] = {}
-    for q in parent:
-        members.setdefault(find(q), []).append(q)
-    for root, group in members.items():
-        group = sorted(set(group) | {root})
-        for q in group[:-1]:
-            leader[q] = group[-1]
-    return leader
-
-
-def _real_readers(prog, v: int, outputs, through) -> list:
-    """The ops that need v's reduced data: a reduction of partial sums commutes with layout
-    changes, casts and sums (`through`), so it can wait past them, to the first op that
-    needs whole values; None stands for the step's end (v reaches an output)."""
-    if v in outputs:
-        return [None]
-    out = []
-    for r in prog.users(v):
-        op = prog.ops[r]
-        if op.primitive in through and len(op.results) == 1:
-            out += _real_readers(prog, op.results[0], outputs, through)
-        else:
-            out.append(r)
-    return out
-
-
-_COMMUTES = _LINEAR | {"reduce_sum"}
-
-
 def _scan_stacks(op) -> range:
     """The operand positions of a scan's stacks (xs), scanned along dim 0; none elsewhere."""
     if op.primitive != "scan":
         return range(0)
     return range(op.params["num_consts"] + op.params["num_carry"], len(op.operands))
-
-
-def _early_values(prog) -> np.ndarray:
-    """[V] bool: values known before any compute (inputs, and data movement of them)."""
-    values, ops = prog.values, prog.ops
-    early = np.zeros(len(values), bool)
-    for v in values:
-        if v.producer == NO_OP:
-            early[v.id] = v.origin != "body"
-    for op in ops:  # program order: operands come first
-        if op.primitive == "scan":  # a scanned parameter slice is as early as the stack
-            for u, b in zip(op.operands, op.body):
-                early[b] = early[u] and values[b].origin == "body"
-        elif not op.body and op.primitive in MOVEMENT and all(early[u] for u in op.operands):
-            early[list(op.results)] = True
-    return early
-
-
-def _schedule(prog, sum_leader) -> dict:
-    """What the overlap of collectives with compute needs to know of program order."""
-    values, ops = prog.values, prog.ops
-    N = len(ops)
-    early = _early_values(prog)
-    ready = np.full(N, -1, np.int64)
-    deadline = np.full(N, N, np.int64)
-    grouped = set(np.nonzero(sum_leader >= 0)[0]) | set(sum_leader[sum_leader >= 0])
-    outputs = set(prog.outputs)
-    for op in ops:
-        made = [values[u].producer for u in op.operands
-                if not early[u] and values[u].producer != NO_OP]
-        ready[op.id] = max(made, default=-1)
-        # partial sums added before their reduction (sum_leader) wait past the adds too
-        through = _COMMUTES | {"add", "add_any"} if op.id in grouped else _COMMUTES
-        readers = [r for v in op.results for r in _real_readers(prog, v, outputs, through)]
-        if readers and None not in readers:
-            deadline[op.id] = min(readers)
-    body_first = np.zeros(N, bool)
-    body_last_trip = np.zeros(N)
-    for op in ops:
-        if op.body and op.region == NO_OP and op.body_ops[1] > op.body_ops[0]:
-            body_first[op.body_ops[0]] = True
-            body_last_trip[op.body_ops[1] - 1] = float(ops[op.body_ops[0]].trip_count)
-    return dict(early=early, op_ready=ready, op_deadline=deadline, body_first=body_first,
-                body_last_trip=body_last_trip)
-
-
-def _loop_invariants(prog) -> dict:
-    """A scan's constants (the weights a gradient-accumulation loop reads every micro-batch)
-    are the same in every iteration: XLA's loop-invariant code motion reshards them once,
-    before the loop (jax 0.10.2 gathers an FSDP step's weights there, not per micro-batch),
-    and the reshard's buffer lives through the loop. Followed through nested scans to the
-    outermost loop they are constant in. With them, the body values that are no buffers of
-    their own (in_place_body_values)."""
-    values = prog.values
-    loop = np.full(len(values), -1, np.int64)
-    source = np.arange(len(values), dtype=np.int64)
-    outside = np.zeros(len(values), bool)
-    for op in prog.ops:  # program order: an outer loop comes before the loops in its body
-        outside[in_place_body_values(op)] = True
-        if op.primitive != "scan":
-            continue
-        consts = op.params["num_consts"]
-        for b, u in zip(op.body[:consts], op.operands):
-            loop[b] = loop[u] if loop[u] >= 0 else op.id
-            source[b] = source[u]
-    return dict(invariant_loop=loop, invariant_source=source, outside_buffer=outside)
-
-
-def in_place_body_values(op) -> list[int]:
-    """The body values of a region op that are no buffers of their own. XLA lowers a scan to
-    a while, keeps one buffer per state element and colocates it with the cond's and body's
-    parameters and the body's root (an accumulator's sum is written there: a fori_loop
-    accumulating gradients held a second copy of them otherwise); it colocates a conditional's
-    result with each branch's root, and a branch's parameters are its operands (optax's
-    MultiSteps and apply_if_finite update the whole optimizer state in a cond: counted as
-    buffers, both branches' copies of it put dp's peak at 2.5x XLA's). A scan's constants are
-    read in place; its x slices and y slices are buffers of their own."""
-    if op.primitive == "scan":
-        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
-        return [*op.body[:nc + nk], *op.body[n_in:n_in + nk]]
-    if op.primitive in ("while", "cond"):
-        return list(op.body)
-    return []
 
 
 def region_read_operands(op) -> range:
@@ -798,26 +610,6 @@ def _loop_made(prog, v: int) -> bool:
     """Whether v is a result of a loop (the stack a forward scan writes for the backward)."""
     producer = prog.values[v].producer
     return producer != NO_OP and bool(prog.ops[producer].body)
-
-
-def _held_like(prog) -> np.ndarray:
-    """[V] for a stack a forward scan keeps for the backward one (Program.loop_only_stacks),
-    the slice its loop writes each iteration; -1 elsewhere. XLA starts such a stack from
-    zeros in the loop's state, writes each slice in, and the backward loop reads it a slice
-    at a time: no op outside the loops asks sharding propagation for a layout of the stack,
-    so it takes its slice's, the scanned dim whole. An RNN's residuals with the sequence
-    sharded are f32[T, ...] in both while loops; a scanned GPT's with `layers` on model and
-    the batch on (model, data) are f32[L, B/8, ...], where the plan, `layers` decided first,
-    shards the stack on `layers` and leaves its batch whole (jax 0.10.2). A stack also read
-    outside loops is written into its own shard (the RNN's hs)."""
-    held = np.full(len(prog.values), -1, np.int32)
-    for r in prog.loop_only_stacks():
-        op = prog.ops[prog.values[r].producer]
-        held[r] = op.body[len(op.body) - len(op.results) + op.results.index(r)]
-    for r in np.nonzero(held >= 0)[0]:  # a slice that is itself such a stack (nested scans)
-        while held[held[r]] >= 0:
-            held[r] = held[held[r]]
-    return held
 
 
 def _merged_parts(rule, t, dims, has_class) -> dict:

@@ -129,7 +129,7 @@ class TypeTables(NamedTuple):
     value_classes: np.ndarray   # [T, D] class of each dim (-1: none)
     value_tags: np.ndarray      # [T, D] conflict-side tag of each dim (-1: none)
     held_type: np.ndarray       # [T] the type whose masks size its values' buffers (itself
-                                #   but where Static.held_like says otherwise)
+                                #   but where Static.passes.held_like says otherwise)
     tag_conflict: np.ndarray    # [K] the conflict of each tag
     tag_dropped: np.ndarray     # [K, R] bool: the tag's dim is replicated under resolution r
     conflict_class: np.ndarray  # [C] the class of each conflict

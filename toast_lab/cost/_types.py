@@ -36,7 +36,7 @@ class Types(NamedTuple):
     # through them.
     operand_member: np.ndarray  # [O]
     operand_read: np.ndarray    # [O]
-    # [S] the loop each shared read is hoisted out of (Static.invariant_loop; -1: none): XLA
+    # [S] the loop each shared read is hoisted out of (Static.passes.invariant_loop; -1: none): XLA
     # reshards it once before that loop, and its buffer lives until the loop ends.
     read_loop: np.ndarray
 
@@ -106,10 +106,10 @@ def build_types(st: Static, an, dev_ops) -> Types:
              tuple(slot_tag.get((v, d), -1) for d in range(st.width))) for v in range(V)]
     for v in range(V):
         value_type[v] = vtypes.id((*keys[v], -1, -1))
-    # A value held like another (Static.held_like) is a type apart, in bytes only: its masks
+    # A value held like another (Static.passes.held_like) is a type apart, in bytes only: its masks
     # are its classes', its buffers sized by that value's type's
-    for v in np.nonzero(st.held_like >= 0)[0]:
-        value_type[v] = vtypes.id((*keys[v], int(value_type[st.held_like[v]]), -1))
+    for v in np.nonzero(st.passes.held_like >= 0)[0]:
+        value_type[v] = vtypes.id((*keys[v], int(value_type[st.passes.held_like[v]]), -1))
     # So is a shard_map's result: XLA holds it as its out_specs shards (CostModel's
     # MemoryTables.fixed_held), whatever layout its classes take
     for op in an.program.ops:
@@ -182,11 +182,11 @@ def build_types(st: Static, an, dev_ops) -> Types:
     group_of_op = np.array([op.cse_group for op in an.program.ops], _I)
     source = gather_sources(an.program)
     # A loop-invariant read (a scan's constant, or a relayout of one) is resharded before the
-    # loop (Static.invariant_loop): once per loop and sharding, whichever ops read it there.
+    # loop (Static.passes.invariant_loop): once per loop and sharding, whichever ops read it there.
     read_of = source[st.operand_value]
-    loop_of = st.invariant_loop[read_of]
+    loop_of = st.passes.invariant_loop[read_of]
     hoisted = loop_of >= 0
-    read_of = np.where(hoisted, source[st.invariant_source[read_of]], read_of)
+    read_of = np.where(hoisted, source[st.passes.invariant_source[read_of]], read_of)
     groups_count = group_of_op.max(initial=0) + 2  # a program of no ops has no groups
     unit = read_of * groups_count + np.where(hoisted, groups_count - 1,
                                              group_of_op[st.operand_op])
@@ -212,7 +212,7 @@ def build_types(st: Static, an, dev_ops) -> Types:
 
     def member_key(o):  # an OP_OPERAND record
         return (int(operand_type[o]), float(st.operand_nbytes[o]),
-                bool(st.early[st.operand_value[o]]), bool(updates[o]))
+                bool(st.passes.early[st.operand_value[o]]), bool(updates[o]))
 
     ptypes = _Interner()
     op_type = np.empty(N, _I)
@@ -287,7 +287,7 @@ def build_types(st: Static, an, dev_ops) -> Types:
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=at,
                             trip=st.op_trip[at], nbytes=st.operand_nbytes[inst],
-                            early=st.early[st.operand_value[inst]],
+                            early=st.passes.early[st.operand_value[inst]],
                             pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
                             memory_position=at, ready=at,
                             copy_of=np.where(materialised(an.program, source)[
