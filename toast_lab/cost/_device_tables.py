@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ._fusion import launches, memory_traffic
-from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces
+from ._op_facts import select_and_scatter_pieces
+from ._static import ROW_REPLICATE, ROW_RESULT
 from ._tables import DEVICE
 
 
@@ -83,7 +84,7 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
         fused, kernel = st.passes.fused | st.passes.attention_inside, st.passes.kernel
     leaders = st.passes.sum_leader if compiler.reassociates_all_reduce else \
         np.full(st.num_ops, -1, np.int64)
-    workspace = st.op_workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
+    workspace = st.ops.workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
     pieces = []
     if compiler.allocates_op_workspace and compiler.schedules_breadth_first:
         pieces = select_and_scatter_pieces(prog)
@@ -96,7 +97,7 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
     # and the result sliced locally
     row_kind = st.row_kind
     if not compiler.partitions_top_k:
-        whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
+        whole = st.ops.replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
         row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
     return DeviceOps(peak_rates(prog, dev), memory_traffic(prog, fused), kernel,
                      st.passes.flop_scale, leaders, workspace, flops, row_kind,

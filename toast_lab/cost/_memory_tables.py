@@ -47,7 +47,7 @@ def memory_tables(an, st, ty, compiler, dev_ops, order, donate, is_state,
                                    temp_slices[:len(temp)])
     type_at = np.empty(st.num_ops, np.int64)  # the op type at each position
     type_at[position] = ty.op_type
-    computation = _computations(st.op_computation)
+    computation = _computations(st.ops.computation)
     return MemoryTables(
         op_type=type_at, temps=temps, temps_by_type=_spans(counts),
         temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
@@ -56,11 +56,11 @@ def memory_tables(an, st, ty, compiler, dev_ops, order, donate, is_state,
         instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
         deadline=st.passes.deadline, combine_all_reduces=compiler.combines_all_reduces,
         position=position.astype(np.int64),
-        result_end=np.where(st.op_result >= 0, live_end[st.op_result],
+        result_end=np.where(st.ops.result >= 0, live_end[st.ops.result],
                             position + 1).astype(np.int64),
         operand_reads=operand_reads, computation=computation,
         num_computations=int(computation.max(initial=0)) + 1,
-        iteration_copies=st.op_iteration_copies, sliced_read=_sliced_reads(prog, position),
+        iteration_copies=st.ops.iteration_copies, sliced_read=_sliced_reads(prog, position),
         temp_slices=temp_slices, slice_reads=slice_reads, fixed_held=fixed_held,
         runs=np.zeros(0, RUN), **_readers(prog))
 
@@ -193,7 +193,7 @@ def _aliases(prog, pruned: set[int]) -> list[tuple[int, int]]:
 
 def _computations(region: np.ndarray) -> np.ndarray:
     """[N] the computation each op runs in (MemoryTables.computation), from the region op
-    whose body it is (Static.op_computation: a fully unrolled scan's body runs in the
+    whose body it is (Static.ops.computation: a fully unrolled scan's body runs in the
     computation around it)."""
     regions = sorted(set(region[region >= 0].tolist()))
     index = {r: k + 1 for k, r in enumerate(regions)}

@@ -84,7 +84,7 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
 # (lhs, a transposed convolution's), low padding.
 HALO = record(result_dim=_I, in_size=_I, out_size=_I, window=_I, stride=_I,
               window_dilation=_I, base_dilation=_I, padding_low=_I)
-# A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
+# A matmul's result dim: its index, its role (_op_facts.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)

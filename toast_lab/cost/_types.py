@@ -197,7 +197,7 @@ def build_types(st: Static, an, dev_ops) -> Types:
     linked = np.array([ops[n].primitive in _RELAYOUT and len(ops[n].results) == 1
                        and source[ops[n].results[0]] != ops[n].results[0]
                        for n in st.operand_op.tolist()], bool)
-    own = st.op_is_region[st.operand_op] | linked
+    own = st.ops.is_region[st.operand_op] | linked
     unit = np.where(own, -1 - np.arange(len(unit)), unit)
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
     shared = (uses[unit_id] >= 2) | hoisted
@@ -217,17 +217,17 @@ def build_types(st: Static, an, dev_ops) -> Types:
     ptypes = _Interner()
     op_type = np.empty(N, _I)
     for n in range(N):
-        r = int(st.op_result[n])
+        r = int(st.ops.result[n])
         key = (int(value_type[r]) if r >= 0 else -1, float(st.nbytes[r]) if r >= 0 else 0.0,
-               tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.op_trip[n]),
+               tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.ops.trip[n]),
                float(peak[n]),
                tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
                tuple(sorted(member_key(o) for o in operands_of_op[n])),
-               st.op_matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
-               float(workspace[n]), int(value_type[st.op_workspace_value[n]]),
+               st.ops.matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
+               float(workspace[n]), int(value_type[st.ops.workspace_value[n]]),
                *_scatter_key(st, value_type, n), *_batch_key(st, value_type, n),
-               float(st.op_gathered_partials[n]), float(st.op_copies[n]),
-               float(launches[n]), st.op_halo[n] or (0.0, -1, ()), *_gather_key(st, value_type, n))
+               float(st.ops.gathered_partials[n]), float(st.ops.copies[n]),
+               float(launches[n]), st.ops.halo[n] or (0.0, -1, ()), *_gather_key(st, value_type, n))
         op_type[n] = ptypes.id(key)  # no name scope in the key: layers share types
     # An op whose partial sums another reduces carries that op's type: a second interning,
     # where a leader (never itself led) keeps a type of its own.
@@ -286,7 +286,7 @@ def build_types(st: Static, an, dev_ops) -> Types:
     at = np.where(read_loop >= 0, read_loop, op_of_read)  # where the reshard runs
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=at,
-                            trip=st.op_trip[at], nbytes=st.operand_nbytes[inst],
+                            trip=st.ops.trip[at], nbytes=st.operand_nbytes[inst],
                             early=st.passes.early[st.operand_value[inst]],
                             pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
                             memory_position=at, ready=at,
@@ -380,7 +380,7 @@ def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:
     segment_sum's zeros, a gather's gradient), which XLA can make in any sharding for free."""
     out = np.zeros(len(st.operand_op), bool)
     for o, (n, t) in enumerate(zip(st.operand_op.tolist(), st.operand_slot.tolist())):
-        if t != 2 or st.op_scatter_updates[n] < 0:
+        if t != 2 or st.ops.scatter_updates[n] < 0:
             continue
         made = prog.values[prog.ops[n].operands[0]].producer
         out[o] = made >= 0 and prog.ops[made].primitive == "broadcast_in_dim"
@@ -390,16 +390,16 @@ def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:
 def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
     """(indices bytes, indices type, updates bytes, updates type, pass-through dims) of a
     combining scatter; zeros for other ops."""
-    i, u = int(st.op_scatter_indices[n]), int(st.op_scatter_updates[n])
+    i, u = int(st.ops.scatter_indices[n]), int(st.ops.scatter_updates[n])
     if i < 0 or u < 0:
         return 0.0, 0, 0.0, 0, 0
     return (float(st.nbytes[i]), int(value_type[i]), float(st.nbytes[u]), int(value_type[u]),
-            int(st.op_scatter_window[n]))
+            int(st.ops.scatter_window[n]))
 
 
 def _gather_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
     """(operand type + 1, indices type + 1) of a gather; zeros for other ops."""
-    x, i = (int(v) for v in st.op_gather[n])
+    x, i = (int(v) for v in st.ops.gather[n])
     return (int(value_type[x]) + 1, int(value_type[i]) + 1) if x >= 0 else (0, 0)
 
 
@@ -407,9 +407,9 @@ def _batch_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
     """(bytes, type, batching dims, indexed dims, indices type, indices batching dims, indices
     bytes) of an explicitly batched gather or scatter (_static._batched_indexing); zeros for
     other ops."""
-    v, i = int(st.op_batch_value[n]), int(st.op_batch_indices[n])
+    v, i = int(st.ops.batch_value[n]), int(st.ops.batch_indices[n])
     if v < 0 or i < 0:
         return 0.0, 0, 0, 0, 0, 0, 0.0
-    return (float(st.nbytes[v]), int(value_type[v]), int(st.op_batch_dims[n]),
-            int(st.op_batch_indexed[n]), int(value_type[i]), int(st.op_batch_index_dims[n]),
+    return (float(st.nbytes[v]), int(value_type[v]), int(st.ops.batch_dims[n]),
+            int(st.ops.batch_indexed[n]), int(value_type[i]), int(st.ops.batch_index_dims[n]),
             float(st.nbytes[i]))
