@@ -89,8 +89,8 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
         threshold, readers = an.derived("cost.library_inputs",
                                         lambda: library_inputs(prog, st.passes.fused))
         min_nbytes = np.minimum(min_nbytes, threshold)
-    temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
-                      & (st.nbytes > 0) & ~st.passes.outside_buffer)[0]
+    temp = np.nonzero(~st.values.is_input & ~st.values.is_output & np.isfinite(min_nbytes)
+                      & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
     temps = np.zeros(len(temp) + len(pieces), TEMP)
     live_end = fused_live_ends(prog, live_end, fused)
     for v, ops in readers.items():
@@ -98,7 +98,7 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
             live_end[v] = max(position[r] for r in ops) + 1
     k = len(temp)
     temps["start"][:k], temps["end"][:k] = live_start[temp], live_end[temp]
-    temps["nbytes"][:k], temps["value_type"][:k] = st.nbytes[temp], ty.value_type[temp]
+    temps["nbytes"][:k], temps["value_type"][:k] = st.values.nbytes[temp], ty.value_type[temp]
     temps["min_nbytes"][:k] = min_nbytes[temp]
     workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
     for op, *_ in pieces:  # the scatter writes into zeros made before any compute
@@ -111,14 +111,14 @@ def _arguments_and_outputs(prog, st, ty, position, pruned, is_state, donate):
     """(INPUT records, OUTPUT records), one per argument and per output. jax.jit drops the
     arguments the step never reads or returns (keep_unused=False): no buffer of theirs
     reaches XLA."""
-    ins, outs = st.input_values, st.output_values
+    ins, outs = st.values.inputs, st.values.outputs
     inputs = np.zeros(len(ins), INPUT)
-    inputs["nbytes"] = np.where([v in pruned for v in ins], 0.0, st.nbytes[ins])
+    inputs["nbytes"] = np.where([v in pruned for v in ins], 0.0, st.values.nbytes[ins])
     inputs["value_type"] = ty.value_type[ins]
     inputs["is_state"] = is_state[ins]
     inputs["count"] = 1.0
     outputs = np.zeros(len(outs), OUTPUT)
-    outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
+    outputs["nbytes"], outputs["value_type"] = st.values.nbytes[outs], ty.value_type[outs]
     outputs["position"] = [position[prog.values[v].producer]
                            if prog.values[v].producer >= 0 else 0 for v in outs]
     outputs["count"] = outputs["position_weight"] = 1.0

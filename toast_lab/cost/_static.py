@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..analysis import crossing_reads
-from ..program import BODY_INPUT, INPUT, NO_OP
+from ..program import NO_OP
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
 from ._flops import FlopCounts, flop_counts
 from ._folding import constant_folding
-from ._plan_arrays import split_classes
 from ._op_facts import OpFacts, op_facts
+from ._value_facts import ValueFacts, value_facts
 from ._xla_passes import PassAnalyses, early_values, pass_analyses
 
 # An operand row wants its dim sharded like a result's dim (ROW_RESULT), like its group's
@@ -40,10 +40,7 @@ ROW_RESULT, ROW_GROUP, ROW_REPLICATE, ROW_FROM_WHOLE = 0, 1, 2, 3
 
 @dataclass(frozen=True, eq=False)
 class Static:
-    num_values: int
-    width: int                  # D: the largest rank
-    slot_class: np.ndarray      # [V, D] int32
-    nbytes: np.ndarray          # [V] float64, whole-tensor bytes
+    values: ValueFacts          # what each value is (_value_facts.py)
     # rows
     row_op: np.ndarray          # [R] int32
     row_value: np.ndarray       # [R] int32
@@ -78,16 +75,11 @@ class Static:
     num_ops: int
     flops: FlopCounts           # each op's flops, as XLA counts them (_flops.py)
     ops: OpFacts                # what each op is (_op_facts.py)
-    # liveness, in program order positions 0..N
-    live_start: np.ndarray      # [V] int32
-    live_end: np.ndarray        # [V] int32 (exclusive)
-    is_input: np.ndarray        # [V] bool
-    is_output: np.ndarray       # [V] bool
-    input_values: np.ndarray    # [I] int32
-    output_values: np.ndarray   # [O'] int32
-    value_classes: tuple        # per value: its classes (for incremental updates)
-    conflict_class: np.ndarray  # [C] int64: the split class of each conflict (_plan_arrays.py)
     passes: PassAnalyses        # what XLA's passes make of the program (_xla_passes.py)
+
+    @property
+    def num_values(self) -> int:
+        return len(self.values.nbytes)
 
 
 def _sliced_first(an, operand_op, operand_value) -> np.ndarray:
@@ -117,14 +109,9 @@ def static_tables(an) -> Static:
 def build_static(an) -> Static:
     prog = an.program
     values, ops = prog.values, prog.ops
-    V, N = len(values), len(ops)
-    width = max((v.ndim for v in values), default=0) or 1
-    slot_class = np.full((V, width), -1, np.int32)
-    split = split_classes(an)  # a class per domain: see _plan_arrays.py
-    for v, classes in enumerate(split.value_classes):
-        if classes:
-            slot_class[v, :len(classes)] = classes
-    nbytes = np.array([v.nbytes for v in values], np.float64)
+    N = len(ops)
+    value = value_facts(an)
+    slot_class, nbytes = value.slot_class, value.nbytes
 
     rows = {k: [] for k in ("op", "value", "dim", "kind", "src_value", "src_dim", "group",
                             "compound", "src_compound", "operand")}
@@ -243,16 +230,12 @@ def build_static(an) -> Static:
                                    else 0))
             add_operand(op.id, u, t, nbytes[u], wanted)
 
-    live_start, live_end = liveness(prog)
-    is_input = np.array([v.origin == INPUT for v in values], bool)
-    is_output = np.zeros(V, bool)
-    is_output[list(prog.outputs)] = True
     facts = op_facts(an, folding.folded)
     passes = pass_analyses(prog, {n for g, n in enumerate(group_op)
                                   if group_is_reduction[g] and not facts.gathered_partials[n]})
     arr = lambda k, dt=np.int32: np.array(rows[k], dt)  # noqa: E731
     return Static(
-        num_values=V, width=width, slot_class=slot_class, nbytes=nbytes,
+        values=value,
         passes=passes,
         row_op=arr("op"), row_value=arr("value"), row_dim=arr("dim"),
         row_kind=arr("kind", np.int8), row_src_value=arr("src_value"),
@@ -266,54 +249,7 @@ def build_static(an) -> Static:
         operand_nbytes=np.array(operand_nbytes, np.float64),
         operand_uniform=np.array([u in uniform for u in operand_value], bool),
         operand_sliced_first=_sliced_first(an, operand_op, operand_value),
-        num_ops=N, flops=flop_counts(prog, folding), ops=facts,
-        live_start=live_start, live_end=live_end, is_input=is_input, is_output=is_output,
-        input_values=np.array(prog.inputs, np.int32),
-        output_values=np.array(prog.outputs, np.int32),
-        value_classes=an.value_classes, conflict_class=split.conflict_class)
-
-
-def liveness(prog, position=None):
-    """[start, end) positions of each value: positions 0..N-1 are ops, N is the end.
-
-    position: [N] each op's place in the order the compiler runs them (a permutation keeping a
-    region's body ops right after it, see _order.py); None: program order.
-    Inputs and constants are live from 0; a value lives until its last reader; outputs until
-    the end. A region op's results are allocated when the loop starts (its position), and a
-    value read inside a region it was not made in lives until the region ends (every
-    iteration reads it); one made in the region (an iteration's temporary) lives until its
-    last reader there.
-    """
-    values, ops = prog.values, prog.ops
-    N = len(ops)
-    at = np.arange(N) if position is None else np.asarray(position)
-    start = np.array([at[v.producer] if v.producer != NO_OP else 0 for v in values],
-                     np.int32)
-    end = start + 1
-    # a region's body ops follow it in any order: it ends after the last of them
-    region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
-    made_in = [ops[v.producer].region if v.producer != NO_OP else NO_OP for v in values]
-    for op in ops:
-        if op.body:  # a body's inputs are made by its region op, in the region
-            for v in op.body:
-                if values[v].origin == BODY_INPUT:
-                    made_in[v] = op.id
-    for op in ops:
-        for u in op.operands:
-            pos = at[op.id] + 1
-            r = op.region
-            while r != NO_OP and r != made_in[u]:  # read in a loop: needed until it is done
-                pos = max(pos, region_end[r])
-                r = ops[r].region
-            end[u] = max(end[u], pos)
-        for u in op.body:
-            end[u] = max(end[u], region_end[op.id])
-        for i in region_read_operands(op):  # read in place by every iteration or branch
-            u = op.operands[i]
-            end[u] = max(end[u], region_end[op.id])
-    for v in prog.outputs:
-        end[v] = N + 1
-    return start, end
+        num_ops=N, flops=flop_counts(prog, folding), ops=facts)
 
 
 def _scan_stacks(op) -> range:
@@ -321,18 +257,6 @@ def _scan_stacks(op) -> range:
     if op.primitive != "scan":
         return range(0)
     return range(op.params["num_consts"] + op.params["num_carry"], len(op.operands))
-
-
-def region_read_operands(op) -> range:
-    """The operands of a region op that its body reads in place, every iteration or branch:
-    they live until the region ends (a scan's and a while's constants, a cond's operands)."""
-    if op.primitive == "scan":
-        return range(op.params["num_consts"])
-    if op.primitive == "while":
-        return range(op.params["cond_nconsts"] + op.params["body_nconsts"])
-    if op.primitive == "cond":
-        return range(1, len(op.operands))
-    return range(0)
 
 
 def _loop_made(prog, v: int) -> bool:

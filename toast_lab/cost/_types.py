@@ -102,8 +102,8 @@ def build_types(st: Static, an, dev_ops) -> Types:
     # --- value types --------------------------------------------------------------------------
     vtypes = _Interner()
     value_type = np.empty(V, _I)
-    keys = [(tuple(int(c) for c in st.slot_class[v]),
-             tuple(slot_tag.get((v, d), -1) for d in range(st.width))) for v in range(V)]
+    keys = [(tuple(int(c) for c in st.values.slot_class[v]),
+             tuple(slot_tag.get((v, d), -1) for d in range(st.values.width))) for v in range(V)]
     for v in range(V):
         value_type[v] = vtypes.id((*keys[v], -1, -1))
     # A value held like another (Static.passes.held_like) is a type apart, in bytes only: its masks
@@ -117,8 +117,8 @@ def build_types(st: Static, an, dev_ops) -> Types:
             for v in op.results:
                 value_type[v] = vtypes.id((*keys[v], -1, v))
     T = len(vtypes)
-    value_classes = np.array([k[0] for k in vtypes], _I).reshape(T, st.width)
-    value_tags = np.array([k[1] for k in vtypes], _I).reshape(T, st.width)
+    value_classes = np.array([k[0] for k in vtypes], _I).reshape(T, st.values.width)
+    value_tags = np.array([k[1] for k in vtypes], _I).reshape(T, st.values.width)
     held_type = np.array([t if k[2] < 0 else k[2] for t, k in enumerate(vtypes)], _I)
 
     # --- group types --------------------------------------------------------------------------
@@ -218,10 +218,10 @@ def build_types(st: Static, an, dev_ops) -> Types:
     op_type = np.empty(N, _I)
     for n in range(N):
         r = int(st.ops.result[n])
-        key = (int(value_type[r]) if r >= 0 else -1, float(st.nbytes[r]) if r >= 0 else 0.0,
+        key = (int(value_type[r]) if r >= 0 else -1, float(st.values.nbytes[r]) if r >= 0 else 0.0,
                tuple(sorted(groups_of_op[n])), float(flops[n]), float(st.ops.trip[n]),
                float(peak[n]),
-               tuple(sorted((int(value_type[v]), float(st.nbytes[v])) for v in io_of_op[n])),
+               tuple(sorted((int(value_type[v]), float(st.values.nbytes[v])) for v in io_of_op[n])),
                tuple(sorted(member_key(o) for o in operands_of_op[n])),
                st.ops.matmul[n] or (0.0, ()), int(kernel[n]), float(flop_scale[n]),
                float(workspace[n]), int(value_type[st.ops.workspace_value[n]]),
@@ -298,7 +298,7 @@ def build_types(st: Static, an, dev_ops) -> Types:
     tables = TypeTables(
         value_classes=value_classes, value_tags=value_tags, held_type=held_type,
         tag_conflict=np.array(tag_conflict, _I), tag_dropped=tag_dropped,
-        conflict_class=st.conflict_class,
+        conflict_class=st.values.conflict_class,
         groups=groups, group_members=group_members, rows=rows, operands=operands,
         operand_rows=np.array(operand_rows, _I), ops=ops, op_groups=np.array(op_groups, _I),
         op_io=op_io, op_operands=op_operands, op_dims=op_dims, shared_values=shared_values,
@@ -393,7 +393,7 @@ def _scatter_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
     i, u = int(st.ops.scatter_indices[n]), int(st.ops.scatter_updates[n])
     if i < 0 or u < 0:
         return 0.0, 0, 0.0, 0, 0
-    return (float(st.nbytes[i]), int(value_type[i]), float(st.nbytes[u]), int(value_type[u]),
+    return (float(st.values.nbytes[i]), int(value_type[i]), float(st.values.nbytes[u]), int(value_type[u]),
             int(st.ops.scatter_window[n]))
 
 
@@ -410,6 +410,6 @@ def _batch_key(st: Static, value_type: np.ndarray, n: int) -> tuple:
     v, i = int(st.ops.batch_value[n]), int(st.ops.batch_indices[n])
     if v < 0 or i < 0:
         return 0.0, 0, 0, 0, 0, 0, 0.0
-    return (float(st.nbytes[v]), int(value_type[v]), int(st.ops.batch_dims[n]),
+    return (float(st.values.nbytes[v]), int(value_type[v]), int(st.ops.batch_dims[n]),
             int(st.ops.batch_indexed[n]), int(value_type[i]), int(st.ops.batch_index_dims[n]),
-            float(st.nbytes[i]))
+            float(st.values.nbytes[i]))
