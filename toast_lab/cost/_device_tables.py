@@ -15,7 +15,7 @@ import numpy as np
 
 from ._fusion import launches, memory_traffic
 from ._op_facts import select_and_scatter_pieces
-from ._static import ROW_REPLICATE, ROW_RESULT
+from ._operand_rows import ROW_REPLICATE, ROW_RESULT
 from ._tables import DEVICE
 
 
@@ -95,10 +95,10 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
         flops = flops + st.flops.clone * (st.flops.fusion_copies - 1.0)
     # ops the compiler computes whole want their operands whole: all-gathered, as XLA does,
     # and the result sliced locally
-    row_kind = st.row_kind
+    row_kind = st.rows.kind
     if not compiler.partitions_top_k:
-        whole = st.ops.replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
-        row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
+        whole = st.ops.replicated_on_cpu[st.rows.op] & (st.rows.kind == ROW_RESULT)
+        row_kind = np.where(whole, ROW_REPLICATE, st.rows.kind).astype(st.rows.kind.dtype)
     return DeviceOps(peak_rates(prog, dev), memory_traffic(prog, fused), kernel,
                      st.passes.flop_scale, leaders, workspace, flops, row_kind,
                      launches(prog, fused, kernel), fused, pieces)

@@ -140,12 +140,12 @@ def _shared_read_positions(prog, st, ty, compiler, position) -> np.ndarray:
         ready = ready_positions(prog, position)
         shared = np.nonzero(ty.operand_read >= 0)[0]
         at = ty.operand_read[shared]
-        reads["ready"][at] = np.minimum(ready[st.operand_value[shared]],
+        reads["ready"][at] = np.minimum(ready[st.operands.value[shared]],
                                         reads["memory_position"][at])
         o = np.nonzero(ty.operand_member >= 0)[0]
         operand_reads = np.zeros(len(o), OPERAND_READ)
-        operand_reads["position"] = position[st.operand_op[o]]
-        operand_reads["ready"] = np.minimum(ready[st.operand_value[o]],
+        operand_reads["position"] = position[st.operands.op[o]]
+        operand_reads["ready"] = np.minimum(ready[st.operands.value[o]],
                                             operand_reads["position"])
         operand_reads["member"] = ty.operand_member[o]
     # a reshard hoisted out of a loop (Types.read_loop) runs before it; its buffer is read by
@@ -249,14 +249,14 @@ def _slice_reads(prog, st, ty, temp, position, live_end, out) -> np.ndarray:
     the input of a fused value, kept for the fusions that recompute it). What the kernel does
     with them: _kernel.early_slices."""
     operand_type = {}  # (op, value) -> the operand types it is read as
-    for o in range(len(st.operand_op)):
+    for o in range(len(st.operands.op)):
         if ty.operand_member[o] >= 0:
             t = ty.tables.op_operands[ty.operand_member[o]]["operand_type"]
         elif ty.operand_read[o] >= 0:
             t = ty.tables.shared_reads[ty.operand_read[o]]["operand_type"]
         else:
             continue
-        operand_type.setdefault((int(st.operand_op[o]), int(st.operand_value[o])),
+        operand_type.setdefault((int(st.operands.op[o]), int(st.operands.value[o])),
                                 []).append(int(t))
     rows = []
     for i, v in enumerate(temp.tolist()):

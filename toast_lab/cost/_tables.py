@@ -36,9 +36,9 @@ GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
 # dim the operand holds whole, wanted like `source` (_static.py); `compound`: on a compound dim,
-# the size of its major part (Static.row_compound; the kernel's _compound_split);
+# the size of its major part (Static.rows.compound; the kernel's _compound_split);
 # `src_compound`: the same for a source dim that merges the operand's dims (+ on the major
-# part's row, - on the minor part's: Static.row_src_compound).
+# part's row, - on the minor part's: Static.rows.src_compound).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I,
              compound=_I, src_compound=_I)
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]);
@@ -46,7 +46,7 @@ ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, grou
 # of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by
 # all-to-all like any value (jax 0.10.2; a broadcast of a scalar argument, a constant of
 # several numbers and a broadcast constant row are gathered); sliced_first: a reduction's read
-# that plan.jit pins sliced like the result (Static.operand_sliced_first).
+# that plan.jit pins sliced like the result (Static.operands.sliced_first).
 OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_, sliced_first=np.bool_)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
 # dtype; result_type -1 when no result has dims; groups, io and operands are member runs;

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..analysis import domain_boundaries
 from ._plan_arrays import split_classes
-from ._static import ROW_FROM_WHOLE, ROW_GROUP, ROW_REPLICATE, ROW_RESULT, Static
+from ._operand_rows import ROW_FROM_WHOLE, ROW_GROUP, ROW_REPLICATE, ROW_RESULT
+from ._static import Static
 from ._tables import (
     GROUP, GROUP_MEMBER, HALO, OP, OP_DIM, OP_IO, OP_OPERAND, OPERAND, ROW, SHARED_READ,
     SPAN, TypeTables,
@@ -122,15 +123,15 @@ def build_types(st: Static, an, dev_ops) -> Types:
     held_type = np.array([t if k[2] < 0 else k[2] for t, k in enumerate(vtypes)], _I)
 
     # --- group types --------------------------------------------------------------------------
-    G = len(st.group_op)
+    G = len(st.groups.op)
     group_rows = [[] for _ in range(G)]
     for i in np.nonzero(row_kind == ROW_GROUP)[0]:
-        group_rows[st.row_group[i]].append(i)
+        group_rows[st.rows.group[i]].append(i)
     gtypes = _Interner()
     group_type = np.empty(G, _I)
     for g, rows in enumerate(group_rows):
-        key = (tuple(sorted((int(value_type[st.row_value[i]]), int(st.row_dim[i]))
-                            for i in rows)), bool(st.group_is_reduction[g]))
+        key = (tuple(sorted((int(value_type[st.rows.value[i]]), int(st.rows.dim[i]))
+                            for i in rows)), bool(st.groups.is_reduction[g]))
         group_type[g] = gtypes.id(key)
     start, end, members = _runs([m for m, _ in gtypes])
     groups = _records(GROUP, start=start, end=end, is_reduction=[red for _, red in gtypes])
@@ -138,16 +139,16 @@ def build_types(st: Static, an, dev_ops) -> Types:
 
     # --- row types ----------------------------------------------------------------------------
     rtypes = _Interner()
-    row_type = np.empty(len(st.row_op), _I)
-    for i in range(len(st.row_op)):
+    row_type = np.empty(len(st.rows.op), _I)
+    for i in range(len(st.rows.op)):
         kind = int(row_kind[i])
-        vt, d = int(value_type[st.row_value[i]]), int(st.row_dim[i])
-        compound = int(st.row_compound[i])
+        vt, d = int(value_type[st.rows.value[i]]), int(st.rows.dim[i])
+        compound = int(st.rows.compound[i])
         if kind in (ROW_RESULT, ROW_FROM_WHOLE):
-            key = (vt, d, kind, int(value_type[st.row_src_value[i]]), int(st.row_src_dim[i]), -1,
-                   compound, int(st.row_src_compound[i]))
+            key = (vt, d, kind, int(value_type[st.rows.src_value[i]]), int(st.rows.src_dim[i]), -1,
+                   compound, int(st.rows.src_compound[i]))
         elif kind == ROW_GROUP:
-            key = (vt, d, kind, -1, 0, int(group_type[st.row_group[i]]), compound, 0)
+            key = (vt, d, kind, -1, 0, int(group_type[st.rows.group[i]]), compound, 0)
         else:
             key = (vt, d, ROW_REPLICATE, -1, 0, -1, compound, 0)
         row_type[i] = rtypes.id(key)
@@ -157,15 +158,15 @@ def build_types(st: Static, an, dev_ops) -> Types:
                     src_compound=rk[:, 7])
 
     # --- operand types ------------------------------------------------------------------------
-    num_operands = len(st.operand_op)
+    num_operands = len(st.operands.op)
     rows_of_operand = [[] for _ in range(num_operands)]
-    for i, o in enumerate(st.row_operand):
+    for i, o in enumerate(st.rows.operand):
         rows_of_operand[o].append(int(row_type[i]))
     otypes = _Interner()
     operand_type = np.empty(num_operands, _I)
     for o in range(num_operands):
-        key = (int(value_type[st.operand_value[o]]), tuple(rows_of_operand[o]),
-               bool(st.operand_uniform[o]), bool(st.operand_sliced_first[o]))
+        key = (int(value_type[st.operands.value[o]]), tuple(rows_of_operand[o]),
+               bool(st.operands.uniform[o]), bool(st.operands.sliced_first[o]))
         operand_type[o] = otypes.id(key)
     start, end, operand_rows = _runs([k[1] for k in otypes])
     operands = _records(OPERAND, value_type=[k[0] for k in otypes], start=start, end=end,
@@ -175,44 +176,44 @@ def build_types(st: Static, an, dev_ops) -> Types:
     N = st.num_ops
     groups_of_op = [[] for _ in range(N)]
     for g in range(G):
-        if st.group_is_reduction[g]:
-            groups_of_op[st.group_op[g]].append(int(group_type[g]))
+        if st.groups.is_reduction[g]:
+            groups_of_op[st.groups.op[g]].append(int(group_type[g]))
     # A value read by several ops of one CSE group (remat regions are their own groups); a
     # read of a relayout of a value is a read of that value (see gather_sources).
     group_of_op = np.array([op.cse_group for op in an.program.ops], _I)
     source = gather_sources(an.program)
     # A loop-invariant read (a scan's constant, or a relayout of one) is resharded before the
     # loop (Static.passes.invariant_loop): once per loop and sharding, whichever ops read it there.
-    read_of = source[st.operand_value]
+    read_of = source[st.operands.value]
     loop_of = st.passes.invariant_loop[read_of]
     hoisted = loop_of >= 0
     read_of = np.where(hoisted, source[st.passes.invariant_source[read_of]], read_of)
     groups_count = group_of_op.max(initial=0) + 2  # a program of no ops has no groups
     unit = read_of * groups_count + np.where(hoisted, groups_count - 1,
-                                             group_of_op[st.operand_op])
+                                             group_of_op[st.operands.op])
     # Reads of their own: a loop's gather of its stack, not CSE'd with other reads (_static,
     # scans), and a relayout's read of its operand (it reshards nothing there, passing the
     # sharding through: its readers' reads are the value's).
     ops = an.program.ops
     linked = np.array([ops[n].primitive in _RELAYOUT and len(ops[n].results) == 1
                        and source[ops[n].results[0]] != ops[n].results[0]
-                       for n in st.operand_op.tolist()], bool)
-    own = st.ops.is_region[st.operand_op] | linked
+                       for n in st.operands.op.tolist()], bool)
+    own = st.ops.is_region[st.operands.op] | linked
     unit = np.where(own, -1 - np.arange(len(unit)), unit)
     _, unit_id, uses = np.unique(unit, return_inverse=True, return_counts=True)
     shared = (uses[unit_id] >= 2) | hoisted
     operands_of_op = [[] for _ in range(N)]
     for o in range(num_operands):
         if not shared[o]:
-            operands_of_op[st.operand_op[o]].append(o)
+            operands_of_op[st.operands.op[o]].append(o)
     io_of_op = [[] for _ in range(N)]
     for opi, v in zip(*io):
         io_of_op[opi].append(int(v))
     updates = _fresh_scatter_updates(an.program, st)
 
     def member_key(o):  # an OP_OPERAND record
-        return (int(operand_type[o]), float(st.operand_nbytes[o]),
-                bool(st.passes.early[st.operand_value[o]]), bool(updates[o]))
+        return (int(operand_type[o]), float(st.operands.nbytes[o]),
+                bool(st.passes.early[st.operands.value[o]]), bool(updates[o]))
 
     ptypes = _Interner()
     op_type = np.empty(N, _I)
@@ -274,11 +275,11 @@ def build_types(st: Static, an, dev_ops) -> Types:
 
     # --- shared reads -------------------------------------------------------------------------
     inst = np.nonzero(shared)[0]
-    inst = inst[np.lexsort((st.operand_op[inst], unit_id[inst]))]
+    inst = inst[np.lexsort((st.operands.op[inst], unit_id[inst]))]
     units = unit_id[inst]
     ptr = np.r_[0, np.nonzero(np.diff(units))[0] + 1, len(units)].astype(_I) \
         if len(units) else np.zeros(1, _I)
-    op_of_read = st.operand_op[inst]
+    op_of_read = st.operands.op[inst]
     shared_values = _records(SPAN, start=ptr[:-1], end=ptr[1:])
     pinned = np.zeros(len(an.program.values), bool)  # what plan.jit pins under overrides
     pinned[list(domain_boundaries(an))] = True
@@ -286,12 +287,12 @@ def build_types(st: Static, an, dev_ops) -> Types:
     at = np.where(read_loop >= 0, read_loop, op_of_read)  # where the reshard runs
     shared_reads = _records(SHARED_READ, operand_type=operand_type[inst],
                             op_type=op_type[op_of_read], position=at,
-                            trip=st.ops.trip[at], nbytes=st.operand_nbytes[inst],
-                            early=st.passes.early[st.operand_value[inst]],
-                            pinned=gather_sources(an.program, pinned)[st.operand_value[inst]],
+                            trip=st.ops.trip[at], nbytes=st.operands.nbytes[inst],
+                            early=st.passes.early[st.operands.value[inst]],
+                            pinned=gather_sources(an.program, pinned)[st.operands.value[inst]],
                             memory_position=at, ready=at,
                             copy_of=np.where(materialised(an.program, source)[
-                                st.operand_value[inst]], st.operand_value[inst], -1))
+                                st.operands.value[inst]], st.operands.value[inst], -1))
     operand_read = np.full(num_operands, -1, _I)
     operand_read[inst] = np.arange(len(inst))
 
@@ -378,8 +379,8 @@ def gather_sources(prog, pinned=None) -> np.ndarray:
 def _fresh_scatter_updates(prog, st: Static) -> np.ndarray:
     """[O] bool: the operand is the updates of a combining scatter into a broadcast (a
     segment_sum's zeros, a gather's gradient), which XLA can make in any sharding for free."""
-    out = np.zeros(len(st.operand_op), bool)
-    for o, (n, t) in enumerate(zip(st.operand_op.tolist(), st.operand_slot.tolist())):
+    out = np.zeros(len(st.operands.op), bool)
+    for o, (n, t) in enumerate(zip(st.operands.op.tolist(), st.operands.slot.tolist())):
         if t != 2 or st.ops.scatter_updates[n] < 0:
             continue
         made = prog.values[prog.ops[n].operands[0]].producer
