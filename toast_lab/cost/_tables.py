@@ -95,14 +95,15 @@ OP_IO = record(value_type=_I, nbytes=_F)
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
 # reuses the buffer, so each read is costed per instance, in program order, deduplicated. A
-# read of a relayout of the value counts as a read of the value (_types.gather_sources);
+# read of a relayout of the value counts as a read of the value (_shared_reads.gather_sources);
 # `pinned` is what it counts as a read of in a plan with per-domain overrides, where plan.jit
 # pins the values on domain boundaries (a pinned relayout is gathered itself, apart).
 # memory_position: the reading op's place in the order the compiler runs them (_order.py),
 # ready: where in that order the compiler reshards the value (at the read, or as soon as
 # the value is made where it runs each op as soon as it can). copy_of: where the read is of a
-# relayout the compiler writes out from the gathered value (a `rev`: _types.materialised),
-# that relayout's value (-1: none): one more gathered-size buffer, from `ready` to the read.
+# relayout the compiler writes out from the gathered value (a `rev`:
+# _shared_reads.materialised), that relayout's value (-1: none): one more gathered-size
+# buffer, from `ready` to the read.
 # Where its buffer starts and ends in the memory sweep: ready_at and ready_weight for a buffer
 # starting at `ready`, end_at and end_weight for one ending after the read (memory_position
 # + 1), ready_end_at and ready_end_weight for one ending after `ready` (the weights count
