@@ -27,7 +27,7 @@ EXPENSIVE = frozenset({
 _SPREAD = frozenset({"broadcast_in_dim", "iota"})
 # Of those, the expansions that end in cheap arithmetic after their expensive ops (erf_inv: a
 # log, a sqrt, then polynomials): the expensive head runs once, a fusion of its own, and the
-# cheap tail is cloned into every fusion that reads the op (its flops: _static.py's
+# cheap tail is cloned into every fusion that reads the op (its flops: _flops.py's
 # _CLONED_FLOPS).
 CLONED_TAIL = frozenset({"erf_inv", "erfc", "lgamma", "digamma", "asin", "sinh", "cosh",
                          "asinh", "acosh", "atanh"})

@@ -58,7 +58,7 @@ ATTENTION_EINSUMS = frozenset({"BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"})
 # What an op is to the kernel that runs it.
 KERNEL_OWN, KERNEL_ATTENTION, KERNEL_INSIDE = 0, 1, 2
 # a shard_map: its body runs on each device's shard as the user wrote it, so its flops are
-# per device already (_static._manual_body_flops), whatever the plan shards outside
+# per device already (_flops._manual_body_flops), whatever the plan shards outside
 KERNEL_MANUAL = 3
 
 

@@ -36,7 +36,7 @@ class OpCollective:
     the op's partial sums (all-reduce, reduce-scatter, a matmul's permuted shard; the
     all-gather of an argmax's partial results),
     for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
-    it reshards after the loop (_static.py); count: how many per step (an op in a loop body
+    it reshards after the loop (_operand_rows.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
     conventions (an all-gather counts its output); patterns: the names of the XLA partitioner
     cases that decided it (cost/_kernel/_patterns.py; "shard_map body" for a shard_map body's

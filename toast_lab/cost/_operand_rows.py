@@ -107,6 +107,7 @@ class _Found:
         self.operands.append((op, value, slot, nbytes))
 
     def group(self, op: int, is_reduction: bool) -> int:
+        """A new group of `op`'s operands (a factor they share); its index."""
         self.groups.append((op, is_reduction))
         return len(self.groups) - 1
 

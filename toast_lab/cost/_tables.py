@@ -35,8 +35,8 @@ GROUP = record(start=_I, end=_I, is_reduction=np.bool_)
 GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
-# dim the operand holds whole, wanted like `source` (_static.py); `compound`: on a compound dim,
-# the size of its major part (Static.rows.compound; the kernel's _compound_split);
+# dim the operand holds whole, wanted like `source` (_operand_rows.py); `compound`: on a
+# compound dim, the size of its major part (Static.rows.compound; the kernel's _compound_split);
 # `src_compound`: the same for a source dim that merges the operand's dims (+ on the major
 # part's row, - on the minor part's: Static.rows.src_compound).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I,
