@@ -1,5 +1,5 @@
-"""All-gathers priced the way XLA's SPMD partitioner emits them (toast_lab/cost/_types.py,
-gather_sources; the shared reads of _kernel.evaluate_types)."""
+"""All-gathers priced the way XLA's SPMD partitioner emits them
+(toast_lab/cost/_shared_reads.py, gather_sources; the shared reads of _kernel.evaluate_types)."""
 
 from __future__ import annotations
 

@@ -139,3 +139,47 @@ def test_no_private_import_across_subpackages():
     assert not found, ("private names imported from another subpackage (make them public "
                        "in that subpackage's __init__ and import them from there):\n"
                        + "\n".join(f"  {line}" for line in found))
+
+
+# The cost model reads as small rooms: a module is one concern, a function one step. Lines as
+# `ast` counts them (a function from its `def` line to its last line, decorators apart).
+COST_PACKAGE = PACKAGE / "cost"
+MAX_MODULE_LINES = 420
+MAX_FUNCTION_LINES = 85
+
+
+def _size_offenders(paths, max_module: int, max_function: int) -> list[str]:
+    """Each module of `paths` over `max_module` lines and each function over `max_function`,
+    as "path: N lines" and "path:line name: N lines"."""
+    found = []
+    for path in paths:
+        text = path.read_text()
+        if len(text.splitlines()) > max_module:
+            found.append(f"{path}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > max_function:
+                    found.append(f"{path}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_cost_model_modules_and_functions_are_small():
+    paths = sorted(COST_PACKAGE.rglob("*.py"))  # the numba kernel (cost/_kernel) too
+    assert any(p.parent.name == "_kernel" for p in paths)
+    found = _size_offenders(paths, MAX_MODULE_LINES, MAX_FUNCTION_LINES)
+    assert not found, (f"cost model modules over {MAX_MODULE_LINES} lines or functions over "
+                       f"{MAX_FUNCTION_LINES} (split them by concern):\n"
+                       + "\n".join(f"  {line}" for line in found))
+
+
+def test_size_offenders_counts_modules_and_functions(tmp_path):
+    small = tmp_path / "small.py"
+    small.write_text("def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(5)))
+    method = tmp_path / "method.py"
+    method.write_text("class C:\n    def m(self):\n"
+                      + "".join(f"        x{i} = {i}\n" for i in range(5)))
+    assert _size_offenders([small], 6, 6) == []
+    assert _size_offenders([small], 5, 6) == [f"{small}: 6 lines"]
+    assert _size_offenders([small], 6, 5) == [f"{small}:1 f: 6 lines"]
+    assert _size_offenders([method], 100, 5) == [f"{method}:2 m: 6 lines"]

@@ -2,10 +2,11 @@
 
 Takes an Analysis, a Mesh and a Plan; gives an `Estimate` (compute by roofline, collectives by
 an alpha-beta model per mesh axis, peak memory by liveness). The program is compiled once into
-flat tables (_static.py), compressed into types (_types.py) and evaluated by a numba kernel
-(_kernel.py), fast enough for thousands of plans a second; `CostModel.incremental` edits one
-plan a decision at a time, and `CostModel.op_collectives` reads the estimate's collectives back
-to the ops that pay them (for views). `compiler_profile` says which of XLA's passes (per
+flat tables (_static.py: value and op facts, operand rows, flop counts, XLA's passes),
+compressed into types (_types.py) and evaluated by a numba kernel (_kernel/), fast enough for
+thousands of plans a second; `CostModel.incremental` edits one plan a decision at a time, and
+`CostModel.op_collectives` reads the estimate's collectives back to the ops that pay them (for
+views). `compiler_profile` says which of XLA's passes (per
 backend: cpu, gpu, tpu) the model follows for a device (`CompilerProfile`).
 """
 

@@ -48,7 +48,7 @@ class CompilerProfile:
         there).
     reduces_in_library: XLA:CPU runs large reductions as YNNPACK library fusions, which read
         the values they cannot take in from memory (a layer norm's x - mean): those are
-        written, where a loop fusion would recompute them (_fusion.library_inputs).
+        written, where a loop fusion would recompute them (_cpu_fusion.library_inputs).
     partitions_top_k: top_k is split by the SPMD partitioner (XLA:CPU lowers it to a TopK
         custom call the partitioner cannot split: it all-gathers the operand and computes it
         whole).

@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ._fusion import launches, memory_traffic
-from ._static import ROW_REPLICATE, ROW_RESULT, select_and_scatter_pieces
+from ._op_facts import select_and_scatter_pieces
+from ._operand_rows import ROW_REPLICATE, ROW_RESULT
 from ._tables import DEVICE
 
 
@@ -78,28 +79,28 @@ def device_ops(an, st, dev, compiler) -> DeviceOps:
     prog = an.program
     # Fusion follows the device's compiler: XLA's attention fuses where its profile says so (a
     # shard_map's body and cuDNN's attention are kernels of their own everywhere)
-    fused, kernel = st.fused, st.op_kernel_own
+    fused, kernel = st.passes.fused, st.passes.kernel_own
     if compiler.fuses_attention:
-        fused, kernel = st.fused | st.attention_inside, st.op_kernel
-    leaders = st.op_sum_leader if compiler.reassociates_all_reduce else \
+        fused, kernel = st.passes.fused | st.passes.attention_inside, st.passes.kernel
+    leaders = st.passes.sum_leader if compiler.reassociates_all_reduce else \
         np.full(st.num_ops, -1, np.int64)
-    workspace = st.op_workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
+    workspace = st.ops.workspace if compiler.allocates_op_workspace else np.zeros(st.num_ops)
     pieces = []
     if compiler.allocates_op_workspace and compiler.schedules_breadth_first:
         pieces = select_and_scatter_pieces(prog)
         workspace = workspace.copy()
         workspace[[op for op, *_ in pieces]] = 0.0
-    flops = st.op_flops
+    flops = st.flops.whole
     if compiler.clones_fused_producers:  # each copy after the first: the op's cloned flops
-        flops = flops + st.op_clone_flops * (st.op_fusion_copies - 1.0)
+        flops = flops + st.flops.clone * (st.flops.fusion_copies - 1.0)
     # ops the compiler computes whole want their operands whole: all-gathered, as XLA does,
     # and the result sliced locally
-    row_kind = st.row_kind
+    row_kind = st.rows.kind
     if not compiler.partitions_top_k:
-        whole = st.op_replicated_on_cpu[st.row_op] & (st.row_kind == ROW_RESULT)
-        row_kind = np.where(whole, ROW_REPLICATE, st.row_kind).astype(st.row_kind.dtype)
+        whole = st.ops.replicated_on_cpu[st.rows.op] & (st.rows.kind == ROW_RESULT)
+        row_kind = np.where(whole, ROW_REPLICATE, st.rows.kind).astype(st.rows.kind.dtype)
     return DeviceOps(peak_rates(prog, dev), memory_traffic(prog, fused), kernel,
-                     st.op_flop_scale, leaders, workspace, flops, row_kind,
+                     st.passes.flop_scale, leaders, workspace, flops, row_kind,
                      launches(prog, fused, kernel), fused, pieces)
 
 

@@ -13,13 +13,16 @@ GPUs and TPUs (cuDNN, splash): its score-shaped intermediates (logits, mask, pro
 their gradients) are never written, its softmax runs inside the kernel, and only q, k, v, the
 output, their gradients and the row statistics reach memory. On the CPU XLA runs the same ops
 unfused, as plain-JAX attention runs everywhere.
+
+XLA:CPU's own decisions on top of this (cloning cheap producers, YNNPACK library fusions) are
+_cpu_fusion.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..program import CONST, LITERAL, NO_OP
+from ..program import NO_OP
 from ..rules import is_causal
 
 # cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
@@ -55,15 +58,17 @@ ATTENTION_EINSUMS = frozenset({"BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH"})
 # What an op is to the kernel that runs it.
 KERNEL_OWN, KERNEL_ATTENTION, KERNEL_INSIDE = 0, 1, 2
 # a shard_map: its body runs on each device's shard as the user wrote it, so its flops are
-# per device already (_static._manual_body_flops), whatever the plan shards outside
+# per device already (_flops._manual_body_flops), whatever the plan shards outside
 KERNEL_MANUAL = 3
 
 
-def _is_reduction(name: str) -> bool:
+def is_reduction(name: str) -> bool:
+    """Whether the primitive is a reduction (its result is its kernel's output)."""
     return name.startswith("reduce_") and name not in ("reduce_precision",)
 
 
-def _fusible(op) -> bool:
+def fusible(op) -> bool:
+    """Whether XLA may fuse the op into its neighbours (not a region, not a NOT_FUSIBLE op)."""
     return not op.body and op.primitive not in NOT_FUSIBLE
 
 
@@ -77,10 +82,10 @@ def fused_values(prog) -> np.ndarray:
         if v.producer == NO_OP or v.id in outputs or v.ndim == 0:
             continue
         op = ops[v.producer]
-        if not _fusible(op) or _is_reduction(op.primitive) or v.id not in op.results:
+        if not fusible(op) or is_reduction(op.primitive) or v.id not in op.results:
             continue
         users = prog.users(v.id)
-        if users and all(_fusible(ops[u]) and ops[u].region == op.region for u in users):
+        if users and all(fusible(ops[u]) and ops[u].region == op.region for u in users):
             fused[v.id] = True
     return fused
 
@@ -125,7 +130,7 @@ def attention_kernels(prog):
         near = [ops[values[v].producer]] if values[v].producer != NO_OP else []
         near += [ops[u] for u in prog.users(v)]
         for op in near:
-            if not _fusible(op):
+            if not fusible(op):
                 continue
             for w in (*op.operands, *op.results):
                 if not inside[w] and values[w].ndim and numel(w) in score_sizes:
@@ -200,207 +205,6 @@ def fused_live_ends(prog, live_end: np.ndarray, fused: np.ndarray) -> np.ndarray
             for u in op.operands:
                 end[u] = max(end[u], last)
     return end
-
-
-# Elementwise ops XLA:CPU's fusion will not duplicate into several consumers
-# (CpuInstructionFusion::IsExpensive): transcendentals, float division and remainder, powers,
-# and the ops expanded around one.
-EXPENSIVE = frozenset({
-    "exp", "exp2", "expm1", "log", "log1p", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "erf",
-    "erfc", "erf_inv", "pow", "atan2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-    "atanh", "lgamma", "digamma", "div", "rem",
-    # jax's threefry2x32 on XLA:CPU: a loop over its rounds, computed once
-    "random_bits",
-})
-_SPREAD = frozenset({"broadcast_in_dim", "iota"})
-# Of those, the expansions that end in cheap arithmetic after their expensive ops (erf_inv: a
-# log, a sqrt, then polynomials): the expensive head runs once, a fusion of its own, and the
-# cheap tail is cloned into every fusion that reads the op (its flops: _static.py's
-# _CLONED_FLOPS).
-CLONED_TAIL = frozenset({"erf_inv", "erfc", "lgamma", "digamma", "asin", "sinh", "cosh",
-                         "asinh", "acosh", "atanh"})
-
-
-def fusion_copies(prog) -> np.ndarray:
-    """[N] how many copies of each op XLA:CPU's InstructionFusion emits (1 for most ops).
-
-    XLA fuses consumers first and clones a producer into every fusion that reads it, so a cheap
-    elementwise op read by k fusions runs (and cost_analysis() counts it) k times. The rules
-    of instruction_fusion.cc and cpu_instruction_fusion.cc: an expensive op (EXPENSIVE, and
-    reductions) is never cloned, so with several consumer fusions it is a fusion of its own;
-    an op also read by a non-fusible op, an output or another region is computed once for
-    those plus a clone per fusible consumer, but only when it is effectively unary (at most
-    one operand of its rank that is not a broadcast) or reads no more elements than it writes
-    (ComputeGloballyUnfusible); otherwise it is not fused at all. A division by a constant
-    is cheap: XLA's algebraic simplifier makes it a multiplication by the reciprocal. Copies
-    are distinct consumer fusions: two readers fused into one fusion share a clone.
-
-    XLA:CPU runs large reductions as YNNPACK custom fusions (_ynn_reduction), which
-    InstructionFusion does not fuse into: to it they are non-fusible readers. Not followed:
-    those custom fusions also take in some elementwise producers of the reduction (which are
-    then not cloned either), and, the count being plan-independent, a collective the
-    partitioner puts between producer and consumer, which also stops the clone.
-    """
-    tails: dict = {}
-    fusions = _consumer_fusions(prog, tails)
-    return np.array([tails.get(i, len(f)) for i, f in enumerate(fusions)], np.float64)
-
-
-def own_fusions(prog) -> np.ndarray:
-    """[N] bool: elementwise ops XLA:CPU's InstructionFusion runs as a fusion of their own
-    rather than inside their readers' (an expensive op, a tanh or an exp, read by several
-    fusions: see fusion_copies). Their results are written to memory, even where only
-    fusible ops read them."""
-    fusions = _consumer_fusions(prog)
-    return np.array([_fusible(op) and not _is_reduction(op.primitive) and bool(op.results)
-                     and any(prog.users(r) for r in op.results) and fusions[op.id] == (op.id,)
-                     for op in prog.ops])
-
-
-def _consumer_fusions(prog, tails: dict | None = None) -> list:
-    """Per op, the fusions its copies land in (the ids of their roots): fusion_copies. tails,
-    where given, gets {op id: fusions its cloned tail lands in} of the CLONED_TAIL ops that
-    are fusions of their own."""
-    values, ops = prog.values, prog.ops
-    outputs = set(prog.outputs)
-    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
-    fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
-
-    def may_duplicate(op) -> bool:
-        rank = max((values[r].ndim for r in op.results), default=0)
-        wide = sum(1 for u in op.operands if values[u].ndim and values[u].ndim >= rank
-                   and not (values[u].producer != NO_OP
-                            and ops[values[u].producer].primitive in _SPREAD))
-        return wide <= 1 or (sum(numel(u) for u in set(op.operands))
-                             <= sum(numel(r) for r in op.results))
-
-    for op in reversed(ops):
-        if not _fusible(op) or _is_reduction(op.primitive):
-            fusions[op.id] = (op.id,)
-            continue
-        into, own = set(), False
-        for r in op.results:
-            own |= r in outputs
-            for u in prog.users(r):
-                if (ops[u].region != op.region or not _fusible(ops[u])
-                        or _ynn_reduction(prog, ops[u])):
-                    own = True
-                else:
-                    into.update(fusions[u])
-        expensive = op.primitive in EXPENSIVE and not (
-            op.primitive == "div" and _constant(prog, op.operands[-1]))
-        if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
-            if tails is not None and expensive and op.primitive in CLONED_TAIL:
-                tails[op.id] = len(into) + own
-            into = set()
-        if own or not into:
-            into.add(op.id)
-        fusions[op.id] = tuple(sorted(into))
-    return fusions
-
-
-def _constant(prog, v: int) -> bool:
-    """Whether v is a constant or a broadcast of one."""
-    value = prog.values[v]
-    if value.producer == NO_OP:
-        return value.origin in (CONST, LITERAL)
-    op = prog.ops[value.producer]
-    return op.primitive == "broadcast_in_dim" and _constant(prog, op.operands[0])
-
-
-# YNNPACK reduces these dtypes (ynn_support.cc IsReduceLikeOpSupportedByYnn): sums in f32 and
-# f64 (an f32 accumulator for 16-bit inputs, which a jaxpr's same-dtype sum does not ask for),
-# maxima and minima in floats.
-_YNN_REDUCE_DTYPES = {"reduce_sum": ("float32", "float64"),
-                      "reduce_max": ("float32", "float64", "bfloat16", "float16"),
-                      "reduce_min": ("float32", "float64", "bfloat16", "float16")}
-_YNN_MIN_ELEMENTS = 4096  # IsInstructionPreferredByYnn: smaller ones XLA emits itself
-
-
-def _ynn_capable(prog, op) -> bool:
-    """Whether YNNPACK can run this reduction (its kind and dtype), whatever its size."""
-    dtypes = _YNN_REDUCE_DTYPES.get(op.primitive)
-    if dtypes is None or not op.operands or not op.params.get("axes"):
-        return False
-    return str(prog.values[op.operands[0]].dtype) in dtypes
-
-
-def _ynn_reduction(prog, op) -> bool:
-    """Whether XLA:CPU runs this reduction as a YNNPACK custom fusion."""
-    if not _ynn_capable(prog, op):
-        return False
-    return max(int(np.prod(prog.values[v].shape, dtype=np.int64))
-               for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
-
-
-def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
-    """(threshold [V], readers): for a fused value that a YNNPACK reduction reads from memory,
-    the per-device bytes from which it does (inf elsewhere), and {value: the reductions
-    reading it}.
-
-    XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
-    all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
-    read by anything else (a layer norm's x - mean and normalised x, read again by the
-    normalisation and by the backward pass) is an input of the library fusion, which, unlike
-    a loop fusion, cannot recompute it: XLA writes it to memory for the library fusions that
-    read it (the loop fusions reading it still recompute it from its operands). The
-    reduction is the library's only where an operand or its result has 4096 elements per
-    device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
-    Values XLA's CSE merges (common_values) count once, read by the readers of all."""
-    values, ops = prog.values, prog.ops
-    threshold = np.full(len(values), np.inf)
-    numel = lambda v: max(1, int(np.prod(values[v].shape, dtype=np.int64)))  # noqa: E731
-    canon = common_values(prog)
-    readers: dict[int, set] = {}
-    for op in ops:
-        if op.body or not _ynn_capable(prog, op):
-            continue
-        absorbed = {op.id}
-        stack = [op.id]
-        while stack:
-            for u in ops[stack.pop()].operands:
-                p = values[u].producer
-                if not values[u].ndim or p == NO_OP or not fused[u]:
-                    continue  # a parameter, a constant, or a value in memory anyway
-                producer = ops[p]
-                if p in absorbed:
-                    continue
-                if (producer.primitive != "transpose" and not _is_reduction(producer.primitive)
-                        and all(r in absorbed for w in producer.results
-                                for r in prog.users(w))):
-                    absorbed.add(p)
-                    stack.append(p)
-                    continue
-                # per-device elements of this value when the reduction's operand has 4096
-                bytes_per_element = values[u].dtype.itemsize
-                share = numel(u) / numel(op.operands[0])
-                c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
-                threshold[c] = min(threshold[c],
-                                   np.ceil(_YNN_MIN_ELEMENTS * share) * bytes_per_element)
-                readers.setdefault(int(c), set()).add(op.id)
-    return threshold, readers
-
-
-def common_values(prog) -> np.ndarray:
-    """[V]: the first value computing the same thing (itself where none does): the values
-    XLA's CSE pass merges, elementwise ops of the same operands and parameters (jax's
-    autodiff recomputes x - mean for the JVP of a layer norm's variance)."""
-    canon = np.arange(len(prog.values))
-    seen = {}
-    for op in prog.ops:
-        if op.body or len(op.results) != 1 or not _fusible(op):
-            continue
-        try:
-            key = (op.primitive, op.region, tuple(int(canon[u]) for u in op.operands),
-                   tuple(sorted((k, repr(v)) for k, v in op.params.items())))
-        except TypeError:
-            continue
-        r = op.results[0]
-        if key in seen:
-            canon[r] = seen[key]
-        else:
-            seen[key] = r
-    return canon
 
 
 # Ops XLA compiles to a bitcast or to nothing (a change of shape, a sharding annotation).

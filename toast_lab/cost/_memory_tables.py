@@ -16,9 +16,10 @@ import numpy as np
 
 from ..plan import donated_arguments
 from ..program import NO_OP
-from ._fusion import NOT_FUSIBLE, fused_live_ends, library_inputs, own_fusions
+from ._cpu_fusion import library_inputs, own_fusions
+from ._fusion import NOT_FUSIBLE, fused_live_ends
 from ._order import ready_positions, workspace_temps
-from ._static import _LINEAR
+from ._xla_passes import LINEAR
 from ._tables import (INPUT, OPERAND_READ, OUTPUT, RUN, SLICE_READ, SPAN, TEMP, TEMP_SLICES,
                       MemoryTables)
 
@@ -46,20 +47,20 @@ def memory_tables(an, st, ty, compiler, dev_ops, order, donate, is_state,
                                    temp_slices[:len(temp)])
     type_at = np.empty(st.num_ops, np.int64)  # the op type at each position
     type_at[position] = ty.op_type
-    computation = _computations(st.op_computation)
+    computation = _computations(st.ops.computation)
     return MemoryTables(
         op_type=type_at, temps=temps, temps_by_type=_spans(counts),
         temps_of_type=np.argsort(temps["value_type"], kind="stable").astype(np.int64),
         inputs=inputs, outputs=outputs, num_outputs=len(outputs),
         instances_by_type=_spans(np.bincount(ty.op_type, minlength=len(ty.tables.ops))),
         instances=np.argsort(ty.op_type, kind="stable").astype(np.int64),
-        deadline=st.op_deadline, combine_all_reduces=compiler.combines_all_reduces,
+        deadline=st.passes.deadline, combine_all_reduces=compiler.combines_all_reduces,
         position=position.astype(np.int64),
-        result_end=np.where(st.op_result >= 0, live_end[st.op_result],
+        result_end=np.where(st.ops.result >= 0, live_end[st.ops.result],
                             position + 1).astype(np.int64),
         operand_reads=operand_reads, computation=computation,
         num_computations=int(computation.max(initial=0)) + 1,
-        iteration_copies=st.op_iteration_copies, sliced_read=_sliced_reads(prog, position),
+        iteration_copies=st.ops.iteration_copies, sliced_read=_sliced_reads(prog, position),
         temp_slices=temp_slices, slice_reads=slice_reads, fixed_held=fixed_held,
         runs=np.zeros(0, RUN), **_readers(prog))
 
@@ -86,10 +87,10 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     readers = {}
     if compiler.reduces_in_library:
         threshold, readers = an.derived("cost.library_inputs",
-                                        lambda: library_inputs(prog, st.fused))
+                                        lambda: library_inputs(prog, st.passes.fused))
         min_nbytes = np.minimum(min_nbytes, threshold)
-    temp = np.nonzero(~st.is_input & ~st.is_output & np.isfinite(min_nbytes)
-                      & (st.nbytes > 0) & ~st.outside_buffer)[0]
+    temp = np.nonzero(~st.values.is_input & ~st.values.is_output & np.isfinite(min_nbytes)
+                      & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
     temps = np.zeros(len(temp) + len(pieces), TEMP)
     live_end = fused_live_ends(prog, live_end, fused)
     for v, ops in readers.items():
@@ -97,7 +98,7 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
             live_end[v] = max(position[r] for r in ops) + 1
     k = len(temp)
     temps["start"][:k], temps["end"][:k] = live_start[temp], live_end[temp]
-    temps["nbytes"][:k], temps["value_type"][:k] = st.nbytes[temp], ty.value_type[temp]
+    temps["nbytes"][:k], temps["value_type"][:k] = st.values.nbytes[temp], ty.value_type[temp]
     temps["min_nbytes"][:k] = min_nbytes[temp]
     workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
     for op, *_ in pieces:  # the scatter writes into zeros made before any compute
@@ -110,14 +111,14 @@ def _arguments_and_outputs(prog, st, ty, position, pruned, is_state, donate):
     """(INPUT records, OUTPUT records), one per argument and per output. jax.jit drops the
     arguments the step never reads or returns (keep_unused=False): no buffer of theirs
     reaches XLA."""
-    ins, outs = st.input_values, st.output_values
+    ins, outs = st.values.inputs, st.values.outputs
     inputs = np.zeros(len(ins), INPUT)
-    inputs["nbytes"] = np.where([v in pruned for v in ins], 0.0, st.nbytes[ins])
+    inputs["nbytes"] = np.where([v in pruned for v in ins], 0.0, st.values.nbytes[ins])
     inputs["value_type"] = ty.value_type[ins]
     inputs["is_state"] = is_state[ins]
     inputs["count"] = 1.0
     outputs = np.zeros(len(outs), OUTPUT)
-    outputs["nbytes"], outputs["value_type"] = st.nbytes[outs], ty.value_type[outs]
+    outputs["nbytes"], outputs["value_type"] = st.values.nbytes[outs], ty.value_type[outs]
     outputs["position"] = [position[prog.values[v].producer]
                            if prog.values[v].producer >= 0 else 0 for v in outs]
     outputs["count"] = outputs["position_weight"] = 1.0
@@ -139,12 +140,12 @@ def _shared_read_positions(prog, st, ty, compiler, position) -> np.ndarray:
         ready = ready_positions(prog, position)
         shared = np.nonzero(ty.operand_read >= 0)[0]
         at = ty.operand_read[shared]
-        reads["ready"][at] = np.minimum(ready[st.operand_value[shared]],
+        reads["ready"][at] = np.minimum(ready[st.operands.value[shared]],
                                         reads["memory_position"][at])
         o = np.nonzero(ty.operand_member >= 0)[0]
         operand_reads = np.zeros(len(o), OPERAND_READ)
-        operand_reads["position"] = position[st.operand_op[o]]
-        operand_reads["ready"] = np.minimum(ready[st.operand_value[o]],
+        operand_reads["position"] = position[st.operands.op[o]]
+        operand_reads["ready"] = np.minimum(ready[st.operands.value[o]],
                                             operand_reads["position"])
         operand_reads["member"] = ty.operand_member[o]
     # a reshard hoisted out of a loop (Types.read_loop) runs before it; its buffer is read by
@@ -192,7 +193,7 @@ def _aliases(prog, pruned: set[int]) -> list[tuple[int, int]]:
 
 def _computations(region: np.ndarray) -> np.ndarray:
     """[N] the computation each op runs in (MemoryTables.computation), from the region op
-    whose body it is (Static.op_computation: a fully unrolled scan's body runs in the
+    whose body it is (Static.ops.computation: a fully unrolled scan's body runs in the
     computation around it)."""
     regions = sorted(set(region[region >= 0].tolist()))
     index = {r: k + 1 for k, r in enumerate(regions)}
@@ -211,7 +212,7 @@ def _readers(prog) -> dict:
 def _sliced_reads(prog, position) -> np.ndarray:
     """MemoryTables.sliced_read: [N] (program order) where the last op reading each op's result
     runs, when every reader is a loop fusion that can take a slice of it in (through changes of
-    layout, _LINEAR); -1 where one cannot (a dot, a gather, an output). XLA:CPU writes a
+    layout, LINEAR); -1 where one cannot (a dot, a gather, an output). XLA:CPU writes a
     reduce-scatter as an all-reduce and a dynamic slice, and fuses the slice into such readers:
     the whole all-reduced buffer then lives until the last of them (an FSDP weight gradient read
     by the global norm early and by Adam's moments after it); a reader that cannot fuse it
@@ -224,7 +225,7 @@ def _sliced_reads(prog, position) -> np.ndarray:
             fusible &= v not in outputs
             for r in prog.users(v):
                 op = prog.ops[r]
-                if op.primitive in _LINEAR:
+                if op.primitive in LINEAR:
                     fusible &= readers[r] is not None
                     found |= readers[r] or set()
                 elif op.body or op.primitive in NOT_FUSIBLE:
@@ -248,14 +249,14 @@ def _slice_reads(prog, st, ty, temp, position, live_end, out) -> np.ndarray:
     the input of a fused value, kept for the fusions that recompute it). What the kernel does
     with them: _kernel.early_slices."""
     operand_type = {}  # (op, value) -> the operand types it is read as
-    for o in range(len(st.operand_op)):
+    for o in range(len(st.operands.op)):
         if ty.operand_member[o] >= 0:
             t = ty.tables.op_operands[ty.operand_member[o]]["operand_type"]
         elif ty.operand_read[o] >= 0:
             t = ty.tables.shared_reads[ty.operand_read[o]]["operand_type"]
         else:
             continue
-        operand_type.setdefault((int(st.operand_op[o]), int(st.operand_value[o])),
+        operand_type.setdefault((int(st.operands.op[o]), int(st.operands.value[o])),
                                 []).append(int(t))
     rows = []
     for i, v in enumerate(temp.tolist()):

@@ -120,7 +120,7 @@ class CostModel:
         self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
                                                     len(scopes)) for op in prog.ops], np.int64)
         self.scope_names = list(scopes)
-        self.ty = build_types(st, an, dev_ops)
+        self.ty = build_types(static=st, analysis=an, device_ops=dev_ops)
         tables = self.ty.tables
         self.op_count = tables.ops["count"]
         held = out_spec_masks(prog, self.ty.value_type, self.axis_bit, len(tables.value_classes))

@@ -36,7 +36,7 @@ class OpCollective:
     the op's partial sums (all-reduce, reduce-scatter, a matmul's permuted shard; the
     all-gather of an argmax's partial results),
     for the collectives a shard_map's body runs (_manual.py) and for a scan's stacked output
-    it reshards after the loop (_static.py); count: how many per step (an op in a loop body
+    it reshards after the loop (_operand_rows.py); count: how many per step (an op in a loop body
     pays once per iteration); bytes and time_s: all of them together, by the estimate's
     conventions (an all-gather counts its output); patterns: the names of the XLA partitioner
     cases that decided it (cost/_kernel/_patterns.py; "shard_map body" for a shard_map body's
@@ -88,10 +88,10 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     parts = []  # (op, operand, ledger row, scale)
     # operands of op types: rows 2m (all-gather) and 2m + 1 (all-to-all) of member m
     o = np.nonzero(ty.operand_member >= 0)[0]
-    op = st.operand_op[o].astype(np.int64)
+    op = st.operands.op[o].astype(np.int64)
     for row in (2 * ty.operand_member[o], 2 * ty.operand_member[o] + 1,
                 reorder + ty.operand_member[o]):  # + the permute putting its axes in order
-        parts.append((op, st.operand_slot[o], row, per_instance[ty.op_type[op]]))
+        parts.append((op, st.operands.slot[o], row, per_instance[ty.op_type[op]]))
     def at_every_instance(row, of_type, operand):
         # a charge of op type `of_type[i]` in ledger row `row[i]`, shared by its instances
         spans = model.memory.instances_by_type[of_type]
@@ -115,7 +115,7 @@ def op_charges(model, plan_arrays) -> tuple[Charges, np.ndarray]:
     o = np.nonzero(ty.operand_read >= 0)[0]
     for row in (read_rows + 2 * ty.operand_read[o], read_rows + 2 * ty.operand_read[o] + 1,
                 read_reorder + ty.operand_read[o]):  # + the permute putting its axes in order
-        parts.append((st.operand_op[o].astype(np.int64), st.operand_slot[o], row,
+        parts.append((st.operands.op[o].astype(np.int64), st.operands.slot[o], row,
                       model.read_share[ty.operand_read[o]]))
     # gathers and scatters partitioned as XLA picks, rows 2M + 2G + 2S + OP_ROWS p and on: + 0
     # the all-to-all of a scatter's updates (operand 2) and + 1 the all-gather of its indices

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..program import BODY_INPUT, NO_OP
 from ._compiler import compiler_profile
-from ._static import liveness, static_tables
+from ._static import static_tables
+from ._value_facts import liveness
 
 
 def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
@@ -125,10 +126,10 @@ def memory_order(an, dev):
     (CompilerProfile.schedules_breadth_first: XLA:CPU), else program order."""
     st = static_tables(an)
     if not compiler_profile(dev).schedules_breadth_first:
-        return np.arange(st.num_ops), st.live_start, st.live_end
+        return np.arange(st.num_ops), st.values.live_start, st.values.live_end
 
     def build():
-        position = breadth_first_positions(an.program, st.fused)
+        position = breadth_first_positions(an.program, st.passes.fused)
         return (position, *liveness(an.program, position))
 
     return an.derived("cost.breadth_first", build)

@@ -11,13 +11,13 @@ from ._tables import ScheduleTables
 def schedule_tables(st, ty) -> ScheduleTables:
     """The ScheduleTables of static tables `st` and types `ty` (_kernel/_schedule.py reads
     them)."""
-    reads = ty.tables.shared_reads
+    reads, passes = ty.tables.shared_reads, st.passes
     order = np.argsort(reads["position"], kind="stable").astype(np.int64)
-    event = st.body_first | (st.body_last_trip > 1.0)  # where the walk has more to do
+    event = passes.body_first | (passes.body_last_trip > 1.0)  # where the walk has more to do
     event[reads["position"]] = True
-    return ScheduleTables(op_type=ty.op_type, ready=st.op_ready, ready_first=st.op_ready,
-                          deadline=st.op_deadline,
-                          body_first=st.body_first, body_last_trip=st.body_last_trip,
+    return ScheduleTables(op_type=ty.op_type, ready=passes.ready, ready_first=passes.ready,
+                          deadline=passes.deadline,
+                          body_first=passes.body_first, body_last_trip=passes.body_last_trip,
                           event=event, body_is_run=np.zeros(len(event), bool),
                           read_slot=order,
                           read_at=reads["position"][order].astype(np.int64))

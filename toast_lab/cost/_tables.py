@@ -35,10 +35,10 @@ GROUP = record(start=_I, end=_I, is_reduction=np.bool_)
 GROUP_MEMBER = record(value_type=_I, dim=_I)
 # Operand rows: one (operand value type, dim) an op wants sharded like a result dim (`source`),
 # like its group's consensus (`group`), or whole (ROW_REPLICATE); a ROW_FROM_WHOLE row is of a
-# dim the operand holds whole, wanted like `source` (_static.py); `compound`: on a compound dim,
-# the size of its major part (Static.row_compound; the kernel's _compound_split);
+# dim the operand holds whole, wanted like `source` (_operand_rows.py); `compound`: on a
+# compound dim, the size of its major part (Static.rows.compound; the kernel's _compound_split);
 # `src_compound`: the same for a source dim that merges the operand's dims (+ on the major
-# part's row, - on the minor part's: Static.row_src_compound).
+# part's row, - on the minor part's: Static.rows.src_compound).
 ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, group=_I,
              compound=_I, src_compound=_I)
 # Operands: a value type and its rows (indices into the row table, in operand_rows[start:end]);
@@ -46,7 +46,7 @@ ROW = record(value_type=_I, dim=_I, kind=_I, source_type=_I, source_dim=_I, grou
 # of a frozen parameter), whose all-gather XLA compiles to nothing, though it moves it by
 # all-to-all like any value (jax 0.10.2; a broadcast of a scalar argument, a constant of
 # several numbers and a broadcast constant row are gathered); sliced_first: a reduction's read
-# that plan.jit pins sliced like the result (Static.operand_sliced_first).
+# that plan.jit pins sliced like the result (Static.operands.sliced_first).
 OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_, sliced_first=np.bool_)
 # Op types: weight = instances x trip count (time); count = instances; peak = FLOP/s of its
 # dtype; result_type -1 when no result has dims; groups, io and operands are member runs;
@@ -84,7 +84,7 @@ OP = record(weight=_F, count=_F, flops=_F, peak=_F, result_type=_I, result_nbyte
 # (lhs, a transposed convolution's), low padding.
 HALO = record(result_dim=_I, in_size=_I, out_size=_I, window=_I, stride=_I,
               window_dilation=_I, base_dilation=_I, padding_low=_I)
-# A matmul's result dim: its index, its role (_static.DIM_BATCH / DIM_M / DIM_N), its size.
+# A matmul's result dim: its index, its role (_op_facts.DIM_BATCH / DIM_M / DIM_N), its size.
 OP_DIM = record(dim=_I, role=_I, size=_F)
 # What an op moves between HBM and its kernel (_fusion.memory_traffic), by value type.
 OP_IO = record(value_type=_I, nbytes=_F)
@@ -95,14 +95,15 @@ OP_IO = record(value_type=_I, nbytes=_F)
 OP_OPERAND = record(operand_type=_I, nbytes=_F, early=np.bool_, scatter_updates=np.bool_)
 # Values read by several ops of one CSE group: XLA gathers such a value once per sharding and
 # reuses the buffer, so each read is costed per instance, in program order, deduplicated. A
-# read of a relayout of the value counts as a read of the value (_types.gather_sources);
+# read of a relayout of the value counts as a read of the value (_shared_reads.gather_sources);
 # `pinned` is what it counts as a read of in a plan with per-domain overrides, where plan.jit
 # pins the values on domain boundaries (a pinned relayout is gathered itself, apart).
 # memory_position: the reading op's place in the order the compiler runs them (_order.py),
 # ready: where in that order the compiler reshards the value (at the read, or as soon as
 # the value is made where it runs each op as soon as it can). copy_of: where the read is of a
-# relayout the compiler writes out from the gathered value (a `rev`: _types.materialised),
-# that relayout's value (-1: none): one more gathered-size buffer, from `ready` to the read.
+# relayout the compiler writes out from the gathered value (a `rev`:
+# _shared_reads.materialised), that relayout's value (-1: none): one more gathered-size
+# buffer, from `ready` to the read.
 # Where its buffer starts and ends in the memory sweep: ready_at and ready_weight for a buffer
 # starting at `ready`, end_at and end_weight for one ending after the read (memory_position
 # + 1), ready_end_at and ready_end_weight for one ending after `ready` (the weights count
@@ -129,7 +130,7 @@ class TypeTables(NamedTuple):
     value_classes: np.ndarray   # [T, D] class of each dim (-1: none)
     value_tags: np.ndarray      # [T, D] conflict-side tag of each dim (-1: none)
     held_type: np.ndarray       # [T] the type whose masks size its values' buffers (itself
-                                #   but where Static.held_like says otherwise)
+                                #   but where Static.passes.held_like says otherwise)
     tag_conflict: np.ndarray    # [K] the conflict of each tag
     tag_dropped: np.ndarray     # [K, R] bool: the tag's dim is replicated under resolution r
     conflict_class: np.ndarray  # [C] the class of each conflict
@@ -172,7 +173,7 @@ DEVICE = record(matmul=_F, tile_m=_F, tile_n=_F, tile_k=_F, units=_F, attention=
                 memory_bandwidth=_F, reduce_scatter=np.bool_, launch_s=_F)
 # Temporaries: live over positions [start, end) of the sweep's order, written only from
 # min_nbytes per device on (0: always; a value a library fusion reads from memory once it is
-# large enough, see _fusion.library_inputs); start_weight and end_weight: how many temporaries
+# large enough, see _cpu_fusion.library_inputs); start_weight and end_weight: how many temporaries
 # start and end there, counted (1 each where every position is its own; where repeated blocks
 # are compressed, _repeats.py, a record stands for several temporaries of one shape and a
 # later copy's start or end is not counted).

@@ -9,9 +9,9 @@ while loop of `length // k` trips whose body holds k copies of the scan body, fo
 (k >= length, `unroll=True`, or `unroll=0`) there is no loop at all, only `length` copies.
 So:
 - cost_analysis() counts a while body once (Estimate.flops_loop_bodies_once mirrors it): an
-  op of an unrolled body counts once per copy, the remainder's copies too (`op_copies`);
+  op of an unrolled body counts once per copy, the remainder's copies too (OpFacts.copies);
 - one execution of the loop's body holds k iterations' buffers, and a fully unrolled scan's
-  copies run in the computation around it (`op_computation`, `op_iteration_copies`). Each
+  copies run in the computation around it (OpFacts.computation, .iteration_copies). Each
   copy's partial sums wait for the all-reduce XLA:CPU combines at the end of that computation
   (a weight gradient's partials of every layer in an unrolled body live together: an RNN's
   backward scan with unroll=2 holds four [C, H] partials of its weight, not two; jax 0.10.2).
@@ -38,11 +38,11 @@ def scan_copies(op) -> tuple[int, int]:
     return unroll, length % unroll
 
 
-def unrolled_copies(prog) -> dict:
-    """Per op (program order): op_copies, the copies XLA compiles (its flops count that many
-    times in cost_analysis()); op_iteration_copies, the copies one execution of the
-    computation it runs in holds; op_computation, the region op whose body that computation
-    is (NO_OP: the step's own), past fully unrolled scans."""
+def unrolled_copies(prog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N] each, per op (program order): the copies XLA compiles (its flops count that many
+    times in cost_analysis()); the copies one execution of the computation it runs in holds;
+    the region op whose body that computation is (NO_OP: the step's own), past fully unrolled
+    scans."""
     ops = prog.ops
     N = len(ops)
     copies = np.ones(N)
@@ -61,4 +61,4 @@ def unrolled_copies(prog) -> dict:
         else:  # inlined into the region's own computation
             iteration[op.id] = iteration[r] * straight
             computation[op.id] = computation[r]
-    return dict(op_copies=copies, op_iteration_copies=iteration, op_computation=computation)
+    return copies, iteration, computation

@@ -186,7 +186,7 @@ def _local_slices(plan) -> set[int]:
 
 def read_axes(plan, op, rule, t: int) -> tuple[tuple[str, ...], ...]:
     """Per dim of operand `t` of `op`: the mesh axes the op reads it in, as the cost model
-    charges it (cost/_static.py's rows): a dim whose factor maps to a result dim like that
+    charges it (cost/_operand_rows.py's rows): a dim whose factor maps to a result dim like that
     result dim, a contracted dim (or one only operands share) on the axes all its operands
     share, a dim the op needs whole on none; other dims as the operand is. Where that would use
     an axis twice, a contracted dim keeps it (its partial sums are reduce-scattered into the

@@ -38,7 +38,7 @@ def reducer_rule(ins, outs, axes, n_inputs=1):
 # argmax / argmin: reduction, not need-replication. Sharding the reduced axis costs a local
 # argmax per shard and an all-gather of each shard's (value, index) pairs, reduced again: the
 # result's size times the devices -- what XLA does for the variadic reduce these lower to (the
-# cost model charges it: cost/_static._gathered_partials), and how Shardy types a reduced dim
+# cost model charges it: cost/_op_facts._gathered_partials), and how Shardy types a reduced dim
 # of any stablehlo.reduce. Need-replication would charge an all-gather of the whole operand
 # (the logits, for an argmax over a sharded vocab).
 @register("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",

@@ -3,7 +3,7 @@ model's sources.
 
 numba's own cache (`cache=True`) keys each function on its own file's modification time. The
 kernel is many small functions across modules that call each other and read constants from
-other files (_plan_arrays.ORDER_SHIFT, _static's row kinds), and numba compiles a callee into
+other files (_plan_arrays.ORDER_SHIFT, _operand_rows' row kinds), and numba compiles a callee into
 its callers: edit a phase or a constant and every function compiled with the old one keeps
 running the old code from the cache. So every kernel function is cached under
 `<base>/<hash of every source file of toast_lab/cost>/`, and its freshness stamp is that hash:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ._jit import jit
 from ._masks import group_consensus, type_masks
 from ._ops import op_masks
-from .._static import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
+from .._operand_rows import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 
 
 @jit

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 
 from ._jit import inline, jit
-from .._static import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
+from .._operand_rows import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
 from ._axis_order import compound_split, gathered_out_of_order, order_of, out_of_order
 from ._patterns import AXIS_ORDER, COMPATIBLE_GATHER, COMPATIBLE_SLICE, GATHER_MAJOR_AXIS, \
     SPLIT_FINER

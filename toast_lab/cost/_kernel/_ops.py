@@ -18,7 +18,7 @@ import numpy as np
 
 from ._jit import inline, jit
 from .._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
-from .._static import DIM_BATCH, DIM_M
+from .._op_facts import DIM_BATCH, DIM_M
 from ._charge import A2A, AG, a2a_time, charge, gather_time
 from ._halo import halo_exchange
 from ._indexing import batched_indexing

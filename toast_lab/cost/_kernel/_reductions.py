@@ -44,7 +44,7 @@ def reduce_partials(p, op, psum, res_mask, red, mesh, dev, coll, ledger, layout)
     lead = op.sum_leader
     if psum != 0 and op.gathered_partials > 0.0:
         # A variadic reduce (an argmax's value and index): XLA all-gathers each shard's
-        # partial results over the reduced axes and reduces them again (_static.
+        # partial results over the reduced axes and reduces them again (_op_facts.
         # _gathered_partials); the gathered buffer is a temporary at the op.
         size = op.gathered_partials / mesh[res_mask].ways * mesh[psum].ways
         t = gather_time(size, psum, mesh)

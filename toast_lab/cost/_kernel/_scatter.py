@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from ._jit import jit
-from .._static import ROW_RESULT
+from .._operand_rows import ROW_RESULT
 from ._charge import A2A, AG, AR, a2a_time, charge, gather_time, permute
 from ._patterns import OPERAND_PASSTHROUGH, REGROUPED_INDICES
 

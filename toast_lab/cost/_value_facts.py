@@ -1,0 +1,112 @@
+"""What each value of the program is, whatever the plan: its split classes dim by dim, its
+bytes, whether it is an argument or an output of the step, and when it is live in program
+order.
+
+Built from the analysis (its classes split by domain: _plan_arrays.py) once per analysis
+(_static.py). Mesh axes enter only at evaluation, as bit masks over the split classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..program import BODY_INPUT, INPUT, NO_OP
+from ._plan_arrays import split_classes
+
+
+@dataclass(frozen=True, eq=False)
+class ValueFacts:
+    """Per value ([V], the program's value ids) of the program; bytes are whole tensors."""
+
+    width: int                  # D: the largest rank (at least 1)
+    # [V, D] int32: the split class (class in the value's domain, _plan_arrays.py) of dim d
+    # of value v (-1: size 1, or padding past its rank)
+    slot_class: np.ndarray
+    nbytes: np.ndarray          # [V] float64
+    conflict_class: np.ndarray  # [C] int64: the split class of each conflict
+    is_input: np.ndarray        # [V] bool: an argument of the step
+    is_output: np.ndarray       # [V] bool: an output of the step
+    inputs: np.ndarray          # [I] int32: the step's arguments, in order
+    outputs: np.ndarray         # [O'] int32: its outputs, in order
+    # [V] int32: [start, end) positions in program order, 0..N-1 the ops, N the end (liveness)
+    live_start: np.ndarray
+    live_end: np.ndarray
+
+
+def value_facts(an) -> ValueFacts:
+    """The ValueFacts of analysis `an`."""
+    prog = an.program
+    values = prog.values
+    width = max((v.ndim for v in values), default=0) or 1
+    slot_class = np.full((len(values), width), -1, np.int32)
+    split = split_classes(an)  # a class per domain: see _plan_arrays.py
+    for v, classes in enumerate(split.value_classes):
+        if classes:
+            slot_class[v, :len(classes)] = classes
+    is_output = np.zeros(len(values), bool)
+    is_output[list(prog.outputs)] = True
+    live_start, live_end = liveness(prog)
+    return ValueFacts(
+        width=width, slot_class=slot_class,
+        nbytes=np.array([v.nbytes for v in values], np.float64),
+        conflict_class=split.conflict_class,
+        is_input=np.array([v.origin == INPUT for v in values], bool), is_output=is_output,
+        inputs=np.array(prog.inputs, np.int32), outputs=np.array(prog.outputs, np.int32),
+        live_start=live_start, live_end=live_end)
+
+
+def liveness(prog, position=None):
+    """[start, end) positions of each value: positions 0..N-1 are ops, N is the end.
+
+    position: [N] each op's place in the order the compiler runs them (a permutation keeping a
+    region's body ops right after it, see _order.py); None: program order.
+    Inputs and constants are live from 0; a value lives until its last reader; outputs until
+    the end. A region op's results are allocated when the loop starts (its position), and a
+    value read inside a region it was not made in lives until the region ends (every
+    iteration reads it); one made in the region (an iteration's temporary) lives until its
+    last reader there.
+    """
+    values, ops = prog.values, prog.ops
+    N = len(ops)
+    at = np.arange(N) if position is None else np.asarray(position)
+    start = np.array([at[v.producer] if v.producer != NO_OP else 0 for v in values],
+                     np.int32)
+    end = start + 1
+    # a region's body ops follow it in any order: it ends after the last of them
+    region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
+    made_in = [ops[v.producer].region if v.producer != NO_OP else NO_OP for v in values]
+    for op in ops:
+        if op.body:  # a body's inputs are made by its region op, in the region
+            for v in op.body:
+                if values[v].origin == BODY_INPUT:
+                    made_in[v] = op.id
+    for op in ops:
+        for u in op.operands:
+            pos = at[op.id] + 1
+            r = op.region
+            while r != NO_OP and r != made_in[u]:  # read in a loop: needed until it is done
+                pos = max(pos, region_end[r])
+                r = ops[r].region
+            end[u] = max(end[u], pos)
+        for u in op.body:
+            end[u] = max(end[u], region_end[op.id])
+        for i in region_read_operands(op):  # read in place by every iteration or branch
+            u = op.operands[i]
+            end[u] = max(end[u], region_end[op.id])
+    for v in prog.outputs:
+        end[v] = N + 1
+    return start, end
+
+
+def region_read_operands(op) -> range:
+    """The operands of a region op that its body reads in place, every iteration or branch:
+    they live until the region ends (a scan's and a while's constants, a cond's operands)."""
+    if op.primitive == "scan":
+        return range(op.params["num_consts"])
+    if op.primitive == "while":
+        return range(op.params["cond_nconsts"] + op.params["body_nconsts"])
+    if op.primitive == "cond":
+        return range(1, len(op.operands))
+    return range(0)
