@@ -17,7 +17,7 @@ from ._classes import MINOR_SHARE, NO_CLASS, REPLICATE, Conflict, ConflictSide, 
 from ._domains import (COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, crossing_reads,
                        domain_boundaries, domains)
 from ._layer_groups import (BACKWARD, FORWARD, LAYERS, OUTSIDE, SCANNED, SCOPE, LayerGroup,
-                            ad_pass, layer_groups, passes)
+                            ad_pass, dot_without_batch_dims, layer_groups, passes)
 from ._micro_batching import (AFTER, EXAMPLE, INDEPENDENT, SUM, ZERO, MicroBatching,
                               micro_batching)
 from ._roles import Roles, find_roles
@@ -27,5 +27,6 @@ __all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLI
            "domain_boundaries", "Domains", "DOMAINS",
            "COMPUTE", "PARAMETERS", "OPTIMIZER", "Roles", "find_roles", "minor_classes",
            "MINOR_SHARE", "LayerGroup", "layer_groups", "ad_pass", "passes", "FORWARD",
+           "dot_without_batch_dims",
            "BACKWARD", "OUTSIDE", "SCANNED", "LAYERS", "SCOPE", "MicroBatching", "micro_batching",
            "INDEPENDENT", "ZERO", "EXAMPLE", "SUM", "AFTER"]

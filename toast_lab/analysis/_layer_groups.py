@@ -57,6 +57,15 @@ class LayerGroup:
         return f"LayerGroup({self.name!r}: {self.kind} x{self.layers}{user}, {self.source})"
 
 
+def dot_without_batch_dims(op) -> bool:
+    """A matmul with no batch dims: what `jax.checkpoint_policies.dots_with_no_batch_dims_saveable`
+    lets a remat keep (a projection's result; not attention's scores)."""
+    if op.primitive != "dot_general":
+        return False
+    (_, _), (lhs_batch, rhs_batch) = op.params["dimension_numbers"]
+    return not lhs_batch and not rhs_batch
+
+
 def ad_pass(op) -> str:
     """FORWARD, BACKWARD or OUTSIDE: which pass of a differentiated step a top-level op is in,
     from the transformations JAX names its name stack after."""

@@ -9,10 +9,13 @@ everything, one micro-batch) is the step as written. Remat policies, per layer g
 - "dots_with_no_batch_dims": keep the group's inputs and the results of its matmuls without
   batch dims, recompute the rest in the backward pass
   (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable`; MaxText's "minimal");
-- "offload_dots_with_no_batch_dims": the same, the kept matmul results moved to host memory
-  until the backward pass reads them (`offload_dot_with_no_batch_dims`, memory kinds);
 - "full": keep only the group's inputs, recompute the rest (`nothing_saveable`; MaxText's
   and Megatron's "full").
+
+Offloading what is kept to host memory (`offload_dot_with_no_batch_dims`) is refused: JAX
+lowers a `device_put` to another memory kind inside `jit` only on GPU and TPU (jax 0.10.2's
+CPU lowering drops it), so on the simulated devices that check every plan it would be a
+no-op that no test could tell from "dots_with_no_batch_dims".
 
 A group the user already wraps in `jax.checkpoint` keeps the user's choice unless the plan
 overrides it (`override`). `micro_batches`: k splits the batch class into k micro-batches
@@ -30,7 +33,13 @@ EVERYTHING = "everything"
 DOTS = "dots_with_no_batch_dims"
 OFFLOAD_DOTS = "offload_dots_with_no_batch_dims"
 FULL = "full"
-REMAT_POLICIES = (EVERYTHING, DOTS, OFFLOAD_DOTS, FULL)
+REMAT_POLICIES = (EVERYTHING, DOTS, FULL)
+REFUSED_POLICIES = {
+    OFFLOAD_DOTS: "offloading kept residuals to host memory is not available: JAX lowers memory "
+                  "kinds inside jit only on GPU and TPU, and toast-lab checks every plan on "
+                  "simulated CPU devices, where it would do nothing; keep them on the device "
+                  "with 'dots_with_no_batch_dims'",
+}
 MICRO_BATCHES = "micro_batches"   # the decision's name in pins, plan files and diffs
 REMAT_PREFIX = "remat@"           # "remat@<group>"
 
@@ -84,6 +93,8 @@ class StepDecisions:
 
 
 def check_policy(policy) -> str:
+    if policy in REFUSED_POLICIES:
+        raise StepDecisionError(f"remat policy {policy!r}: {REFUSED_POLICIES[policy]}")
     if policy not in REMAT_POLICIES:
         close = difflib.get_close_matches(str(policy), REMAT_POLICIES, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

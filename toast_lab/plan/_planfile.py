@@ -53,7 +53,7 @@ from typing import Any
 
 from ..analysis import DOMAINS, ToastWarning
 from . import _skip
-from ._decisions import REMAT_POLICIES, StepDecisions
+from ._decisions import REFUSED_POLICIES, REMAT_POLICIES, StepDecisions
 from ._files import write_file
 from ._hardware import (device_from_numbers, device_numbers, get_device, is_preset,
                         link_from_numbers, link_numbers)
@@ -320,6 +320,9 @@ def step_decisions(doc, source: str = "<dict>"):
     if not isinstance(remat, dict) or not all(isinstance(k, str) for k in remat):
         fail(f"\"remat\" must map layer group names to policies, got {echo(remat)}")
     for group, policy in remat.items():
+        if policy in REFUSED_POLICIES:
+            fail(f"\"remat\" gives group {echo(group)} the policy {echo(policy)}: "
+                 f"{REFUSED_POLICIES[policy]}")
         if policy not in REMAT_POLICIES:
             fail(f"\"remat\" gives group {echo(group)} the policy {echo(policy)}; policies "
                  f"are {list(REMAT_POLICIES)}")
