@@ -15,8 +15,9 @@ layers the analysis already folds together (_layers.py; the Lab's scope tree fol
 
 A unit's ops are top-level ops of the forward pass (a region op stands for its body). Ops the
 user put in no named scope belong to no group, and nothing of the backward pass or the update
-does. `checkpointed`: the user's own `jax.checkpoint` covers the group's forward (its ops were
-inlined from a remat with `prevent_cse`, `Op.cse_group`).
+does. `checkpointed`: the user's own `jax.checkpoint` covers the group: its backward pass holds
+the checkpoint's recomputation (ops inlined from a remat with `prevent_cse`, `Op.cse_group`;
+JAX emits the checkpointed function's forward pass as plain ops).
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def dot_without_batch_dims(op) -> bool:
 
 def ad_pass(op) -> str:
     """FORWARD, BACKWARD or OUTSIDE: which pass of a differentiated step a top-level op is in,
-    from the transformations JAX names its name stack after."""
-    stack = str(getattr(op.source_info, "name_stack", "")) if op.source_info is not None else ""
+    from the transformations JAX names its name stack after (through the calls inlined around
+    it: a jax.checkpoint's recomputation records its own stack relative to the call)."""
+    stack = op.name_stack
     if "transpose(" in stack:
         return BACKWARD
     return FORWARD if "jvp(" in stack else OUTSIDE
@@ -102,8 +104,12 @@ def _find_groups(prog) -> tuple[LayerGroup, ...]:
     for n, op in enumerate(scans):
         name = _scan_name(prog, op) or f"scan{n}"
         backward = _backward_scan(prog, op, of)
+        checkpointed = backward != NO_OP and any(
+            b.cse_group for b in prog.ops[slice(*prog.ops[backward].body_ops)])
         groups.append(LayerGroup(name, SCANNED, ((op.id,),), int(op.params["length"]),
-                                 _checkpointed(prog, (op.id,)), op.source, (backward,)))
+                                 checkpointed, op.source, (backward,)))
+    recomputed = {op.user_scope.split("/")[0] for op in prog.ops
+                  if op.region == NO_OP and op.cse_group and of[op.id] == BACKWARD}
     by_scope: dict[str, list[int]] = defaultdict(list)
     for op in top:
         head = op.user_scope.split("/")[0]
@@ -121,17 +127,18 @@ def _find_groups(prog) -> tuple[LayerGroup, ...]:
         if len(heads) < 2:
             continue
         units = tuple(tuple(by_scope[heads[i]]) for i in sorted(heads))
-        groups.append(_group(prog, _unique(f"{base}*", taken), LAYERS, units))
+        groups.append(_group(prog, _unique(f"{base}*", taken), LAYERS, units,
+                             any(h in recomputed for h in heads.values())))
     for head, ops in by_scope.items():
         if head not in layered:
-            groups.append(_group(prog, _unique(head, taken), SCOPE, (tuple(ops),)))
+            groups.append(_group(prog, _unique(head, taken), SCOPE, (tuple(ops),),
+                                 head in recomputed))
     return tuple(sorted(groups, key=lambda g: g.units[0][0]))
 
 
-def _group(prog, name: str, kind: str, units) -> LayerGroup:
+def _group(prog, name: str, kind: str, units, checkpointed: bool) -> LayerGroup:
     first = prog.ops[units[0][0]]
-    return LayerGroup(name, kind, units, len(units),
-                      any(_checkpointed(prog, u) for u in units), first.source)
+    return LayerGroup(name, kind, units, len(units), checkpointed, first.source)
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -161,11 +168,3 @@ def _backward_scan(prog, op, of) -> int:
                and prog.ops[u].region == NO_OP}
     return min(readers) if len(readers) == 1 else NO_OP
 
-
-def _checkpointed(prog, unit) -> bool:
-    for o in unit:
-        op = prog.ops[o]
-        inner = prog.ops[op.body_ops[0]:op.body_ops[1]] if op.body else ()
-        if op.cse_group or any(b.cse_group for b in inner):
-            return True
-    return False

@@ -18,7 +18,8 @@ CPU lowering drops it), so on the simulated devices that check every plan it wou
 no-op that no test could tell from "dots_with_no_batch_dims".
 
 A group the user already wraps in `jax.checkpoint` keeps the user's choice unless the plan
-overrides it (`override`). `micro_batches`: k splits the batch class into k micro-batches
+overrides it (`override`; an unrolled group's only: a scanned stack's checkpoint lives in the
+scan's bodies, which the rewrite does not undo). `micro_batches`: k splits the batch class into k micro-batches
 whose gradients (and other sums over the batch) are accumulated before one optimizer update;
 legal only where `Analysis.micro_batching` says so, and only for counts that divide the batch.
 Plans name these decisions "remat@<group>" and "micro_batches" (pins, plan files, tl.diff).
@@ -119,6 +120,17 @@ def check_group(analysis, group) -> object:
         f"groups: {names or 'none (the step has no named scopes or scans in its forward pass)'}")
 
 
+def check_override(analysis, group) -> None:
+    """A StepDecisionError where the plan cannot replace the group's own jax.checkpoint."""
+    g = check_group(analysis, group)
+    if g.kind == "scanned" and g.checkpointed:
+        raise StepDecisionError(
+            f"remat: the scanned stack {g.name!r} ({g.source}) wraps its layer in its own "
+            f"jax.checkpoint, which toast-lab keeps as written inside the scan; choose its "
+            f"policy there (jax.checkpoint(..., policy=...)), or pass override only for "
+            f"unrolled groups")
+
+
 def check_micro_batches(analysis, count) -> int:
     """`count` where the analysis allows that many micro-batches; a StepDecisionError naming
     why not otherwise."""
@@ -138,12 +150,32 @@ def check_micro_batches(analysis, count) -> int:
     return count
 
 
+def check_sharded_micro_batches(plan, mesh) -> None:
+    """Each micro-batch's examples divide over the mesh axes the plan shards the batch on
+    (8 examples in 4 micro-batches leave 2, which 8 data-parallel devices cannot split)."""
+    count = plan.step.micro_batches
+    mb = plan.analysis.micro_batching
+    if count == 1 or not mb.legal:
+        return
+    batch = plan.analysis.class_named(mb.batch)
+    axes = plan.axes_of(batch.id, "compute")  # the examples are activations
+    ways = 1
+    for a in axes:
+        ways *= mesh.axis_size(a)
+    if (mb.examples // count) % ways:
+        raise StepDecisionError(
+            f"micro_batches={count} leaves {mb.examples // count} examples of class "
+            f"{mb.batch!r} per micro-batch, which its {ways} devices over mesh axes "
+            f"{tuple(axes)} cannot split evenly; use fewer micro-batches or shard "
+            f"{mb.batch!r} over fewer devices")
+
+
 def check_decisions(analysis, step: StepDecisions) -> StepDecisions:
     """Raises StepDecisionError for a group, policy or count the analysis does not allow."""
     for group, policy in step.remat:
         check_group(analysis, group)
         check_policy(policy)
     for group in step.override:
-        check_group(analysis, group)
+        check_override(analysis, group)
     check_micro_batches(analysis, step.micro_batches)
     return step

@@ -226,6 +226,8 @@ class Plan:
         try:
             g = _decisions.check_group(self.analysis, group)
             _decisions.check_policy(policy)
+            if override:
+                _decisions.check_override(self.analysis, group)
         except StepDecisionError as err:
             raise PlanError(str(err)) from None
         step = self.step.with_remat(g.name, policy, override)
@@ -539,6 +541,10 @@ class Plan:
             if c.size % ways:
                 raise PlanError(f"override {c.name}@{domain}: "
                                 + _not_divisible(an, c, axes, ways))
+        try:
+            _decisions.check_sharded_micro_batches(self, mesh)
+        except StepDecisionError as err:
+            raise PlanError(str(err)) from None
         return self
 
     # --- helpers --------------------------------------------------------------------------

@@ -13,6 +13,11 @@ backward pass needs it.
 
 - An unrolled unit (a layer, a scope: `UnitRemat`) recomputes just before the first backward
   op that reads one of its dropped residuals (the `trigger`).
+- A unit the user wraps in `jax.checkpoint` keeps the user's choice, unless the plan overrides
+  it: then the backward ops that recompute a forward op's result (the same primitive, params
+  and operands: what XLA's CSE would merge, were it not for the barrier) read the forward
+  op's result instead (`aliases`; those ops no longer run), and the plan's policy applies to
+  the unit as to any other.
 - A scanned stack (`ScanRemat`): the forward scan stops writing the dropped residual stacks
   and writes what the recomputation reads instead (each layer's carried input, the kept
   matmul results); the backward scan reads those stacks, and each of its iterations first
@@ -71,10 +76,17 @@ class ScanRemat:
 @dataclass(frozen=True)
 class RematRewrite:
     """Every group's recomputation for one plan: `units` by trigger op, `scans` by the ids
-    of their forward and backward scan ops (both map to the same ScanRemat)."""
+    of their forward and backward scan ops (both map to the same ScanRemat). aliases: {value
+    a user's jax.checkpoint recomputes: the forward value it equals}, for the groups whose
+    checkpoint the plan overrides; dead: the ops that made those values, which do not run.
+    user_checkpoints: {cse group: (first op, values read through a barrier)} for the users'
+    checkpoints kept as written."""
 
     units: dict
     scans: dict
+    aliases: dict
+    dead: frozenset
+    user_checkpoints: dict
 
 
 def remat_rewrite(analysis, step) -> RematRewrite:
@@ -84,6 +96,13 @@ def remat_rewrite(analysis, step) -> RematRewrite:
     of = passes(prog)
     units: dict[int, list[UnitRemat]] = {}
     scans: dict[int, ScanRemat] = {}
+    aliases: dict[int, int] = {}
+    for group in analysis.layer_groups:
+        if group.checkpointed and group.name in step.override and group.kind != SCANNED:
+            for unit in group.units:
+                aliases.update(_twins(prog, of, unit))
+    dead = frozenset(o for o in range(len(prog.ops))
+                     if prog.ops[o].results and all(r in aliases for r in prog.ops[o].results))
     for group in analysis.layer_groups:
         policy = step.policy_of(group.name)
         if policy == EVERYTHING or (group.checkpointed and group.name not in step.override):
@@ -94,11 +113,90 @@ def remat_rewrite(analysis, step) -> RematRewrite:
                 if plan is not None:
                     scans[fwd] = scans[bwd] = plan
             continue
+        readers = _readers(prog, aliases, dead)
         for unit in group.units:
-            plan = _unit_remat(prog, of, group.name, unit, policy)
+            plan = _unit_remat(prog, of, group.name, unit, policy, readers, aliases)
             if plan is not None:
                 units.setdefault(plan.trigger, []).append(plan)
-    return RematRewrite({k: tuple(v) for k, v in units.items()}, scans)
+    return RematRewrite({k: tuple(v) for k, v in units.items()}, scans, aliases, dead,
+                        _user_checkpoints(prog, of, dead))
+
+
+def _user_checkpoints(prog, of, dead) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """{cse group: (its first op, the values it reads from outside)} for each recomputation a
+    user's jax.checkpoint put in the backward pass (and the plan does not override): the
+    replay reads those values through one optimization_barrier, as JAX's lowering of the
+    differentiated checkpoint does, so XLA does not merge the recomputation with the forward
+    pass."""
+    overridden = {prog.ops[o].cse_group for o in dead}
+    ops_of: dict[int, list] = {}
+    for op in prog.ops:
+        if op.cse_group and of[op.id] == BACKWARD and op.cse_group not in overridden:
+            ops_of.setdefault(op.cse_group, []).append(op)
+    out = {}
+    for group, ops in ops_of.items():
+        first = ops[0]
+        level = [op for op in ops if op.region == first.region]
+        made = {r for op in level for r in prog.ops[op.id].results}
+        reads = sorted({v for op in level for v in op.operands if v not in made
+                        and prog.values[v].origin not in (LITERAL, CONST)})
+        if reads:
+            out[group] = (first.id, tuple(reads))
+    return out
+
+
+def _twins(prog, of, unit) -> dict[int, int]:
+    """{result of a backward op that recomputes a forward op of `unit`: that op's result}:
+    value numbering over the unit's forward ops, then over the backward pass's recomputing
+    ops (those inlined from a remat, `Op.cse_group`), operands compared through what has been
+    numbered. A forward value equal to an earlier one (layer norm's x - mean, taken twice)
+    is numbered as that one."""
+    number: dict[int, int] = {}  # value -> the first forward value equal to it
+
+    def key(op):
+        return (op.primitive, repr(sorted(op.params.items(), key=lambda kv: kv[0])),
+                tuple(_operand_key(prog, number.get(v, v)) for v in op.operands))
+
+    table: dict = {}
+    for o in unit:
+        op = prog.ops[o]
+        if not op.body:
+            first = table.setdefault(key(op), op)
+            number.update((r, f) for r, f in zip(op.results, first.results) if r != f)
+    twins: dict[int, int] = {}
+    for op in prog.ops:
+        if op.region != NO_OP or op.body or not op.cse_group or of[op.id] != BACKWARD:
+            continue
+        found = table.get(key(op))
+        if found is not None:
+            pairs = [(r, number.get(f, f)) for r, f in zip(op.results, found.results)]
+            twins.update(pairs)
+            number.update(pairs)
+    return twins
+
+
+def _operand_key(prog, v: int):
+    """A literal or a captured constant by its value (each use has its own value id)."""
+    val = prog.values[v]
+    if val.origin == LITERAL:
+        c = prog.constants[v]
+        return ("literal", str(val.dtype), c.tobytes() if hasattr(c, "tobytes") else repr(c))
+    if val.origin == CONST:
+        return ("const", id(prog.constants[v]))
+    return v
+
+
+def _readers(prog, aliases: dict, dead: frozenset):
+    """readers(value): the ops that read it, directly or through an alias, that still run."""
+    through: dict[int, list[int]] = {}
+    for b, f in aliases.items():
+        through.setdefault(f, []).append(b)
+
+    def readers(v: int) -> list[int]:
+        out = [u for w in (v, *through.get(v, ())) for u in prog.users(w)]
+        return sorted({u for u in out if u not in dead})
+
+    return readers
 
 
 def _kept_dots(prog, op_ids, policy: str) -> set[int]:
@@ -133,13 +231,14 @@ def _reads(prog, ops) -> set[int]:
     return {v for o in ops for v in prog.ops[o].operands}
 
 
-def _unit_remat(prog, of, group: str, unit, policy: str) -> UnitRemat | None:
+def _unit_remat(prog, of, group: str, unit, policy: str, readers_of,
+                aliases) -> UnitRemat | None:
     members = set(unit)
     made = {r: o for o in unit for r in prog.ops[o].results}
     outputs = set(prog.outputs)
     residuals, kept = [], set()
     for r in made:
-        readers = prog.users(r)
+        readers = readers_of(r)
         if not any(of[u] == BACKWARD for u in readers):
             continue
         if r in outputs or any(u not in members and of[u] != BACKWARD for u in readers):
@@ -155,12 +254,12 @@ def _unit_remat(prog, of, group: str, unit, policy: str) -> UnitRemat | None:
     leaves = sorted({v for v in _reads(prog, ops) if v not in {r for o in ops
                                                                for r in prog.ops[o].results}
                      and prog.values[v].origin not in (LITERAL, CONST)})
-    readers = [u for r in dropped for u in prog.users(r) if of[u] == BACKWARD]
+    readers = [u for r in dropped for u in readers_of(r) if of[u] == BACKWARD]
     trigger = min(readers)
     cotangents = sorted({v for u in readers for v in prog.ops[u].operands
                          if prog.values[v].producer != NO_OP
                          and of[prog.values[v].producer] == BACKWARD
-                         and prog.values[v].producer < trigger})
+                         and prog.values[v].producer < trigger and v not in aliases})
     return UnitRemat(group, trigger, tuple(ops), tuple(leaves), tuple(cotangents),
                      tuple(dropped))
 

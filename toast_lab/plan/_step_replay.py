@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..program import CONST, Replay
+from ..program import CONST, NO_OP, Replay
 from ..rules import Shapes, resized_params
 from ._remat import remat_rewrite
 
@@ -113,6 +113,18 @@ class StepReplay(Replay):
 
     # --- per op ---------------------------------------------------------------------------
 
+    def operands(self, env: dict, op) -> list:
+        aliases = self.remat.aliases
+        barred = op.cse_group in self.remat.user_checkpoints
+        if not barred and (not aliases or op.region != NO_OP):
+            return super().operands(env, op)
+        read = {}
+        for v in op.operands:
+            v_read = aliases.get(v, v) if op.region == NO_OP else v
+            read[v] = env.get(("barrier", op.cse_group, v_read), env.get(v_read)) if barred \
+                else env[v_read]
+        return super().operands(read, op)
+
     def body_env(self) -> dict:
         env = super().body_env()
         env.update(self.cut_constants)
@@ -143,6 +155,10 @@ class StepReplay(Replay):
     def before(self, env: dict, op) -> None:
         for unit in self.remat.units.get(op.id, ()):
             self._recompute(env, unit)
+        first, reads = self.remat.user_checkpoints.get(op.cse_group, (None, ()))
+        if op.id == first:  # a user's checkpoint: its recomputation reads through a barrier
+            barred = jax.lax.optimization_barrier([env[v] for v in reads])
+            env.update(((("barrier", op.cse_group, v), x) for v, x in zip(reads, barred)))
 
     def _recompute(self, env: dict, unit) -> None:
         leaves, _ = jax.lax.optimization_barrier(
@@ -158,6 +174,8 @@ class StepReplay(Replay):
             env[r] = scratch[r]
 
     def step(self, env: dict, op) -> None:
+        if op.id in self.remat.dead:  # a user's recomputation the plan overrides
+            return None
         scan = self.remat.scans.get(op.id)
         if scan is None:
             return super().step(env, op)

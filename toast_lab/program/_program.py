@@ -80,6 +80,9 @@ class Op:
     # The part of name_scope the user wrote: their named scopes and jitted functions, without
     # the names of library helpers inlined into it (jnp.einsum's 'bsd,dhk->bshk', '_where').
     user_scope: str = ""
+    # The name stack as JAX recorded it, transformations included, joined through the calls
+    # inlined around the op: 'transpose(jvp(block0))/attn' for an op of the backward pass.
+    name_stack: str = ""
 
     @property
     def source(self) -> str:
