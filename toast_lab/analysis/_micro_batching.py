@@ -36,7 +36,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..program import CONST, INPUT, LITERAL, NO_OP
+from ..program import CONST, INPUT, LITERAL, NO_OP, user_line
 from ..rules import NEED_REPLICATION, REDUCTION, ResizeError, Shapes, resized_params
 from ._domains import region_links
 from ._roles import find_roles
@@ -155,9 +155,9 @@ def batch_dims(an, b: int) -> dict[int, tuple[int, ...]]:
                     if any(classes[f] == b for f in factors):
                         dims[v].add(d)
                     elif factors and an.value_classes[v][d] == b:
-                        raise _Refused(f"{op.source}: {op.primitive} cuts the batch dim into "
+                        raise _Refused(f"{_where(op)}: {op.primitive} cuts the batch dim into "
                                        f"parts, which a micro-batch would cut differently",
-                                       op.source)
+                                       user_line(op.source_info))
     return {v: tuple(sorted(ds)) for v, ds in dims.items()}
 
 
@@ -241,7 +241,7 @@ class _Walk:
         self._check_batch_factors(op)
         coupled = [v for v, k in zip(op.operands, ins) if k in (SUM, AFTER)]
         if coupled:
-            raise _Refused(self._coupling(op, coupled[0]), op.source)
+            raise _Refused(self._coupling(op, coupled[0]), user_line(op.source_info))
         self._check_resizable(op)
         for r, has in zip(op.results, batched):
             if has:
@@ -266,20 +266,21 @@ class _Walk:
     def _check_batch_factors(self, op) -> None:
         rule, classes = self.an.op_rules[op.id], self.an.op_factor_classes[op.id]
         if rule.fallback and any(self.kind[v] == EXAMPLE for v in op.operands):
-            raise _Refused(f"{op.source}: toast-lab has no sharding rule for {op.primitive}, "
+            raise _Refused(f"{_where(op)}: toast-lab has no sharding rule for {op.primitive}, "
                            f"so it cannot tell how {op.primitive} treats the examples",
-                           op.source)
+                           user_line(op.source_info))
         for f, c in enumerate(classes):
             if c == self.b and rule.kinds[f] is NEED_REPLICATION:
-                raise _Refused(f"{op.source}: {op.primitive} needs every example at once (it "
+                raise _Refused(f"{_where(op)}: {op.primitive} needs every example at once (it "
                                f"scans, sorts, accumulates or indexes along the batch), so a "
-                               f"micro-batch would compute another result", op.source)
+                               f"micro-batch would compute another result",
+                               user_line(op.source_info))
         for r in op.results:
             if len(self.bdims.get(r, ())) > 1:
-                raise _Refused(f"{op.source}: {op.primitive} pairs examples with each other "
+                raise _Refused(f"{_where(op)}: {op.primitive} pairs examples with each other "
                                f"(the batch on two dims of one value, as in-batch negatives), "
                                f"and a micro-batch would miss the pairs across micro-batches",
-                               op.source)
+                               user_line(op.source_info))
 
     def _check_resizable(self, op) -> None:
         prog, k = self.prog, self.factor
@@ -290,8 +291,8 @@ class _Walk:
         try:
             resized_params(op.primitive, op.params, old, new)
         except ResizeError as err:
-            raise _Refused(f"{op.source}: {op.primitive} {err}; splitting the batch would "
-                           f"change what it computes", op.source) from None
+            raise _Refused(f"{_where(op)}: {op.primitive} {err}; splitting the batch would "
+                           f"change what it computes", user_line(op.source_info)) from None
 
     def _micro(self, v: int, k: int) -> tuple[int, ...]:
         dims = self.bdims.get(v, ())
@@ -309,16 +310,16 @@ class _Walk:
             return SUM
         what = ("adds the examples into a value that is not zero" if op.primitive
                 in _SCATTER_ADDS else "reduces over the batch with something other than a sum")
-        raise _Refused(f"{op.source}: {op.primitive} {what}, so the micro-batches' results "
-                       f"would not add up to the step's", op.source)
+        raise _Refused(f"{_where(op)}: {op.primitive} {what}, so the micro-batches' results "
+                       f"would not add up to the step's", user_line(op.source_info))
 
     def _coupling(self, op, value: int) -> str:
         origin = int(self.origin[value])
         made = self.prog.ops[origin] if origin != NO_OP else None
-        where = f" at {made.source}" if made is not None else ""
+        where = f" at {_where(made)}" if made is not None else ""
         what = "a value reduced over the batch" if self.kind[value] == SUM else \
             "a value computed from sums over the batch"
-        return (f"{op.source}: a per-example value reads {what}{where}, so each example "
+        return (f"{_where(op)}: a per-example value reads {what}{where}, so each example "
                 f"depends on the others (batch statistics, a loss normalised by a count over "
                 f"the batch, a product of batch means): micro-batches would compute another "
                 f"result")
@@ -339,13 +340,14 @@ class _Walk:
         for o in sorted(loop):
             op = prog.ops[o]
             if any(kind[r] == AFTER for r in op.results):
-                raise _Refused(f"{op.source}: {op.primitive} computes from the whole batch "
-                               f"inside a loop that also runs per example", op.source)
+                raise _Refused(f"{_where(op)}: {op.primitive} computes from the whole batch "
+                               f"inside a loop that also runs per example",
+                               user_line(op.source_info))
             if any(kind[r] in (INDEPENDENT, ZERO) and (r in outputs or any(
                     u not in loop for u in prog.users(r))) for r in op.results):
-                raise _Refused(f"{op.source}: {op.primitive} computes a batch-independent "
+                raise _Refused(f"{_where(op)}: {op.primitive} computes a batch-independent "
                                f"value together with per-example ones, and the step reads it "
-                               f"after them", op.source)
+                               f"after them", user_line(op.source_info))
         pre = [op.id for op in top if op.id not in loop
                and all(kind[r] in (INDEPENDENT, ZERO) for r in op.results)]
         post = [op.id for op in top if op.id not in loop and op.id not in set(pre)]
@@ -380,6 +382,13 @@ class _Walk:
                                v.name or "")
             out.append((v.id, whole[0]))
         return tuple(out)
+
+
+def _where(op) -> str:
+    """The user's line that led to `op`, and the library's line where the op is a library's
+    ('model.py:12 (Net.__call__), in flax/linen/normalization.py:205 (_normalize)')."""
+    user, own = user_line(op.source_info), op.source
+    return user if user == own else f"{user}, in {own}"
 
 
 def _linear(op, ins, prog) -> bool:

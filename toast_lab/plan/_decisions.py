@@ -19,10 +19,11 @@ no-op that no test could tell from "dots_with_no_batch_dims".
 
 A group the user already wraps in `jax.checkpoint` keeps the user's choice unless the plan
 overrides it (`override`; an unrolled group's only: a scanned stack's checkpoint lives in the
-scan's bodies, which the rewrite does not undo). `micro_batches`: k splits the batch class into k micro-batches
-whose gradients (and other sums over the batch) are accumulated before one optimizer update;
-legal only where `Analysis.micro_batching` says so, and only for counts that divide the batch.
-Plans name these decisions "remat@<group>" and "micro_batches" (pins, plan files, tl.diff).
+scan's bodies, which the rewrite does not undo). `micro_batches`: k splits the batch class
+into k micro-batches whose gradients (and other sums over the batch) are accumulated before
+one optimizer update; legal only where `Analysis.micro_batching` says so, and only for
+counts that divide the batch. Plans name these decisions "remat@<group>" and
+"micro_batches" (pins, plan files, tl.diff).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are training state (what the step returns updated).
 from ._args import check_args
 from ._program import (BODY_INPUT, CONST, INLINED_PRIMITIVES, INPUT, LITERAL, NO_OP,
                        REGION_PRIMITIVES, RESULT, Op, Program, Value, call_name,
-                       source_line)
+                       source_line, user_line)
 from ._replay import Replay, as_function, replay
 from ._state import state_inputs, updated_inputs, updated_pairs
 from ._trace import clean_scope, trace
@@ -18,5 +18,6 @@ from ._trace import clean_scope, trace
 __all__ = ["trace", "check_args", "Program", "Value", "Op", "replay", "Replay", "as_function",
            "state_inputs",
            "updated_inputs", "updated_pairs",
-           "clean_scope", "source_line", "call_name", "INLINED_PRIMITIVES", "REGION_PRIMITIVES", "INPUT",
+           "clean_scope", "source_line", "user_line", "call_name", "INLINED_PRIMITIVES",
+           "REGION_PRIMITIVES", "INPUT",
            "CONST", "LITERAL", "RESULT", "BODY_INPUT", "NO_OP"]

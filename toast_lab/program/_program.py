@@ -108,6 +108,24 @@ def source_line(source_info) -> str:
         return "<unknown>"
 
 
+def user_line(source_info) -> str:
+    """The line of the user's own code that led to an op: its innermost frame outside
+    installed packages (site-packages, dist-packages), as 'model.py:42:8 (Net.__call__)': for an
+    op inside flax's BatchNorm, the line that called the BatchNorm. `source_line` where every
+    frame is the user's, or none is."""
+    from jax._src import source_info_util  # private, but the only way to JAX's user frames
+
+    tb = getattr(source_info, "traceback", None)
+    try:
+        frames = list(source_info_util.user_frames(tb)) if tb is not None else []
+    except Exception:  # a source line is a courtesy: never let it break analysis
+        frames = []
+    for f in frames:  # innermost first
+        if "site-packages" not in f.file_name and "dist-packages" not in f.file_name:
+            return f"{f.file_name}:{f.start_line}:{f.start_column} ({f.function_name})"
+    return source_line(source_info)
+
+
 def call_name(qualname: str, library: bool = False) -> str:
     """The name of a call, as a user would say it: 'loss_fn' for the user's
     `train_step.<locals>.loss_fn`, but 'scale_by_adam' for a library's
