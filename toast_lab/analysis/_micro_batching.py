@@ -356,6 +356,14 @@ class _Walk:
                            u not in loop for u in prog.users(r)))]
         stacked = [v for v in prog.outputs if kind[v] == EXAMPLE
                    and prog.values[v].producer in loop]
+        for v in stacked:  # put back together along the one dim that holds the examples
+            dims = self.bdims[v]
+            if len(dims) != 1 or self.an.value_classes[v][dims[0]] != self.b:
+                op = prog.ops[prog.values[v].producer]
+                raise _Refused(f"{_where(op)}: the step returns a value holding the batch "
+                               f"merged with another dim (dims {list(dims)} of "
+                               f"{list(prog.values[v].shape)}), which micro-batches cannot "
+                               f"put back together", user_line(op.source_info))
         split = self._split(loop)
         in_loop = {v for o in loop for op in (prog.ops[o], *prog.ops[slice(
             *prog.ops[o].body_ops)]) for v in (*op.operands, *op.results, *op.body)}
