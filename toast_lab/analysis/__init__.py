@@ -18,8 +18,8 @@ from ._domains import (COMPUTE, DOMAINS, OPTIMIZER, PARAMETERS, Domains, crossin
                        domain_boundaries, domains)
 from ._layer_groups import (BACKWARD, FORWARD, LAYERS, OUTSIDE, SCANNED, SCOPE, LayerGroup,
                             ad_pass, dot_without_batch_dims, layer_groups, passes)
-from ._micro_batching import (AFTER, EXAMPLE, INDEPENDENT, SUM, ZERO, MicroBatching,
-                              micro_batching)
+from ._batch_kinds import AFTER, EXAMPLE, INDEPENDENT, SUM, ZERO
+from ._micro_batching import MicroBatching, micro_batching
 from ._roles import Roles, find_roles
 
 __all__ = ["analyze", "Analysis", "DimClass", "Conflict", "ConflictSide", "REPLICATE",
