@@ -306,14 +306,14 @@ def test_plan_files_keep_overrides_and_old_files_still_load(tmp_path):
     plan = maxtext(an).pin("embed@parameters")
     path = plan.save(tmp_path / "maxtext.json", mesh=MESH)
     doc = json.loads(path.read_text())
-    assert doc["version"] == 2
+    assert doc["version"] == 3
     assert doc["overrides"] == {"embed": {"parameters": ["fsdp"], "optimizer": ["fsdp"]}}
     back = tl.Plan.load(path, an)
     assert back == plan and back.pinned == plan.pinned
     assert back.value_axes(an.program.inputs[0]) == plan.value_axes(an.program.inputs[0])
     plain = tl.Plan.replicated(an).with_axes("batch", "data")
     doc = json.loads(plain.save(tmp_path / "dp.json").read_text())
-    assert doc["version"] == 2 and "overrides" not in doc  # the section only when needed
+    assert doc["version"] == 3 and "overrides" not in doc  # the section only when needed
     assert tl.Plan.load(tmp_path / "dp.json", an) == plain
     bad = json.loads(path.read_text())
     bad["overrides"] = {"embed": {"weights": ["fsdp"]}}

@@ -201,7 +201,7 @@ def test_plan_files_round_trip(gpt, mesh, tmp_path):
             .with_axes("seq", "model").with_resolution(c, "keep_dim3"))
     path = plan.save(tmp_path / "plan.json", mesh=mesh)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "toast-lab-plan" and doc["version"] == 2
+    assert doc["format"] == "toast-lab-plan" and doc["version"] == 3
     assert doc["mesh"] == {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"}
     assert list(doc["classes"]) == ["batch", "seq"]
     loaded = tl.Plan.load(path, an)

@@ -37,7 +37,7 @@ def test_saved_plan_carries_its_view_estimate_and_experts(gpt, experts, tmp_path
     plan = _pinned_plan(an)
     path = plan.save(tmp_path / "plan.json", mesh=mesh)
     doc = json.loads(path.read_text())
-    assert doc["version"] == 2 and list(doc)[-1] == "view"
+    assert doc["version"] == 3 and list(doc)[-1] == "view"
     # Everything v1 had: decisions in order, pins, fingerprint, mesh, estimate.
     assert list(doc["classes"]) == ["batch", "seq"]
     assert doc["conflicts"] == {an.conflicts[0].name: "keep_dim3"}
@@ -87,9 +87,9 @@ def test_plan_files_load_v1_and_v2_and_remember_the_mesh(gpt, tmp_path):
     with pytest.warns(tl.ToastWarning, match="'my-own-chip', which is no preset"):
         assert tl.Plan.load(tmp_path / "m.json", an).mesh is None
     # A newer format still fails clearly.
-    (tmp_path / "v3.json").write_text(json.dumps(doc | {"version": 3}))
+    (tmp_path / "v4.json").write_text(json.dumps(doc | {"version": 4}))
     with pytest.raises(tl.PlanFileError, match="newer toast-lab"):
-        tl.Plan.load(tmp_path / "v3.json", an)
+        tl.Plan.load(tmp_path / "v4.json", an)
 
 
 @pytest.mark.parametrize("view", [
@@ -185,7 +185,7 @@ def test_lab_export_writes_the_view_it_shows_without_the_moment(gpt, tmp_path):
     path = lab.export(tmp_path / "lab_plan.json")
     doc = json.loads(path.read_text())
     assert tl.Plan.load(path, an) == lab.plan
-    assert doc["version"] == 2 and doc["view"]["graph"]["dot"] == lab.view.graph.dot
+    assert doc["version"] == 3 and doc["view"]["graph"]["dot"] == lab.view.graph.dot
     assert doc["view"]["error"] is None and doc["view"]["notice"] is None
     assert {r["name"] for r in doc["experts"]} == {r.name for r in lab.view.experts}
 
@@ -196,7 +196,7 @@ def test_partition_out_writes_a_plan_file_with_its_view(tmp_path, capsys):
                  "data=4,model=2", "--device", "h100", "--budget", "0.5", "--out",
                  str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["version"] == 2 and doc["view"]["format"] == "toast-lab-view"
+    assert doc["version"] == 3 and doc["view"]["format"] == "toast-lab-view"
     assert doc["view"]["estimate"]["step_time_s"] == pytest.approx(doc["estimate"]["step_time_s"])
     # (the file also records the classes decided replicated: a tiny GPT on H100s, where each
     # kernel costs at least the device's floor, keeps most of them whole)
@@ -214,7 +214,7 @@ def test_without_a_view_builder_files_and_outputs_carry_the_decisions(gpt, tmp_p
         bundle = plan._repr_mimebundle_()
     finally:
         register_display(plan_display)
-    assert doc["version"] == 2 and "view" not in doc and "estimate" not in doc
+    assert doc["version"] == 3 and "view" not in doc and "estimate" not in doc
     assert tl.Plan.load(tmp_path / "bare.json", an) == plan
     assert bundle[PLAN_MIME]["view"] is None and "no view builder" in bundle[PLAN_MIME]["note"]
     assert "toast-lab plan for" in bundle["text/plain"]

@@ -291,6 +291,41 @@ def _parse_pins(items: list[str], mesh_axes=()) -> dict:
     return pins
 
 
+def _step_pins(items: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """(the remat pins, 'remat@<group>=<policy>', as (group, policy); the other pins)."""
+    remat, rest = [], []
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not name.startswith("remat@"):
+            rest.append(item)
+            continue
+        if not sep or not value or name == "remat@":
+            raise UsageError(f"--pin {item}: a remat pin looks like remat@<layer group>=<policy>, "
+                             f"e.g. remat@block*=full")
+        if name[len("remat@"):] in [g for g, _ in remat]:
+            raise UsageError(f"--pin {name}=... is given twice; pin each decision once")
+        remat.append((name[len("remat@"):], value))
+    return remat, rest
+
+
+def _with_step(plan, remat: list[tuple[str, str]], micro_batches: int):
+    """`plan` with the remat pins and the micro-batch count, pinned; a UsageError naming the
+    flag where the analysis does not allow one."""
+    from .plan import PlanError
+
+    for group, policy in remat:
+        try:
+            plan = plan.with_remat(group, policy, pin=True)
+        except PlanError as err:
+            raise UsageError(f"--pin remat@{group}={policy}: {err}") from None
+    if micro_batches != 1:
+        try:
+            plan = plan.with_micro_batches(micro_batches, pin=True)
+        except PlanError as err:
+            raise UsageError(f"--micro-batches {micro_batches}: {err}") from None
+    return plan
+
+
 def _check_out(path: str | None, force: bool = False) -> None:
     """Fails before the search, not after it, when the plan could not be written: where it
     cannot be written at all, or would replace a file that is not a plan file (a user's
@@ -371,7 +406,8 @@ def _partition(args) -> int:
     from .plan import PlanError
 
     mesh = _mesh(args)
-    pins = _parse_pins(args.pin, mesh.axis_names)
+    remat, class_pins = _step_pins(args.pin)
+    pins = _parse_pins(class_pins, mesh.axis_names)
     _check_out(args.out, args.force)
     # argparse's float() takes 'inf', 'nan' and 1e400 (inf): the search needs finite numbers
     if not (math.isfinite(args.budget) and args.budget > 0):
@@ -387,6 +423,9 @@ def _partition(args) -> int:
     an, trace_s, analyze_s = _trace_and_analyze(args, fn, fn_args)
     print(f"{an.program.fn_name}: {len(an.program.ops)} ops, {len(an.classes)} classes, "
           f"{len(an.conflicts)} conflicts (analysed in {trace_s + analyze_s:.2f} s); mesh {mesh}")
+    from .plan import Plan
+
+    _with_step(Plan.replicated(an), remat, args.micro_batches)  # refused before the search
     try:
         result = search(an, mesh, pins=pins, budget_s=args.budget,
                         seed=args.seed, memory_cap=args.memory_cap,
@@ -401,10 +440,14 @@ def _partition(args) -> int:
         print(f"\n{result.message}")
         return 1
     print(_estimate_row("search", result.estimate))
-    print(f"\nsearch: {result.message}\nplan: {result.plan!r}")
+    plan = _with_step(result.plan, remat, args.micro_batches)
+    print(f"\nsearch: {result.message}\nplan: {plan!r}")
+    if not plan.step.is_default:
+        print("(the estimates price the sharding; plan.jit applies the remat policies and "
+              "micro-batches, and tl.verify measures them)")
     if args.out:
         try:
-            path = result.plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict(),
+            path = plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict(),
                                     overwrite=args.force)
         except FileExistsError:  # a file put there during the search
             _check_out(args.out)  # says what it is and how to replace it
@@ -427,6 +470,7 @@ def _demo(args) -> int:
     print()
     args.mesh, args.device, args.pin, args.seed = "data=4,model=2", "h100", [], 0
     args.budget, args.memory_cap, args.out, args.force = 3.0, None, None, False
+    args.micro_batches = 1
     return _partition(args)
 
 
@@ -592,8 +636,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--pin", action="append", default=[], metavar="NAME=AXES",
                            help="fix a decision: batch=data, mlp=data+model, batch= (or none, "
                                 "replicated) for replicated, <conflict>=keep_dim2, "
-                                "<class>@optimizer=data; '[...]' is always axis names: "
-                                "'batch=[none]' pins an axis called none")
+                                "<class>@optimizer=data, remat@<layer group>=full (or "
+                                "dots_with_no_batch_dims, everything); '[...]' is always axis "
+                                "names: 'batch=[none]' pins an axis called none")
+            p.add_argument("--micro-batches", type=int, default=1, metavar="K",
+                           help="split the batch into K micro-batches, accumulating the "
+                                "gradients before one update (where the step allows it)")
             p.add_argument("--out", default=None,
                            help="write the plan as JSON here (it replaces an earlier plan file; "
                                 "any other file only with --force)")

@@ -111,6 +111,21 @@ class Analysis:
         return tuple(None if c == NO_CLASS else self.classes[c].name
                      for c in self.value_classes[value])
 
+    @property
+    def layer_groups(self):
+        """The layer groups a remat decision covers (see _layer_groups.py), in program order."""
+        from ._layer_groups import layer_groups
+
+        return layer_groups(self)
+
+    @property
+    def micro_batching(self):
+        """Whether the batch splits into micro-batches (a MicroBatching: `legal`, the `reason`
+        and `source` line where not, the legal `counts`; see _micro_batching.py)."""
+        from ._micro_batching import micro_batching
+
+        return micro_batching(self)
+
     def summary(self, max_classes: int = 40) -> str:
         return summary_text(self, max_classes)
 

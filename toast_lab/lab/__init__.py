@@ -21,7 +21,7 @@ and `display(plan)` carry the view model the JupyterLab extension draws without 
 
 from ..plan import register_display
 from ._build import ViewBuilder, estimate_view
-from ._diff import ClassChange, CollectiveChange, ConflictChange, PlanDiff, diff
+from ._diff import ClassChange, CollectiveChange, ConflictChange, PlanDiff, StepChange, diff
 from ._lab import Lab, op_costs_buffer
 from ._plan_display import plan_display
 from ._scopes import ROOT, Group, ScopeTree, build_scope_tree
@@ -36,8 +36,8 @@ __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder",
            "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
            "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
            "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer",
-           "diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "Start",
-           "StartView", "CollectiveView", "ExplainedView", "RemedyView", "MemoryView"]
+           "diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "StepChange",
+           "Start", "StartView", "CollectiveView", "ExplainedView", "RemedyView", "MemoryView"]
 
 # Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
 register_display(plan_display)

@@ -2,13 +2,15 @@
 
     d = tl.diff(experts["dp"], experts["fsdp"], names=("dp", "fsdp"))
     print(d)                 # classes and conflicts that differ; Δ step time, memory, collectives
-    d.classes, d.collectives, d.delta_step_time_s, d.to_dict()
+    d.classes, d.steps, d.collectives, d.delta_step_time_s, d.to_dict()
     d                        # in JupyterLab: the two plans side by side, the differences marked
 
 Decisions are compared by class and conflict name (names are deterministic for a program, so
-two analyses of the same program compare too). Costs come from the cost model on the mesh given,
-else each plan's own mesh (a plan from search, the experts, the Lab or a plan file remembers
-it); with no mesh at all the diff has the decisions and no costs, and says so.
+two analyses of the same program compare too), and the decisions beyond sharding by their
+names: "remat@<layer group>" (its policy) and "micro_batches" (the count). Costs come from
+the cost model on the mesh given, else each plan's own mesh (a plan from search, the experts,
+the Lab or a plan file remembers it); with no mesh at all the diff has the decisions and no
+costs, and says so.
 """
 
 from __future__ import annotations
@@ -46,6 +48,17 @@ class ConflictChange:
 
 
 @dataclass(frozen=True)
+class StepChange:
+    """A decision beyond sharding made differently: "remat@<group>" (its policy, with
+    " overriding jax.checkpoint" where the plan replaces the group's own) or "micro_batches"
+    (the count)."""
+
+    name: str
+    before: str | int
+    after: str | int
+
+
+@dataclass(frozen=True)
 class CollectiveChange:
     """One kind of collective over one set of mesh axes, per device per step, in both plans."""
 
@@ -72,12 +85,13 @@ class CollectiveChange:
 class PlanDiff:
     """Two plans of one program compared (a: before, b: after). Pairs are (a, b).
 
-    classes / conflicts: the decisions that differ. order: the classes sharded in both plans,
-    in each plan's decision order, when that order differs (where two classes meet on a tensor
-    and want one mesh axis, the class decided first keeps it), else None. step_time_s, compute_s, communication_s,
-    peak_memory_bytes: None without a mesh. collectives: the (kind, axes) whose count or bytes
-    differ. memory_breakdown: {category: (a bytes, b bytes)} at each plan's peak. note: what
-    the comparison could not do, or None.
+    classes / conflicts: the decisions that differ. steps: the decisions beyond sharding that
+    differ (remat policies, micro-batches). order: the classes sharded in both plans, in each
+    plan's decision order, when that order differs (where two classes meet on a tensor and
+    want one mesh axis, the class decided first keeps it), else None. step_time_s, compute_s,
+    communication_s, peak_memory_bytes: None without a mesh. collectives: the (kind, axes)
+    whose count or bytes differ. memory_breakdown: {category: (a bytes, b bytes)} at each
+    plan's peak. note: what the comparison could not do, or None.
     """
 
     program: str
@@ -91,6 +105,7 @@ class PlanDiff:
     feasible: tuple[bool, bool] | None
     collectives: tuple[CollectiveChange, ...]
     order: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    steps: tuple[StepChange, ...] = ()
     memory_breakdown: dict = field(default_factory=dict)
     meshes: tuple[object, object] = field(default=(None, None), repr=False, compare=False)
     plans: tuple[object, object] = field(default=(None, None), repr=False, compare=False)
@@ -99,7 +114,8 @@ class PlanDiff:
     @property
     def same(self) -> bool:
         """Whether the two plans make the same decisions."""
-        return not self.classes and not self.conflicts and self.order is None
+        return not self.classes and not self.conflicts and self.order is None \
+            and not self.steps
 
     @property
     def delta_step_time_s(self) -> float | None:
@@ -124,6 +140,8 @@ class PlanDiff:
             "conflicts": [{"id": c.id, "name": c.name, "class_name": c.class_name,
                            "before": c.before, "after": c.after} for c in self.conflicts],
             "order": None if self.order is None else [list(o) for o in self.order],
+            "steps": [{"name": c.name, "before": c.before, "after": c.after}
+                      for c in self.steps],
             "step_time_s": pair(self.step_time_s), "compute_s": pair(self.compute_s),
             "communication_s": pair(self.communication_s),
             "peak_memory_bytes": pair(self.peak_memory_bytes),
@@ -150,6 +168,10 @@ class PlanDiff:
             lines.append(f"  conflicts that differ ({len(self.conflicts)}):")
             for c in self.conflicts:
                 lines.append(f"    {c.name}: {c.before or 'inactive'} → {c.after or 'inactive'}")
+        if self.steps:
+            lines.append(f"  decisions beyond sharding that differ ({len(self.steps)}):")
+            for c in self.steps:
+                lines.append(f"    {c.name}: {c.before} → {c.after}")
         if self.order is not None:
             lines.append("  decision order differs (the class decided first keeps a mesh axis "
                          "two classes want on one tensor):")
@@ -183,8 +205,9 @@ class PlanDiff:
         step = "" if d is None else f", Δstep {d * 1e3:+.3f} ms"
         m = self.delta_peak_memory_bytes
         mem = "" if m is None else f", Δpeak {m / 2**30:+.2f} GiB"
+        steps = f", {len(self.steps)} step decisions" if self.steps else ""
         return (f"PlanDiff({self.names[0]} → {self.names[1]}: {len(self.classes)} classes, "
-                f"{len(self.conflicts)} conflicts differ{step}{mem})")
+                f"{len(self.conflicts)} conflicts{steps} differ{step}{mem})")
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         """In JupyterLab: the two plans side by side (the graph view of each, read-only), the
@@ -229,9 +252,10 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
         after = b.resolution_of(c.name) if b.axes_of(c.class_name) else None
         if before != after:
             conflicts.append(ConflictChange(c.id, c.name, c.class_name, before, after))
+    steps = _step_changes(a.step, b.step)
     out = dict(program=an_a.program.fn_name, names=(str(names[0]), str(names[1])),
                classes=tuple(classes), conflicts=tuple(conflicts), order=_order(a, b),
-               meshes=(mesh_a, mesh_b), plans=(a, b))
+               steps=steps, meshes=(mesh_a, mesh_b), plans=(a, b))
     if mesh_a is None:
         return PlanDiff(**out, step_time_s=None, compute_s=None, communication_s=None,
                         peak_memory_bytes=None, feasible=None, collectives=(),
@@ -239,9 +263,13 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
                              "to compare step time, memory and collectives")
     ea, eb = cost_model(an_a, mesh_a).estimate(a), cost_model(an_b, mesh_b).estimate(b)
     pair = lambda f: (float(getattr(ea, f)), float(getattr(eb, f)))  # noqa: E731
-    note = None
+    notes = []
     if mesh_a != mesh_b:
-        note = "each plan is priced on its own mesh"
+        notes.append("each plan is priced on its own mesh")
+    if steps:
+        notes.append("the estimates price the sharding; remat and micro-batches are applied "
+                     "by plan.jit and measured by tl.verify")
+    note = "; ".join(notes) or None
     return PlanDiff(**out, step_time_s=pair("step_time_s"), compute_s=pair("compute_s"),
                     communication_s=pair("communication_s"),
                     peak_memory_bytes=pair("peak_memory_bytes"),
@@ -249,6 +277,23 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
                     collectives=_collective_changes(ea.collectives, eb.collectives),
                     memory_breakdown=_breakdown(ea.memory_breakdown, eb.memory_breakdown),
                     note=note)
+
+
+def _step_changes(a, b) -> tuple[StepChange, ...]:
+    """The decisions beyond sharding (StepDecisions) that differ between a and b."""
+    def remat(step, group):
+        policy = step.policy_of(group)
+        return f"{policy} overriding jax.checkpoint" if group in step.override else policy
+
+    out = []
+    for group in dict.fromkeys([g for g, _ in a.remat] + [g for g, _ in b.remat]
+                               + sorted(a.override | b.override)):
+        before, after = remat(a, group), remat(b, group)
+        if before != after:
+            out.append(StepChange(f"remat@{group}", before, after))
+    if a.micro_batches != b.micro_batches:
+        out.append(StepChange("micro_batches", a.micro_batches, b.micro_batches))
+    return tuple(out)
 
 
 def _order(a, b) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -331,4 +376,5 @@ def _pair_line(label: str, pair, unit, relative: bool = False) -> str:
     return f"  {label:<15}{unit(a):>12} → {unit(b):>12}   ({delta})"
 
 
-__all__ = ["diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "DIFF_MIME"]
+__all__ = ["diff", "PlanDiff", "ClassChange", "ConflictChange", "StepChange", "CollectiveChange",
+           "DIFF_MIME"]

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ..analysis import DOMAINS, crossing_reads, domain_boundaries
 from ..program import as_function, check_args, trace, updated_inputs
 from ..rules import NEED_REPLICATION, PASS_THROUGH, REDUCTION
+from ._step_replay import StepReplay
 
 # Where plan.jit pins values with `with_sharding_constraint`:
 #   "conflicts": only the values of conflicts whose class is sharded (XLA cannot guess those),
@@ -324,6 +325,8 @@ def constrained(plan, jax_mesh, policy: str = "compute", program=None) -> Callab
     program: the program to re-run (default: the plan's own), one with the same ops and
     wiring (`same_structure`), e.g. the user's function traced again with other constants.
     The function checks, when jax traces it, that it is called with the shapes traced.
+    A plan with decisions beyond sharding (`plan.step`: remat, micro-batches) runs the
+    program rewritten by them (_step_replay.py), with the same constraints.
     """
     targets = constraint_values(plan, policy)
     whole = whole_results(plan) if policy != "none" else {}
@@ -346,8 +349,12 @@ def constrained(plan, jax_mesh, policy: str = "compute", program=None) -> Callab
         return jax.lax.with_sharding_constraint(x, NamedSharding(jax_mesh, uses[(op_id, t)]))
 
     program = plan.analysis.program if program is None else program
+    runner = None
+    if not plan.step.is_default:  # remat and micro-batches: the step rewritten as it runs
+        runner = StepReplay(plan, program, jax_mesh, constrain, targets, gather,
+                            frozenset(uses), plan.partition_spec)
     return _checking_shapes(program, as_function(program, constrain, targets, gather,
-                                                 frozenset(uses)))
+                                                 frozenset(uses), runner))
 
 
 def _checking_shapes(program, fn: Callable) -> Callable:

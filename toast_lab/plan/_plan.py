@@ -32,7 +32,8 @@ from typing import Iterable, Mapping
 
 from ..analysis import DOMAINS, REPLICATE, Analysis, Conflict, DimClass, domains
 from ..program import Program
-from . import _display, _export, _planfile
+from . import _decisions, _display, _export, _planfile
+from ._decisions import MICRO_BATCHES, REMAT_PREFIX, StepDecisionError, StepDecisions
 from ._mesh import check_mesh
 
 Axes = tuple[str, ...]
@@ -103,6 +104,9 @@ class Plan:
     mesh: the Mesh the plan was made for, when one was (search, the expert strategies, the
     Lab, `with_mesh`, a plan file with a mesh section); `save` and `display(plan)` price the
     plan on it. It is not part of the plan's identity (equal plans may remember other meshes).
+    step: the decisions beyond sharding (StepDecisions: a remat policy per layer group, the
+    micro-batch count), applied by `jit`; the default is the step as written. Pins name them
+    "remat@<group>" and "micro_batches".
     """
 
     analysis: object = field(repr=False)
@@ -111,6 +115,7 @@ class Plan:
     pinned: frozenset[str] = frozenset()
     overrides: tuple[tuple[int, str, Axes], ...] = ()
     mesh: object = field(default=None, repr=False, compare=False)
+    step: StepDecisions = StepDecisions()
 
     # --- construction ---------------------------------------------------------------------
 
@@ -124,10 +129,16 @@ class Plan:
     @classmethod
     def from_decisions(cls, analysis, classes: Mapping | Iterable = (),
                        conflicts: Mapping | Iterable = (), pinned: Iterable[str] = (),
-                       overrides: Iterable = ()) -> "Plan":
+                       overrides: Iterable = (), step: StepDecisions | None = None) -> "Plan":
         """From {class name or id: axes} and {conflict name or id: resolution}, in order, and
-        (class name or id, domain, axes) overrides (each made right after its class)."""
+        (class name or id, domain, axes) overrides (each made right after its class); `step`:
+        the decisions beyond sharding (checked against the analysis)."""
         plan = cls(check_analysis(analysis, "Plan.from_decisions"))
+        if step is not None:
+            try:
+                plan = replace(plan, step=_decisions.check_decisions(analysis, step))
+            except StepDecisionError as err:
+                raise PlanError(str(err)) from None
         items = classes.items() if isinstance(classes, Mapping) else classes
         pending = list(overrides)
         for name, axes in items:
@@ -204,6 +215,45 @@ class Plan:
         for n in names:
             self._decision(n)
         return replace(self, pinned=self.pinned | frozenset(names))
+
+    def with_remat(self, group: str, policy: str, pin: bool = False,
+                   override: bool = False) -> "Plan":
+        """A new plan where layer group `group` (`Analysis.layer_groups`: "block*", "layer")
+        keeps what `policy` says for the backward pass: "everything" (as written),
+        "dots_with_no_batch_dims", "offload_dots_with_no_batch_dims" or "full" (see
+        _decisions.py). override: replace the group's own jax.checkpoint, which is otherwise
+        kept as written."""
+        try:
+            g = _decisions.check_group(self.analysis, group)
+            _decisions.check_policy(policy)
+            if override:
+                _decisions.check_override(self.analysis, group)
+        except StepDecisionError as err:
+            raise PlanError(str(err)) from None
+        step = self.step.with_remat(g.name, policy, override)
+        pinned = self.pinned | {f"{REMAT_PREFIX}{g.name}"} if pin else self.pinned
+        return replace(self, step=step, pinned=pinned)
+
+    def with_micro_batches(self, count: int, pin: bool = False) -> "Plan":
+        """A new plan that splits the batch into `count` micro-batches, accumulating the
+        gradients before one update (legal where `Analysis.micro_batching` says so)."""
+        try:
+            _decisions.check_micro_batches(self.analysis, count)
+        except StepDecisionError as err:
+            raise PlanError(str(err)) from None
+        pinned = self.pinned | {MICRO_BATCHES} if pin else self.pinned
+        return replace(self, step=self.step.with_micro_batches(count), pinned=pinned)
+
+    def remat_of(self, group: str) -> str:
+        """The remat policy of layer group `group` ("everything" unless the plan says)."""
+        try:
+            return self.step.policy_of(_decisions.check_group(self.analysis, group).name)
+        except StepDecisionError as err:
+            raise PlanError(str(err)) from None
+
+    @property
+    def micro_batches(self) -> int:
+        return self.step.micro_batches
 
     # --- reading --------------------------------------------------------------------------
 
@@ -410,6 +460,7 @@ class Plan:
         classes, conflicts, pinned = _planfile.decisions(doc, analysis.program, source,
                                                          check_fingerprint, mesh)
         overrides = _planfile.overrides(doc, source, mesh)
+        step = _planfile.step_decisions(doc, source)
         file_mesh = _planfile.file_mesh(doc, source, warn=mesh is None)
         empty = cls(analysis)
         try:
@@ -427,7 +478,9 @@ class Plan:
                             lambda n, r=resolution: empty.with_resolution(n, r), name)
             for name in pinned:
                 _in_section("the file's \"pinned\" list", empty._decision, name)
-            plan = cls.from_decisions(analysis, classes, conflicts, pinned, overrides)
+            _in_section("the file's \"step\" section", lambda s: cls.from_decisions(
+                analysis, step=s), step)
+            plan = cls.from_decisions(analysis, classes, conflicts, pinned, overrides, step)
             if mesh is not None:
                 return plan.with_mesh(mesh)
         except PlanError as err:
@@ -488,6 +541,10 @@ class Plan:
             if c.size % ways:
                 raise PlanError(f"override {c.name}@{domain}: "
                                 + _not_divisible(an, c, axes, ways))
+        try:
+            _decisions.check_sharded_micro_batches(self, mesh)
+        except StepDecisionError as err:
+            raise PlanError(str(err)) from None
         return self
 
     # --- helpers --------------------------------------------------------------------------
@@ -539,7 +596,21 @@ class Plan:
             override = override_name(name)
             if override:
                 return self._class(override[0])  # an override's name: "<class>@<domain>"
+            step = self._step_decision(name)
+            if step is not None:
+                return step
             raise PlanError(_no_decision(self.analysis, name)) from None
+
+    def _step_decision(self, name):
+        """The LayerGroup a "remat@<group>" names, MICRO_BATCHES itself, or None."""
+        if name == MICRO_BATCHES:
+            return name
+        if isinstance(name, str) and name.startswith(REMAT_PREFIX):
+            try:
+                return _decisions.check_group(self.analysis, name[len(REMAT_PREFIX):])
+            except StepDecisionError as err:
+                raise PlanError(str(err)) from None
+        return None
 
     def _current_name(self, name) -> str:
         """The name this analysis gives the decision `name` names (a class's, a conflict's or
@@ -547,6 +618,8 @@ class Plan:
         decision = self._decision(name)
         if isinstance(decision, Conflict):
             return decision.name
+        if not isinstance(decision, DimClass):  # a step decision: named as given
+            return name
         override = override_name(name)
         if override and name != decision.name and name not in decision.formerly:
             return f"{decision.name}@{override[1]}"
@@ -559,7 +632,8 @@ class Plan:
                 and dict(self.assignments) == dict(other.assignments)
                 and self._order() == other._order()
                 and self._override_axes == other._override_axes
-                and self.conflict_resolutions == other.conflict_resolutions)
+                and self.conflict_resolutions == other.conflict_resolutions
+                and self.step == other.step)
 
     def _order(self) -> list[int]:
         """The decision order of the classes that can hold an axis somewhere."""
@@ -568,12 +642,13 @@ class Plan:
     def __hash__(self) -> int:
         return hash((tuple((k, v) for k, v in self.assignments if v),
                      tuple(sorted(self._override_axes.items())),
-                     tuple(sorted(self.conflict_resolutions.items()))))
+                     tuple(sorted(self.conflict_resolutions.items())), self.step))
 
     def __repr__(self) -> str:
         parts = [f"{n}={axes}" for n, axes in self.class_axes.items()]
         parts += [f"{n}={axes}" for n, axes in self.override_axes.items()]
         parts += [f"{n}: {r}" for n, r in self.conflict_resolutions.items()]
+        parts += [f"{n}={v}" for n, v in self.step.names().items()]
         return f"Plan({', '.join(parts) or 'replicated'})"
 
 

@@ -12,6 +12,7 @@ program, and carries the program's fingerprint so a plan for another program fai
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
      "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
+     "step": {"remat": {"block*": "full"}, "micro_batches": 4},     # v3, only when not as written
      "pinned": ["batch"],
      "estimate": {...},                                             # optional, informative
      "experts": [{"name": "dp", "step_time_s": ..., ...}],          # v2, optional, informative
@@ -21,7 +22,10 @@ Version 2 added "overrides" (a class's axes in one domain of the step, see plan/
 present when a plan has some) and "experts" and "view": what the JupyterLab extension draws
 without a kernel (the view model, toast_lab/lab/_viewmodel.py). Those two are informative:
 loading a plan never reads them, and skips the view's text without parsing it (_skip.py), so
-no size or nesting depth there can break a load. Version 1 files load unchanged.
+no size or nesting depth there can break a load. Version 3 added "step": the decisions beyond
+sharding (plan/_decisions.py: "remat", {layer group: policy}; "micro_batches", a count;
+"override", the groups whose own jax.checkpoint the plan replaces), present only where a plan
+has some. Version 1 and 2 files load unchanged, as the step as written.
 
 The mesh section names the device; where the device is not the preset of that name (one made
 with `dataclasses.replace(preset, ...)` keeps the preset's name; one of the user's own has a
@@ -49,12 +53,13 @@ from typing import Any
 
 from ..analysis import DOMAINS, ToastWarning
 from . import _skip
+from ._decisions import REFUSED_POLICIES, REMAT_POLICIES, StepDecisions
 from ._files import write_file
 from ._hardware import (device_from_numbers, device_numbers, get_device, is_preset,
                         link_from_numbers, link_numbers)
 
 FORMAT = "toast-lab-plan"
-VERSION = 2        # what this toast-lab writes; it reads 1 and 2
+VERSION = 3        # what this toast-lab writes; it reads 1 to 3
 
 
 class PlanFileError(ValueError):
@@ -82,6 +87,8 @@ def plan_to_dict(plan, mesh=None, estimate: dict | None = None, experts: list | 
         for k, domain, axes in plan.overrides:
             overrides.setdefault(an.classes[k].name, {})[domain] = list(axes)
         doc["overrides"] = overrides
+    if not plan.step.is_default:
+        doc["step"] = step_section(plan.step)
     if estimate is not None:
         doc["estimate"] = estimate
     if experts:
@@ -280,6 +287,54 @@ def overrides(doc, source: str = "<dict>", mesh=None) -> list[tuple[str, str, tu
     return out
 
 
+def step_section(step) -> dict[str, Any]:
+    """The "step" section of StepDecisions `step` (only the fields not as written)."""
+    out: dict[str, Any] = {}
+    if step.remat:
+        out["remat"] = dict(step.remat)
+    if step.micro_batches != 1:
+        out["micro_batches"] = step.micro_batches
+    if step.override:
+        out["override"] = sorted(step.override)
+    return out
+
+
+def step_decisions(doc, source: str = "<dict>"):
+    """The StepDecisions of a plan document's "step" section (as written where it has none:
+    files of format 1 and 2, and plans without such decisions). Each field's type is checked
+    here, naming it; whether the groups and the count fit the program, by the Plan."""
+    section = doc.get("step", {}) if isinstance(doc, dict) else {}
+
+    def fail(msg: str):
+        raise PlanFileError(f"{source}: the \"step\" section's {msg}")
+
+    if not isinstance(section, dict):
+        raise PlanFileError(f"{source}: \"step\" must be an object like {{\"remat\": "
+                            f"{{\"block*\": \"full\"}}, \"micro_batches\": 4}}, got "
+                            f"{echo(section)}")
+    unknown = sorted(set(section) - {"remat", "micro_batches", "override"})
+    if unknown:
+        fail(f"field {echo(unknown[0])} is unknown; its fields are \"remat\", "
+             f"\"micro_batches\" and \"override\"")
+    remat = section.get("remat", {})
+    if not isinstance(remat, dict) or not all(isinstance(k, str) for k in remat):
+        fail(f"\"remat\" must map layer group names to policies, got {echo(remat)}")
+    for group, policy in remat.items():
+        if policy in REFUSED_POLICIES:
+            fail(f"\"remat\" gives group {echo(group)} the policy {echo(policy)}: "
+                 f"{REFUSED_POLICIES[policy]}")
+        if policy not in REMAT_POLICIES:
+            fail(f"\"remat\" gives group {echo(group)} the policy {echo(policy)}; policies "
+                 f"are {list(REMAT_POLICIES)}")
+    count = section.get("micro_batches", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        fail(f"\"micro_batches\" must be a positive integer, got {echo(count)}")
+    override = section.get("override", [])
+    if not isinstance(override, list) or not all(isinstance(g, str) for g in override):
+        fail(f"\"override\" must be a list of layer group names, got {echo(override)}")
+    return StepDecisions(tuple(remat.items()), count, frozenset(override))
+
+
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,
               mesh=None):
     """(classes, conflicts, pinned) of a plan document checked against `program` (and `mesh`,
@@ -299,7 +354,7 @@ def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = Tr
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         fail(f"\"version\" must be a positive integer (this toast-lab writes {VERSION}), got "
              f"{echo(version)}")
-    if version > VERSION:  # 1 and 2 differ only in informative sections
+    if version > VERSION:  # 1 to 3 differ only in sections an older file does without
         fail(f"written by a newer toast-lab (plan format {version}; this one reads up to "
              f"{VERSION}): upgrade toast-lab")
     meta = doc.get("program")

@@ -80,6 +80,9 @@ class Op:
     # The part of name_scope the user wrote: their named scopes and jitted functions, without
     # the names of library helpers inlined into it (jnp.einsum's 'bsd,dhk->bshk', '_where').
     user_scope: str = ""
+    # The name stack as JAX recorded it, transformations included, joined through the calls
+    # inlined around the op: 'transpose(jvp(block0))/attn' for an op of the backward pass.
+    name_stack: str = ""
 
     @property
     def source(self) -> str:
@@ -103,6 +106,24 @@ def source_line(source_info) -> str:
         return source_info_util.summarize(source_info) or "<unknown>"
     except Exception:  # a source line is a courtesy: never let it break analysis
         return "<unknown>"
+
+
+def user_line(source_info) -> str:
+    """The line of the user's own code that led to an op: its innermost frame outside
+    installed packages (site-packages, dist-packages), as 'model.py:42:8 (Net.__call__)': for an
+    op inside flax's BatchNorm, the line that called the BatchNorm. `source_line` where every
+    frame is the user's, or none is."""
+    from jax._src import source_info_util  # private, but the only way to JAX's user frames
+
+    tb = getattr(source_info, "traceback", None)
+    try:
+        frames = list(source_info_util.user_frames(tb)) if tb is not None else []
+    except Exception:  # a source line is a courtesy: never let it break analysis
+        frames = []
+    for f in frames:  # innermost first
+        if "site-packages" not in f.file_name and "dist-packages" not in f.file_name:
+            return f"{f.file_name}:{f.start_line}:{f.start_column} ({f.function_name})"
+    return source_line(source_info)
 
 
 def call_name(qualname: str, library: bool = False) -> str:

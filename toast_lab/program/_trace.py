@@ -47,7 +47,7 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     for var, const in zip(closed.jaxpr.constvars, closed.consts):
         env[var] = builder.new_value(var.aval, CONST)
         builder.constants[env[var]] = const
-    builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1, user_scope="")
+    builder.walk(closed.jaxpr, env, scope="", region=NO_OP, trip=1, user_scope="", raw="")
     outputs = [builder.read(env, v) for v in closed.jaxpr.outvars]
     out_tree = jax.tree_util.tree_structure(out_shape)
     return Program(builder.values, builder.ops, inputs, outputs, in_tree, out_tree,
@@ -89,11 +89,13 @@ class _ProgramBuilder:
         return env[var]
 
     def walk(self, jaxpr, env, scope: str, region: int, trip: int, user_scope: str,
-             call_site=None) -> None:
+             call_site=None, raw: str = "") -> None:
         """call_site: inside the body of a library helper (jnp.einsum, jax.nn.gelu), the source
-        info of the user's call to it; None in the user's own code."""
+        info of the user's call to it; None in the user's own code. raw: the name stack, as
+        JAX recorded it, of the call or region whose body this is."""
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
+            eqn_raw = _nest(raw, str(eqn.source_info.name_stack))
             stack = clean_scope(str(eqn.source_info.name_stack))
             eqn_scope = _nest(scope, stack)
             # A library's own named scopes are not the user's; jnp.einsum names its scope by
@@ -102,7 +104,7 @@ class _ProgramBuilder:
                 user_scope, "/".join(c for c in stack.split("/") if "->" not in c))
             source = call_site if call_site is not None else eqn.source_info
             operands = [self.read(env, v) for v in eqn.invars]
-            where = (eqn_scope, eqn_user, call_site)
+            where = (eqn_scope, eqn_user, call_site, eqn_raw)
             if name in INLINED_PRIMITIVES:
                 self._inline(eqn, operands, env, where, region, trip)
             elif name == "stop_gradient":
@@ -128,11 +130,12 @@ class _ProgramBuilder:
                 self.ops.append(Op(op_id, name, eqn.params, tuple(operands), tuple(results),
                                    eqn_scope, source, region, trip,
                                    jax_primitive=eqn.primitive,
-                                   cse_group=self.cse_group, user_scope=eqn_user))
+                                   cse_group=self.cse_group, user_scope=eqn_user,
+                                   name_stack=eqn_raw))
                 env.update(zip(eqn.outvars, results))
 
     def _inline(self, eqn, operands, env, where, region, trip):
-        scope, user_scope, call_site = where
+        scope, user_scope, call_site, raw = where
         if eqn.primitive.name == "custom_linear_solve":
             sub, operands = _linear_solve_call(eqn, operands)
         else:
@@ -152,7 +155,7 @@ class _ProgramBuilder:
                 "prevent_cse", True):
             self._groups += 1
             self.cse_group = self._groups
-        self.walk(jaxpr, inner, inner_scope, region, trip, inner_user, call_site)
+        self.walk(jaxpr, inner, inner_scope, region, trip, inner_user, call_site, raw)
         self.cse_group = outer_group
         env.update((o, self.read(inner, v)) for o, v in zip(eqn.outvars, jaxpr.outvars))
 
@@ -178,7 +181,7 @@ class _ProgramBuilder:
         outputs_of: which bodies' outputs enter the boundary (a while loop's cond output is
         its predicate, not a carried value); default all.
         """
-        scope, user_scope, call_site = where
+        scope, user_scope, call_site, raw = where
         source = call_site if call_site is not None else eqn.source_info
         op_id = len(self.ops)
         self.ops.append(None)  # reserved: the region op precedes its body ops
@@ -190,7 +193,7 @@ class _ProgramBuilder:
             for var, const in zip(jaxpr.constvars, closed.consts):
                 inner[var] = self.new_value(var.aval, CONST)
                 self.constants[inner[var]] = const
-            self.walk(jaxpr, inner, scope, op_id, body_trip, user_scope, call_site)
+            self.walk(jaxpr, inner, scope, op_id, body_trip, user_scope, call_site, raw)
             ranges.append((first, len(self.ops)))
             ins = [inner[v] for v in jaxpr.invars]
             outs = [self.read(inner, v) for v in jaxpr.outvars]
@@ -205,7 +208,8 @@ class _ProgramBuilder:
                              tuple(results), scope, source, region, trip,
                              body=tuple(boundary_in + boundary_out),
                              body_ops=(op_id + 1, len(self.ops)), body_ranges=tuple(ranges),
-                             jax_primitive=eqn.primitive, user_scope=user_scope)
+                             jax_primitive=eqn.primitive, user_scope=user_scope,
+                             name_stack=raw)
         env.update(zip(eqn.outvars, results))
 
 

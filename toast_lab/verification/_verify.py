@@ -522,11 +522,15 @@ def verify(fn, args: Sequence, plan, mesh, *, constraints: str = "compute", seed
     kwargs: the keyword arguments the function was traced with, if any.
 
     The sharded step and the unsharded `jax.jit(fn)` run on the same concrete arguments; every
-    output leaf is compared (module docstring). The unsharded step runs once more, on its own
-    compile, with the floating arguments moved by a few ulps (seeded by `seed`): each leaf is
-    allowed a multiple of how far that moves it, and the leaves where this exceeds their
-    dtype's tolerance are reported as ill-conditioned (`_sensitivity.py`). Returns a
-    VerifyReport; it raises only where the plan cannot be compiled or run at all.
+    output leaf is compared (module docstring). A plan with decisions beyond sharding
+    (`plan.step`: remat policies, micro-batches) runs the step plan.jit rewrites with them,
+    so it is checked against the step as written, and XLA's memory and flops are the
+    rewritten step's (flops: XLA counts a loop's body once, the micro-batch loop's too). The
+    unsharded step runs once more, on its own compile, with the floating arguments moved by a
+    few ulps (seeded by `seed`): each leaf is allowed a multiple of how far that moves it, and
+    the leaves where this exceeds their dtype's tolerance are reported as ill-conditioned
+    (`_sensitivity.py`). Returns a VerifyReport; it raises only where the plan cannot be
+    compiled or run at all.
     """
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"tl.verify: args must be the tuple of positional arguments, e.g. "
