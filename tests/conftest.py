@@ -19,6 +19,16 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+@pytest.fixture(scope="module")
+def tiny_gpt():
+    """(analysis, mesh): the zoo's tiny 3-layer GPT on data=4 x model=2 H100s, once per
+    module (the Lab's and the plan display's tests draw it)."""
+    import toast_lab as tl
+
+    fn, args = tl.zoo.get("gpt", size="tiny", layers=3)
+    return tl.analyze(tl.trace(fn, *args)), tl.Mesh({"data": 4, "model": 2}, device="h100")
+
+
 # User modules for the CLI's `module:function` targets (tests/test_cli.py, test_lab_cli.py).
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):

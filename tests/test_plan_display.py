@@ -14,10 +14,8 @@ from toast_lab.plan._skip import without_member
 
 
 @pytest.fixture(scope="module")
-def gpt():
-    fn, args = tl.zoo.get("gpt", size="tiny", layers=3)
-    an = tl.analyze(tl.trace(fn, *args))
-    return an, tl.Mesh({"data": 4, "model": 2}, device="h100")
+def gpt(tiny_gpt):
+    return tiny_gpt
 
 
 @pytest.fixture(scope="module")
