@@ -18,6 +18,7 @@ import pytest
 from .conftest import REPO, shoot, write_json
 from .layout import MEMORY_CHART, bytes_text, clipped
 from .viewmodels import gpt_view, plan_file
+from toast_lab.plan._planfile import VERSION as PLAN_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -161,7 +162,7 @@ def test_written_plan_file_opens_by_double_click_without_a_kernel(
     path = written_plans[source]
     doc = json.loads(path.read_text())
     view = doc["view"]
-    assert doc["version"] == 2 and view["format"] == "toast-lab-view"
+    assert doc["version"] == PLAN_VERSION and view["format"] == "toast-lab-view"
     before = kernels_and_sessions(lab_server)
     open_by_double_click(page, lab_server, path.name)
     lab = page.locator(".jp-MimeDocument .tl-lab")

@@ -6,7 +6,7 @@ turn decisions into a Plan.
 A file names its decisions by class and conflict *names*, which are deterministic for a given
 program, and carries the program's fingerprint so a plan for another program fails clearly.
 
-    {"format": "toast-lab-plan", "version": 2,
+    {"format": "toast-lab-plan", "version": 3,
      "program": {"name": "gpt_train_step", "fingerprint": "3f2a...", "classes": 8},
      "mesh": {"axes": {"data": 4, "model": 2}, "device": "h100-80gb"},  # "device_spec": see below
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
