@@ -15,10 +15,11 @@ import urllib.request
 
 import pytest
 
+from toast_lab.plan._planfile import VERSION as PLAN_VERSION
+
 from .conftest import REPO, shoot, write_json
 from .layout import MEMORY_CHART, bytes_text, clipped
 from .viewmodels import gpt_view, plan_file
-from toast_lab.plan._planfile import VERSION as PLAN_VERSION
 
 pytestmark = pytest.mark.e2e
 
