@@ -21,8 +21,8 @@ from .analysis import (REPLICATE, Analysis, Conflict, ConflictSide, DimClass, To
                        UnknownPrimitiveError, analyze)
 from .cost import CostModel, Estimate, IncrementalEstimator, cost_model, estimate
 from .lab import Lab, PlanDiff, diff
-from .plan import (DeviceSpec, Efficiency, Link, Mesh, Plan, PlanError, PlanFileError, devices,
-                   get_device, random_plan)
+from .plan import (DeviceSpec, Efficiency, Link, Mesh, Plan, PlanError, PlanFileError,
+                   StepDecisions, devices, get_device, random_plan)
 from .plan_search import SearchProgress, SearchResult, exhaustive, random_search, search
 from .program import Op, Program, Value, trace
 from .verification import VerifyReport, verify
@@ -39,7 +39,8 @@ __all__ = [
     "trace", "analyze", "Program", "Value", "Op", "Analysis", "DimClass", "Conflict",
     "ConflictSide", "REPLICATE", "ToastWarning", "UnknownPrimitiveError", "rules", "strategies",
     "zoo", "Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
-    "PlanError", "PlanFileError", "random_plan", "estimate", "cost_model", "Estimate", "CostModel",
-    "IncrementalEstimator", "search", "exhaustive", "random_search", "SearchResult",
-    "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff", "progress",
+    "PlanError", "PlanFileError", "StepDecisions", "random_plan", "estimate", "cost_model",
+    "Estimate", "CostModel", "IncrementalEstimator", "search", "exhaustive", "random_search",
+    "SearchResult", "SearchProgress", "verify", "VerifyReport", "Lab", "diff", "PlanDiff",
+    "progress",
 ]

@@ -13,12 +13,16 @@
 - display: what a plan looks like (its view model, estimate, expert rows) for plan files and
   `display(plan)`, built by whatever the Lab registers with `register_display` (stage 10 sits
   above this one, so it plugs in rather than being imported).
+- decisions beyond sharding: `StepDecisions` (a remat policy per layer group, the micro-batch
+  count; `Plan.step`), which `plan.jit` applies by rewriting the traced step
+  (`remat_rewrite` says what each group recomputes, for whoever prices it);
 - for the later stages' entry points: `check_analysis` and `check_mesh` (the one check of an
   analysis or mesh argument, with an error that says what to pass), `override_name` (the class
   and domain of an override named "<class>@<domain>") and `echo` (the shortened repr with
   which errors quote what a user gave).
 """
 
+from ._decisions import MICRO_BATCHES, REMAT_POLICIES, StepDecisions
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._files import ExistingFileError, replace_refusal, write_file
@@ -27,10 +31,13 @@ from ._mesh import Mesh, check_mesh
 from ._plan import Axes, Plan, PlanError, check_analysis, override_name
 from ._planfile import PLAN_FILE, PlanFileError, echo, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
+from ._remat import RematRewrite, ScanRemat, UnitRemat, remat_rewrite
 from ._units import format_bytes
 
 __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
            "PlanError", "PlanFileError", "Axes", "random_plan", "spec_of", "CONSTRAINT_POLICIES",
            "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME",
            "ExistingFileError", "write_file", "replace_refusal", "write_plan_file", "is_plan_file",
-           "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo"]
+           "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo", "StepDecisions",
+           "REMAT_POLICIES", "MICRO_BATCHES", "remat_rewrite", "RematRewrite", "UnitRemat",
+           "ScanRemat"]
