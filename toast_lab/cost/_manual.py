@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._kernel._charge import a2a_time, gather_time, permute_time
 from ._tables import FIXED, SPAN
 
 # primitive -> (collective kind, the parameter naming its mesh axes, priced by its result)
@@ -149,14 +150,14 @@ _KERNEL_KINDS = {"all-reduce": 0, "all-gather": 1, "reduce-scatter": 2, "all-to-
                  "collective-permute": 4}  # (_kernel's AR, AG, RS, A2A, CP)
 
 
-def _one_run(kind, nbytes, cost) -> float:
-    """Seconds of one collective of `kind` moving nbytes per device over a mesh-axis mask
-    whose MESH record is `cost` (verify's convention, _collectives.py)."""
+def _one_run(kind, nbytes, mask, mesh_table) -> float:
+    """Seconds of one collective of `kind` moving nbytes per device over the axes of `mask`,
+    priced as the kernel prices its own (_kernel/_charge.py)."""
     if kind == "all-to-all":
-        return nbytes * cost["a2a_beta"] + cost["gather_alpha"]
+        return a2a_time(nbytes, mask, mesh_table)
     if kind == "collective-permute":  # point to point, one hop
-        return nbytes * cost["permute_beta"] + cost["permute_alpha"]
-    one = nbytes * cost["gather_beta"] + cost["gather_alpha"]
+        return permute_time(nbytes, mask, mesh_table)
+    one = gather_time(nbytes, mask, mesh_table)
     return 2.0 * one if kind == "all-reduce" else one  # (a reduce-scatter and an all-gather)
 
 
@@ -171,14 +172,14 @@ def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCha
         if mask == 0 or cost["ways"] <= 1.0 or c.nbytes <= 0:
             continue
         rows.append((c.op, (int(op_type[c.op]), _KERNEL_KINDS[c.kind], mask, c.count,
-                            c.nbytes, _one_run(c.kind, c.nbytes, cost))))
+                            c.nbytes, _one_run(c.kind, float(c.nbytes), mask, mesh_table))))
     rows.sort(key=lambda r: r[1][0])  # (stable: each op type's in program order)
     records = np.array([r for _, r in rows], FIXED)
-    ends = np.cumsum(np.bincount(records["op_type"], minlength=num_op_types))
-    by_op = np.zeros(num_op_types if rows else 0, SPAN)
+    by_op = np.zeros(num_op_types if rows else 0, SPAN)  # (none: the kernel skips the lookup)
     if rows:
-        by_op["end"] = ends
-        by_op["start"] = ends - np.bincount(records["op_type"], minlength=num_op_types)
+        counts = np.bincount(records["op_type"], minlength=num_op_types)
+        by_op["end"] = np.cumsum(counts)
+        by_op["start"] = by_op["end"] - counts
     return FixedCharges(records, by_op, np.array([op for op, _ in rows], np.int64))
 
 

@@ -41,6 +41,14 @@ def a2a_time(nbytes, mask, mesh):
 
 
 @inline
+def permute_time(nbytes, mask, mesh):
+    """Seconds of a collective-permute over the axes of `mask`, each device sending nbytes,
+    one hop."""
+    hop = mesh[mask]
+    return nbytes * hop.permute_beta + hop.permute_alpha
+
+
+@inline
 def charge(coll, kind, mask, weight, nbytes, seconds, ledger, row, pattern):
     """Adds `weight` collectives of one kind over `mask`, each moving nbytes in seconds, and
     records them in ledger row `row` with the pattern that charged them (when the ledger has
@@ -62,7 +70,6 @@ def charge(coll, kind, mask, weight, nbytes, seconds, ledger, row, pattern):
 def permute(coll, mask, weight, nbytes, mesh, ledger, row, pattern):
     """Charges `weight` collective-permutes over the axes of `mask`, each device sending
     nbytes, one hop; returns the seconds of one."""
-    hop = mesh[mask]
-    t = nbytes * hop.permute_beta + hop.permute_alpha
+    t = permute_time(nbytes, mask, mesh)
     charge(coll, CP, mask, weight, nbytes, t, ledger, row, pattern)
     return t
