@@ -18,7 +18,8 @@ export interface GraphCallbacks {
 
 /**
  * Graphviz draws in points; at scale 1 an 11 pt label is 11 px. A graph opens fitted to its
- * pane, and fitted again when a group opens or closes; below MIN_FIT_SCALE the whole graph is
+ * pane, and is fitted again when a group opens or closes, and at each new layout until the
+ * reader pans or zooms (then it keeps the reader's frame); below MIN_FIT_SCALE the whole graph is
  * too small to read, so it opens as wide as the pane, at its top, and the wheel scrolls it.
  */
 const MIN_FIT_SCALE = 0.8;
@@ -39,6 +40,8 @@ export class GraphPane {
   private k = 1;
   private tx = 0;
   private ty = 0;
+  /** The reader has panned or zoomed since the graph was last fitted: updates keep that. */
+  private framedByReader = false;
   private graphW = 0;
   private graphH = 0;
   private dot = '';
@@ -74,7 +77,7 @@ export class GraphPane {
       button('+', 'Zoom in', () => this.zoomBy(1.25)),
       button('−', 'Zoom out', () => this.zoomBy(0.8)),
       button('⤢', 'Fit the graph', () => this.fit(true)),
-      button('1:1', 'Actual size', () => this.setZoom(1, 8, 8))
+      button('1:1', 'Actual size', () => this.frameByReader(1, 8, 8))
     );
     controls.title = 'Wheel: scroll · Ctrl+wheel: zoom · drag: pan';
     this.node = h(
@@ -207,8 +210,12 @@ export class GraphPane {
     this.pendingFocus = null;
     if (firstLayout || (focus !== null && this.fitScale() >= MIN_FIT_SCALE)) {
       this.fit(false);
-    } else if (focus === null || !this.showGroup(focus)) {
-      this.applyZoom(); // keep the user's pan and zoom across updates
+    } else if (focus !== null && this.showGroup(focus)) {
+      // the group just toggled, framed
+    } else if (this.framedByReader) {
+      this.applyZoom(); // keep the reader's pan and zoom across updates
+    } else {
+      this.fit(false); // a new layout (a pin's colours, a conflict's mark) framed as the last
     }
   }
 
@@ -354,7 +361,7 @@ export class GraphPane {
       : Math.max(this.k, MIN_FIT_SCALE);
     const tx = w * k <= W - 2 * pad ? (W - w * k) / 2 - x * k : pad - x * k;
     const ty = cluster && hgt * k > H - 2 * pad ? pad - y * k : (H - hgt * k) / 2 - y * k;
-    this.setZoom(k, tx, ty);
+    this.frameByReader(k, tx, ty); // (as the reader asked, by opening the group)
     this.node.dataset.framing = 'group';
     return true;
   }
@@ -387,6 +394,7 @@ export class GraphPane {
       framing = 'width';
     }
     this.setZoom(k, (W - this.graphW * k) / 2, top);
+    this.framedByReader = false;
     this.node.dataset.framing = framing;
   }
 
@@ -397,12 +405,18 @@ export class GraphPane {
     this.applyZoom();
   }
 
+  /** A pan or zoom the reader chose: later layouts keep it rather than fit themselves. */
+  private frameByReader(k: number, tx: number, ty: number): void {
+    this.framedByReader = true;
+    this.setZoom(k, tx, ty);
+  }
+
   private zoomBy(f: number, cx?: number, cy?: number): void {
     const x = cx ?? this.viewport.clientWidth / 2;
     const y = cy ?? this.viewport.clientHeight / 2;
     const k = Math.min(Math.max(this.k * f, 0.05), 8);
     const r = k / this.k;
-    this.setZoom(k, x - (x - this.tx) * r, y - (y - this.ty) * r);
+    this.frameByReader(k, x - (x - this.tx) * r, y - (y - this.ty) * r);
   }
 
   private applyZoom(): void {
@@ -443,9 +457,8 @@ export class GraphPane {
           const r = vp.getBoundingClientRect();
           this.zoomBy(Math.exp(-ev.deltaY * 0.004), ev.clientX - r.left, ev.clientY - r.top);
         } else {
-          this.tx -= ev.shiftKey ? ev.deltaY : ev.deltaX;
-          this.ty -= ev.shiftKey ? 0 : ev.deltaY;
-          this.applyZoom();
+          this.frameByReader(this.k, this.tx - (ev.shiftKey ? ev.deltaY : ev.deltaX),
+                             this.ty - (ev.shiftKey ? 0 : ev.deltaY));
         }
       },
       { passive: false }
@@ -467,9 +480,7 @@ export class GraphPane {
           vp.classList.add('tl-panning');
         }
         if (drag.moved) {
-          this.tx = drag.tx + dx;
-          this.ty = drag.ty + dy;
-          this.applyZoom();
+          this.frameByReader(this.k, drag.tx + dx, drag.ty + dy);
         }
         return;
       }

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from .conftest import shoot
+from .layout import graph_fit
 from .notebooks import kernel_execute, kernel_json, open_notebook
 
 pytestmark = pytest.mark.e2e
@@ -226,7 +227,34 @@ def test_a_conflict_is_quiet_while_replicated_and_resolved_by_its_worded_choice(
     shown = lab.locator('.tl-figure[data-figure="step time"] .tl-figure-value').inner_text()
     assert shown.split()[0] in priced  # the price the choice showed is what the pin gave
     page.mouse.move(5, 5)
+    # the new layout (its conflict mark larger) is framed again, nothing under the zoom buttons
+    assert lab.locator(".tl-graph").get_attribute("data-framing") == "whole"
+    fit = graph_fit(lab)
+    assert fit["outside"] == [] and fit["covered"] == [], fit
     shoot(page, "content_conflict_resolved", lab)
+
+
+def test_a_new_layout_is_framed_again_unless_the_reader_zoomed(content):
+    c, page, lab = content, content.page, content.lab
+    _back_to_the_start(c)
+    graph = lab.locator(".tl-graph")
+
+    def pin(axes: list[str]) -> None:
+        count = int(graph.get_attribute("data-render-count"))
+        c.kernel(f"lab.pin('seq', {axes!r})")  # its conflict's mark changes the layout
+        c.settle()
+        page.wait_for_function(
+            "n => Number(document.querySelector('.tl-widget .tl-graph').dataset.renderCount) > n",
+            arg=count)
+
+    pin(["model"])  # a conflict mark, larger: the new layout is framed as the first was
+    assert graph.get_attribute("data-framing") == "whole"
+    fit = graph_fit(lab)
+    assert fit["outside"] == [] and fit["covered"] == [], fit
+    lab.locator('.tl-zoom-controls button[title="Zoom in"]').click()
+    zoomed = graph.get_attribute("data-zoom")
+    pin([])
+    assert graph.get_attribute("data-zoom") == zoomed  # the reader's zoom kept
 
 
 def test_the_expert_plans_a_pin_rules_out_say_so(content):
