@@ -18,7 +18,7 @@ from toast_lab.verification import read_compiled, summarize_collectives
 
 from tests.cost_patterns import (ALL_TO_ALL, COMPATIBLE_GATHER, COMPATIBLE_SLICE, FULL_REMAT,
                                  GATHER, OPERAND_PASSTHROUGH, PARTIAL_SUMS, REGROUPED_INDICES,
-                                 REPLICATED_COPY, ROW_GATHER, UPDATES_KEEP_SHARDING,
+                                 ROW_GATHER, UPDATES_KEEP_SHARDING,
                                  patterns_charged)
 
 MESH = tl.Mesh({"data": 4, "model": 2}, device="cpu")

@@ -77,7 +77,8 @@ def test_every_subpackage_is_a_known_stage():
     assert subpackages <= set(STAGES), f"unknown stages: {subpackages - set(STAGES)}"
     for sub in subpackages:
         doc = ast.get_docstring(ast.parse((PACKAGE / sub / "__init__.py").read_text()))
-        assert doc and len(doc) > 80, f"toast_lab/{sub}/__init__.py must say what it takes and gives"
+        assert doc and len(doc) > 80, \
+            f"toast_lab/{sub}/__init__.py must say what it takes and gives"
 
 
 def test_imports_only_run_downward():

@@ -91,7 +91,8 @@ class CostModel:
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
-        self._scratch = _kernel.liveness(self.ty.tables, self.memory)  # a full evaluation's live ranges
+        # a full evaluation's live ranges
+        self._scratch = _kernel.liveness(self.ty.tables, self.memory)
         self._overlap_code = {"scheduled": _kernel.OVERLAP_SCHEDULED,
                               "none": _kernel.OVERLAP_NONE,
                               "perfect": _kernel.OVERLAP_PERFECT}[self.overlap]

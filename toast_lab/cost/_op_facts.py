@@ -113,7 +113,8 @@ _CPU_WHOLE = frozenset({"top_k"})
 # random_bits lowers to jax's threefry2x32, whose rounds XLA:CPU runs in a while loop whose
 # state holds the two counter words and a key word per element: 12 bytes of workspace per
 # element of 32- or 64-bit bits, 16 for 8- or 16-bit ones (a u32 word narrowed after the
-# loop): the memory_analysis() temp of jax.random.bits jitted alone, whose bits are its output (jax 0.10.2; tests/test_cost.py).
+# loop): the memory_analysis() temp of jax.random.bits jitted alone, whose bits are its
+# output (jax 0.10.2; tests/test_cost.py).
 _THREEFRY_WORKSPACE = {8: 16.0, 16: 16.0, 32: 12.0, 64: 12.0}
 
 
@@ -249,8 +250,8 @@ def _batched_indexing(prog, crossing) -> tuple:
     other (ScatterPartitionMethodCostModel, gather_scatter_handler.cc; the dry runs logged
     on jax 0.10.2), and the MoE's top-2 router gradient is re-tiled like a top-1 loss's.
     Not where some op reads the indices from another domain than its result's (`crossing`:
-    analysis.crossing_reads): plan.jit pins that read (plan/_export.py, boundary_reads) to the result's
-    sharding, which holds no axis of the indexed dim, and XLA's propagation gives the
+    analysis.crossing_reads): plan.jit pins that read (plan/_export.py, boundary_reads) to the
+    result's sharding, which holds no axis of the indexed dim, and XLA's propagation gives the
     indices that sharding for every reader, so they arrive gathered and nothing is re-tiled
     (a descent step on logits, take_along_axis of two labels per token: the scatter-add is
     the parameter's gradient, the labels gathered at their reshape for the forward gather

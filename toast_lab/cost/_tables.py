@@ -57,8 +57,9 @@ OPERAND = record(value_type=_I, start=_I, end=_I, uniform=np.bool_, sliced_first
 # workspace: bytes the compiler allocates inside the op, sharded like workspace_type;
 # a combining scatter's indices and updates (whole-tensor bytes and value types; bytes 0
 # for other ops) and its operand's pass-through dims (bit d: dim d of the result type); an
-# explicitly batched gather's operand or scatter's result (batch: bytes, value type, batching dims and
-# dims indexed one row at a time) and its indices (value type, batching dims, bytes; 0: none);
+# explicitly batched gather's operand or scatter's result (batch: bytes, value type, batching
+# dims and dims indexed one row at a time) and its indices (value type, batching dims, bytes;
+# 0: none);
 # gathered_partials: whole-tensor bytes of the partial results a variadic reduce (an argmax)
 # all-gathers where its reduced dims are sharded, instead of all-reducing (0: other ops).
 # copies: the copies XLA compiles of each instance (an unrolled scan body's, _unroll.py).

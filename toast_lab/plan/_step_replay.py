@@ -24,6 +24,7 @@ from ..program import CONST, NO_OP, Replay
 from ..rules import Shapes, resized_params
 from ._remat import remat_rewrite
 
+
 class StepReplay(Replay):
     """A Replay of `program` (the plan's, or one of the same structure) that applies
     `plan.step` (module docstring).

@@ -207,7 +207,6 @@ class Replay:
 
     def _rebuilt_bodies(self, op) -> dict:
         """New body jaxprs for a region op, with the transform applied inside."""
-        program = self.program
         name = op.primitive
         if name == "scan":
             old = [op.params["jaxpr"]]

@@ -233,7 +233,8 @@ _RECOMPUTED = "rematted_computation"  # jax.checkpoint's name for the ops it rec
 
 
 def clean_scope(name_stack: str) -> str:
-    """'transpose(jvp(block0))/attn' -> 'block0/attn': the user's scopes, forward and backward alike."""
+    """'transpose(jvp(block0))/attn' -> 'block0/attn': the user's scopes, forward and backward
+    alike."""
     prev = None
     while prev != name_stack:
         prev, name_stack = name_stack, _TRANSFORM_WRAPPER.sub(r"\1", name_stack)

@@ -29,7 +29,8 @@ from ._result import RESULT, as_result
 from ._state import Liveness, ModelState, liveness, model_state
 
 __all__ = ["AR", "AG", "RS", "A2A", "CP", "NUM_KINDS", "OVERLAP_SCHEDULED", "OVERLAP_NONE",
-           "OVERLAP_PERFECT", "step_and_peak", "step_and_peak_edited", "evaluate", "charges", "empty_ledger",
+           "OVERLAP_PERFECT", "step_and_peak", "step_and_peak_edited", "evaluate", "charges",
+           "empty_ledger",
            "value_type_masks", "fill_temps", "live_bytes", "LEDGER", "OP_ROWS", "OP_ROW_OPERANDS",
            "LedgerLayout", "ledger_layout", "PATTERNS", "PATTERN_NAMES", "Pattern", "RESULT",
            "as_result", "Liveness", "ModelState", "liveness", "model_state"]

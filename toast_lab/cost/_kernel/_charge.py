@@ -11,7 +11,7 @@ cost/_collectives.py).
 """
 
 from __future__ import annotations
-from ._jit import inline, jit
+from ._jit import inline
 
 
 # collective kinds, in the order of COLLECTIVE_KINDS

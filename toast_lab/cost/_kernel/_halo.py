@@ -123,7 +123,8 @@ def halo_exchange(coll, op, halos, eff, psum, mesh, w, ledger, row):
             nbytes = unit * held * done / L * rows
             hop = mesh[m]
             t = nbytes * hop.permute_beta + count * hop.permute_alpha
-            charge(coll, CP, m, w * count, nbytes / count, t / count, ledger, row + i, HALO_EXCHANGE)
+            charge(coll, CP, m, w * count, nbytes / count, t / count, ledger, row + i,
+                   HALO_EXCHANGE)
             seconds += t
             exchanged = True
         done *= span / L

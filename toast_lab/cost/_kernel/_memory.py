@@ -209,8 +209,8 @@ def reduced_buffers(ops, mesh, memory, ws):
 
 @jit
 def _feeds_a_reduction(memory, ws):
-    """Fills ws.feeds: [N] (program order) whether an op's result reaches an op that reduces partial sums
-    (a scalar's too), directly or through other ops: an all-reduce that does cannot be
+    """Fills ws.feeds: [N] (program order) whether an op's result reaches an op that reduces
+    partial sums (a scalar's too), directly or through other ops: an all-reduce that does cannot be
     combined with that one. A metric reduced after the update (an accuracy) reads no
     gradient, and leaves the gradients' all-reduces combined."""
     N = memory.computation.shape[0]

@@ -5,10 +5,10 @@ instead of dozens of arrays: a NamedTuple of them costs ~10 us to unbox at each 
 type, memory and schedule tables (cost/_tables.py), the MESH and DEVICE records, the ledger's
 layout, and a `Workspace`: every array a phase writes, sized for this model, reused by every
 evaluation. The entries (_driver.py) take the tables out of it once per evaluation and hand
-them to the phases, which bind the arrays they read to locals at their top. Evaluations run with the GIL held (the kernel
-does not release it), so the threads of one Lab share a state safely; what a caller keeps
-(the totals, an incremental estimator's live ranges) is copied out or lives in a `Liveness`
-of its own.
+them to the phases, which bind the arrays they read to locals at their top. Evaluations run
+with the GIL held (the kernel does not release it), so the threads of one Lab share a state
+safely; what a caller keeps (the totals, an incremental estimator's live ranges) is copied
+out or lives in a `Liveness` of its own.
 """
 
 from __future__ import annotations
