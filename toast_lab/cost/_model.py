@@ -48,6 +48,7 @@ from ._plan_arrays import (PlanArrays, as_plan_arrays, axes_mask, live_axis_bits
                            split_classes)
 from ._schedule_tables import schedule_tables
 from ._static import static_tables
+from ._step_models import StepCostModel
 from ._timeline import MemoryTimeline, memory_timeline
 from ._types import build_types
 
@@ -172,7 +173,15 @@ class CostModel:
     # --- evaluation -----------------------------------------------------------------------------
 
     def estimate(self, plan) -> Estimate:
+        if not plan.step.is_default:  # remat, micro-batches: the step as they rewrite it
+            return self.for_step(plan.step).estimate(plan)
         return self.evaluate(*self.plan_arrays(plan))
+
+    def for_step(self, step) -> "StepCostModel":
+        """The estimates of plans with StepDecisions `step` (remat policies, micro-batches):
+        the rewritten step's own cost model (_step_models.py), built once per step."""
+        return self.analysis.derived(("cost.step", self.mesh, self.donate, self.overlap, step),
+                                     lambda: StepCostModel(self, step))
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""

@@ -15,7 +15,8 @@
   above this one, so it plugs in rather than being imported).
 - decisions beyond sharding: `StepDecisions` (a remat policy per layer group, the micro-batch
   count; `Plan.step`), which `plan.jit` applies by rewriting the traced step
-  (`remat_rewrite` says what each group recomputes, for whoever prices it);
+  (`remat_rewrite` says what each group recomputes, and `rewritten_step` is the rewritten
+  step itself, each op under the named scope OP_SCOPE<op id>, for the cost model to price);
 - for the later stages' entry points: `check_analysis` and `check_mesh` (the one check of an
   analysis or mesh argument, with an error that says what to pass), `override_name` (the class
   and domain of an override named "<class>@<domain>") and `echo` (the shortened repr with
@@ -32,6 +33,7 @@ from ._plan import Axes, Plan, PlanError, check_analysis, override_name
 from ._planfile import PLAN_FILE, PlanFileError, echo, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
 from ._remat import RematRewrite, ScanRemat, UnitRemat, remat_rewrite
+from ._step_replay import OP_SCOPE, rewritten_step
 from ._units import format_bytes
 
 __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", "Plan",
@@ -40,4 +42,4 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "ExistingFileError", "write_file", "replace_refusal", "write_plan_file", "is_plan_file",
            "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo", "StepDecisions",
            "REMAT_POLICIES", "MICRO_BATCHES", "remat_rewrite", "RematRewrite", "UnitRemat",
-           "ScanRemat"]
+           "ScanRemat", "rewritten_step", "OP_SCOPE"]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..program import CONST, NO_OP, Replay
+from ..program import CONST, NO_OP, Replay, as_function
 from ..rules import Shapes, resized_params
 from ._remat import remat_rewrite
 
@@ -251,6 +251,34 @@ class StepReplay(Replay):
     def _scan(self, op, one, init, xs):
         return jax.lax.scan(one, tuple(init), tuple(xs), length=op.params["length"],
                             reverse=op.params["reverse"], unroll=op.params.get("unroll", 1))
+
+
+# The named scope under which `rewritten_step` replays op <id>: "toast_lab_op<id>".
+OP_SCOPE = "toast_lab_op"
+
+
+class _Tagged(StepReplay):
+    """The rewrite alone: no sharding constraints, each op replayed under its OP_SCOPE, so
+    that the rewritten program's ops say which op of the step as written each one runs."""
+
+    def _constrained(self, x, spec):
+        return x
+
+    def step(self, env: dict, op) -> None:
+        with jax.named_scope(f"{OP_SCOPE}{op.id}"):
+            super().step(env, op)
+
+
+def rewritten_step(plan):
+    """The plan's step as `plan.step` rewrites it (module docstring), without sharding
+    constraints, as a function of the traced function's arguments: what the cost model traces
+    to price remat and micro-batches. Each op runs under the named scope
+    "toast_lab_op<op id>" (innermost wins for ops nested in a region or a recomputation);
+    ops the rewrite adds (cuts, accumulators, barriers) have none of their own."""
+    program = plan.analysis.program
+    runner = _Tagged(plan, program, None, lambda vid, x: x, frozenset(),
+                     lambda op_id, t, x: x, frozenset(), plan.partition_spec)
+    return as_function(program, runner=runner)
 
 
 def _entries(spec, ndim: int) -> list:

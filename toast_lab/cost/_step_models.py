@@ -1,0 +1,189 @@
+"""The cost of decisions beyond sharding (remat policies, micro-batches): the step as they
+rewrite it, priced by a cost model of its own.
+
+What remat changes is which values live across the backward pass and which forward ops run a
+second time, just before the backward ops that read them; what micro-batches change is a loop
+over slices of the batch, its accumulators, and what each iteration gathers again. The cost
+model already prices programs like these, against XLA, when a user writes them by hand (a
+`jax.checkpoint`, an accumulation scan). So the rewritten step is traced exactly as `plan.jit`
+runs it (`toast_lab.plan.rewritten_step`), analysed, and given a CostModel on the same mesh:
+its estimate is that program's, op by op, with no correction factors.
+
+The sharding carries over by the classes. Each op of the rewritten program replays an op of
+the step as written (its named scope OP_SCOPE<id>), so each dim of its values is a dim of a
+value as written; a rewritten class takes the decisions of the class as written that most of
+its dims come from, and a rewritten conflict the resolution of the conflict its value came
+from. What the rewrite adds without a counterpart (the micro-batch index of the cut inputs)
+stays replicated, as plan.jit leaves it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import jax
+
+from ..analysis import NO_CLASS, analyze
+from ..plan import OP_SCOPE, Plan, rewritten_step
+from ..program import trace
+from ._plan_arrays import axes_mask, plan_arrays
+
+_TAG = re.compile(re.escape(OP_SCOPE) + r"(\d+)")
+
+
+@dataclass(frozen=True, eq=False)
+class RewrittenStep:
+    """The step rewritten by `step`, and how the original plan's decisions map onto it.
+
+    analysis: the rewritten program's Analysis. classes[c]: the rewritten classes that take
+    class c's decisions (c: a class id as written). conflicts[k]: (rewritten conflict id,
+    {resolution index as written: its index there}) pairs for conflict k as written.
+    """
+
+    step: object
+    analysis: object
+    classes: tuple[tuple[int, ...], ...]
+    conflicts: tuple[tuple[tuple[int, dict[int, int]], ...], ...]
+
+    def translate(self, class_masks, resolutions=(), overrides=()):
+        """The (class, mask), (conflict, index) and (class, domain, mask) decisions of a plan
+        as written (plan_arrays' arguments, in rank order) as the rewritten program's."""
+        masks = [(n, m) for c, m in class_masks for n in self.classes[c]]
+        res = [(n, index.get(r, 0)) for k, r in resolutions for n, index in self.conflicts[k]]
+        over = [(n, d, m) for c, d, m in overrides for n in self.classes[c]]
+        return masks, res, over
+
+
+def rewritten(analysis, step) -> RewrittenStep:
+    """The RewrittenStep of `analysis` under StepDecisions `step`, built once per analysis
+    and step (a trace and an analysis of the rewritten step: about a second for GPT-2)."""
+    return analysis.derived(("cost.rewritten", step), lambda: _rewrite(analysis, step))
+
+
+def _rewrite(analysis, step) -> RewrittenStep:
+    prog = analysis.program
+    fn = rewritten_step(Plan(analysis, step=step))
+    args, kwargs = jax.tree_util.tree_unflatten(
+        prog.in_tree, [jax.ShapeDtypeStruct(prog.values[v].shape, prog.values[v].dtype)
+                       for v in prog.inputs])
+    new = analyze(trace(fn, *args, **kwargs))
+    origin = _value_origin(prog, new.program)
+    return RewrittenStep(step, new, _class_map(analysis, new, origin),
+                         _conflict_map(analysis, new, origin))
+
+
+def _value_origin(prog, new_prog) -> dict[int, int]:
+    """{rewritten value: the value as written it is a copy of} (a recomputed value, one
+    micro-batch's slice of a value, a body value of a rewritten scan)."""
+    origin = dict(zip(new_prog.inputs, prog.inputs))
+    for op in new_prog.ops:
+        tags = _TAG.findall(op.name_scope)
+        if not tags:
+            continue
+        was = prog.ops[int(tags[-1])]
+        if was.primitive != op.primitive:  # a helper the rewrite runs inside the op's scope
+            continue
+        pairs = []
+        if len(was.results) == len(op.results):
+            pairs += zip(op.results, was.results)
+        if len(was.body) == len(op.body):
+            pairs += zip(op.body, was.body)
+        for v, w in pairs:
+            if len(new_prog.values[v].shape) == len(prog.values[w].shape):
+                origin.setdefault(v, w)
+    return origin
+
+
+def _class_map(analysis, new, origin) -> tuple[tuple[int, ...], ...]:
+    votes: dict[int, Counter] = {}
+    for v, w in origin.items():
+        for c_new, c_was in zip(new.value_classes[v], analysis.value_classes[w]):
+            if c_new != NO_CLASS and c_was != NO_CLASS:
+                votes.setdefault(c_new, Counter())[c_was] += 1
+    out: list[list[int]] = [[] for _ in analysis.classes]
+    for c_new in sorted(votes):
+        out[votes[c_new].most_common(1)[0][0]].append(c_new)
+    return tuple(tuple(c) for c in out)
+
+
+def _conflict_map(analysis, new, origin):
+    of_value = {v: k for k in analysis.conflicts for v in k.values}
+    out: list[list] = [[] for _ in analysis.conflicts]
+    for k in new.conflicts:
+        was = of_value.get(origin.get(k.site_value, -1))
+        if was is None:
+            was = next((of_value[origin[v]] for v in k.values
+                        if origin.get(v, -1) in of_value), None)
+        if was is None:
+            continue
+        names = k.resolutions
+        index = {i: names.index(r) for i, r in enumerate(was.resolutions) if r in names}
+        out[was.id].append((k.id, index))
+    return tuple(tuple(c) for c in out)
+
+
+class StepCostModel:
+    """A CostModel's estimates for plans with decisions beyond sharding (`Plan.step`): the
+    CostModel of the rewritten step (module docstring), fed the plan as written.
+
+        model.for_step(plan.step).estimate(plan)
+        model.for_step(step).step_and_peak(class_masks, resolutions, overrides)
+    """
+
+    def __init__(self, model, step):
+        from ._model import cost_model
+
+        self.step = step
+        self.rewrite = rewritten(model.analysis, step)
+        self.model = cost_model(self.rewrite.analysis, model.mesh, model.donate,
+                                model.overlap)
+        self._sizes = [c.size for c in self.rewrite.analysis.classes]
+        self._devices = {}
+
+    def arrays(self, class_masks, resolutions=(), overrides=()):
+        """The rewritten program's PlanArrays, or None where the plan splits a class of the
+        rewritten step over devices that do not divide it (a micro-batch of 2 examples over
+        4 data-parallel devices)."""
+        masks, res, over = self.rewrite.translate(class_masks, resolutions, overrides)
+        for c, m in [(c, m) for c, m in masks] + [(c, m) for c, _, m in over]:
+            if m and self._sizes[c] % self._ways(m):
+                return None
+        return plan_arrays(self.rewrite.analysis, masks, res, over)
+
+    def _ways(self, mask: int) -> int:
+        ways = self._devices.get(mask)
+        if ways is None:
+            ways = 1
+            for i, a in enumerate(self.model.mesh.axis_names):
+                if (mask >> i) & 1:
+                    ways *= self.model.mesh.axis_size(a)
+            self._devices[mask] = ways
+        return ways
+
+    def step_and_peak(self, class_masks, resolutions=(), overrides=()) -> tuple[float, float]:
+        """(step time s, peak bytes) of the plan as written under this step's decisions;
+        (inf, inf) where the plan cannot run the rewritten step (see `arrays`)."""
+        arrays = self.arrays(class_masks, resolutions, overrides)
+        if arrays is None:
+            return math.inf, math.inf
+        return self.model.step_and_peak(*arrays)
+
+    def estimate(self, plan):
+        """The Estimate of `plan` (a plan of the analysis as written) with this step's
+        decisions."""
+        model, an = self.model, plan.analysis
+        bits = model.axis_bit
+        masks = [(k, axes_mask(bits, axes)) for k, axes in plan.assignments]
+        res = [(c.id, list(c.resolutions).index(plan.resolution_of(c))) for c in an.conflicts]
+        over = [(k, d, axes_mask(bits, axes)) for k, d, axes in plan.overrides]
+        arrays = self.arrays(masks, res, over)
+        if arrays is None:
+            raise ValueError(
+                f"{plan.step}: the plan shards a class of the rewritten step over devices "
+                f"that do not divide it (each micro-batch's examples must divide over the "
+                f"batch's mesh axes); use fewer micro-batches or shard the batch less")
+        return model.evaluate(*arrays)
+
