@@ -13,6 +13,13 @@ count (Chowdhery et al. 2022, appendix B): 6 N + 12 L H Q T per token, N the par
 layers, H heads, Q head size, T sequence length (recomputation not counted).
 --search S also runs tl.search for S seconds around the recipe's batch sharding and reports
 its plan's step time under the same model.
+
+--without-remat S traces each recipe as a user first writes it, without jax.checkpoint, and
+runs tl.search on it for S seconds (the recipe's batch sharding pinned): the search decides
+remat per layer group and micro-batches along with the sharding. The table gives its plan's
+decisions beyond sharding, its estimate, whether it fits, and its step time over the
+recipe's own (published remat and sharding); the search should fit every recipe, within
+1.10x of the recipe's step.
 """
 
 from __future__ import annotations
@@ -117,8 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--search", type=float, default=0.0)
+    parser.add_argument("--without-remat", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
     rows = [r for r in RECIPES if not args.only or r.name in args.only]
+    if args.without_remat:
+        return without_remat(rows, args.without_remat)
     print("| recipe | devices | device | parallelism | step (s) | compute (s) | exposed comm (s) | "
           "comm by axis (s) | MFU | peak / device (GiB) | fits |"
           + (" search step (s) |" if args.search else ""))
@@ -127,8 +137,7 @@ def main() -> None:
         fn, fargs = tl.zoo.get(r.model, **r.config)
         cfg = fn.config
         an = tl.analyze(tl.trace(fn, *fargs))
-        dcn = tl.get_device(r.device).inter_node
-        mesh = tl.Mesh(r.mesh, device=r.device, links={a: dcn for a in r.across_slices})
+        mesh = _mesh(r)
         plan = tl.Plan.from_decisions(an, r.plan)
         est = tl.estimate(an, plan, mesh)
         peak = mesh.device.peak_flops["bfloat16"]
@@ -159,6 +168,40 @@ def main() -> None:
         for m, n, k in shapes:
             row.append(f"{_efficiency(spec, m, n, k):.2f}")
         print(f"| {device} | " + " | ".join(row) + " |")
+
+
+def _mesh(r: Recipe):
+    dcn = tl.get_device(r.device).inter_node
+    return tl.Mesh(r.mesh, device=r.device, links={a: dcn for a in r.across_slices})
+
+
+def without_remat(rows, budget_s: float) -> None:
+    """The --without-remat table (module docstring)."""
+    print("| recipe | recipe step (s) | recipe peak (GiB) | as written: smallest expert peak "
+          "(GiB) | search: remat, micro-batches | step (s) | peak (GiB) | fits | step / "
+          "recipe's |")
+    print("|---|---:|---:|---:|---|---:|---:|---|---:|")
+    for r in rows:
+        mesh = _mesh(r)
+        fn, fargs = tl.zoo.get(r.model, **r.config)
+        an = tl.analyze(tl.trace(fn, *fargs))
+        recipe = tl.estimate(an, tl.Plan.from_decisions(an, r.plan), mesh)
+        bare_fn, bare_args = tl.zoo.get(r.model, **{**r.config, "remat": False})
+        bare = tl.analyze(tl.trace(bare_fn, *bare_args))
+        model = tl.cost_model(bare, mesh)
+        smallest = min(model.estimate(p).peak_memory_bytes
+                       for p in tl.strategies.expert(bare, mesh).values())
+        pins = {"batch": tuple(r.plan["batch"])}
+        t0 = time.perf_counter()
+        res = tl.search(bare, mesh, pins=pins, budget_s=budget_s, seed=0)
+        took = time.perf_counter() - t0
+        plan, est = (res.plan, res.estimate) if res.feasible else (res.closest,
+                                                                   res.closest_estimate)
+        step = ", ".join(f"{k}={v}" for k, v in plan.step.names().items()) or "as written"
+        print(f"| {r.name} | {recipe.step_time_s:.3f} | {recipe.peak_memory_bytes / 2**30:.1f} "
+              f"| {smallest / 2**30:.1f} | {step} | {est.step_time_s:.3f} "
+              f"| {est.peak_memory_bytes / 2**30:.1f} | {'yes' if res.feasible else 'NO'} "
+              f"| {est.step_time_s / recipe.step_time_s:.2f} ({took:.0f} s) |", flush=True)
 
 
 def _efficiency(spec, m, n, k) -> float:

@@ -167,7 +167,8 @@ def _schedule(schedule, pm: PositionMap, reads, schedule_reads):
     return schedule._replace(
         op_type=_at_compressed(schedule.op_type, pm), ready=ready_c, ready_first=ready_first,
         deadline=_at_compressed(deadline, pm), body_first=body_first,
-        body_last_trip=trip, event=event, body_is_run=is_run, read_slot=slot[order],
+        body_last_trip=trip, nested=_at_compressed(schedule.nested, pm), event=event,
+        body_is_run=is_run, read_slot=slot[order],
         read_at=position[order])
 
 

@@ -48,7 +48,7 @@ from ._plan_arrays import (PlanArrays, as_plan_arrays, axes_mask, live_axis_bits
                            split_classes)
 from ._schedule_tables import schedule_tables
 from ._static import static_tables
-from ._step_models import StepCostModel
+from ._step_models import StepCostModel, rewritten
 from ._timeline import MemoryTimeline, memory_timeline
 from ._types import build_types
 
@@ -180,8 +180,13 @@ class CostModel:
     def for_step(self, step) -> "StepCostModel":
         """The estimates of plans with StepDecisions `step` (remat policies, micro-batches):
         the rewritten step's own cost model (_step_models.py), built once per step."""
+        def build():
+            rewrite = rewritten(self.analysis, step)
+            return StepCostModel(rewrite, cost_model(rewrite.analysis, self.mesh, self.donate,
+                                                     self.overlap))
+
         return self.analysis.derived(("cost.step", self.mesh, self.donate, self.overlap, step),
-                                     lambda: StepCostModel(self, step))
+                                     build)
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""

@@ -18,6 +18,7 @@ def schedule_tables(st, ty) -> ScheduleTables:
     return ScheduleTables(op_type=ty.op_type, ready=passes.ready, ready_first=passes.ready,
                           deadline=passes.deadline,
                           body_first=passes.body_first, body_last_trip=passes.body_last_trip,
+                          nested=passes.nested.astype(np.float64),
                           event=event, body_is_run=np.zeros(len(event), bool),
                           read_slot=order,
                           read_at=reads["position"][order].astype(np.int64))

@@ -133,13 +133,11 @@ class StepCostModel:
         model.for_step(step).step_and_peak(class_masks, resolutions, overrides)
     """
 
-    def __init__(self, model, step):
-        from ._model import cost_model
-
-        self.step = step
-        self.rewrite = rewritten(model.analysis, step)
-        self.model = cost_model(self.rewrite.analysis, model.mesh, model.donate,
-                                model.overlap)
+    def __init__(self, rewrite: RewrittenStep, model):
+        """rewrite: the RewrittenStep; model: the CostModel of its analysis."""
+        self.step = rewrite.step
+        self.rewrite = rewrite
+        self.model = model
         self._sizes = [c.size for c in self.rewrite.analysis.classes]
         self._devices = {}
 

@@ -211,6 +211,7 @@ class ScheduleTables(NamedTuple):
     deadline: np.ndarray        # [N] the first op reading a result (N: an output, none)
     body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
     body_last_trip: np.ndarray  # [N] the loop's trip count at the last op of its body
+    nested: np.ndarray          # [N] its runs per trip of its top-level loop (1: once)
     event: np.ndarray           # [N] bool: a loop's first or last op, or a shared read's op
     # [N] bool, at a loop body's last op: the body is a run of repeated blocks (_repeats.py),
     # whose last copy's results later ops read (_kernel/_schedule.py)

@@ -40,6 +40,9 @@ class PassAnalyses:
     deadline: np.ndarray        # [N] int: the first op reading a result (N: none, an output)
     body_first: np.ndarray      # [N] bool: the first op of a top-level loop body
     body_last_trip: np.ndarray  # [N]: the trip count at the last op of a top-level loop body
+    # [N]: how often an op runs per trip of its top-level loop (a loop nested in the body runs
+    # its ops that many times each trip: a layer scan inside a micro-batch loop); 1 elsewhere
+    nested: np.ndarray
     # [V] the outermost loop (a scan op) each value is the same across every iteration of, a
     # loop-invariant input of its body (-1: none), and the value outside that loop it is
     invariant_loop: np.ndarray
@@ -60,13 +63,13 @@ def pass_analyses(prog, reducers: set) -> PassAnalyses:
     all-reduces (a sharded contraction's)."""
     attention_inside, kernel_own, kernel, flop_scale = attention_kernels(prog)
     sum_leader = _sum_leaders(prog, reducers)
-    early, ready, deadline, body_first, body_last_trip = _schedule(prog, sum_leader)
+    early, ready, deadline, body_first, body_last_trip, nested = _schedule(prog, sum_leader)
     invariant_loop, invariant_source, outside_buffer = _loop_invariants(prog)
     return PassAnalyses(
         fused=fused_values(prog), attention_inside=attention_inside, kernel=kernel,
         kernel_own=kernel_own, flop_scale=flop_scale, sum_leader=sum_leader, early=early,
         ready=ready, deadline=deadline, body_first=body_first, body_last_trip=body_last_trip,
-        invariant_loop=invariant_loop, invariant_source=invariant_source,
+        nested=nested, invariant_loop=invariant_loop, invariant_source=invariant_source,
         outside_buffer=outside_buffer, held_like=_held_like(prog))
 
 
@@ -163,7 +166,7 @@ def early_values(prog) -> np.ndarray:
 
 def _schedule(prog, sum_leader) -> tuple:
     """What the overlap of collectives with compute needs to know of program order: (early,
-    ready, deadline, body_first, body_last_trip) of PassAnalyses."""
+    ready, deadline, body_first, body_last_trip, nested) of PassAnalyses."""
     values, ops = prog.values, prog.ops
     N = len(ops)
     early = early_values(prog)
@@ -182,11 +185,15 @@ def _schedule(prog, sum_leader) -> tuple:
             deadline[op.id] = min(readers)
     body_first = np.zeros(N, bool)
     body_last_trip = np.zeros(N)
+    nested = np.ones(N)
     for op in ops:
         if op.body and op.region == NO_OP and op.body_ops[1] > op.body_ops[0]:
-            body_first[op.body_ops[0]] = True
-            body_last_trip[op.body_ops[1] - 1] = float(ops[op.body_ops[0]].trip_count)
-    return early, ready, deadline, body_first, body_last_trip
+            first, stop = op.body_ops
+            body_first[first] = True
+            trip = float(ops[first].trip_count)
+            body_last_trip[stop - 1] = trip
+            nested[first:stop] = [ops[m].trip_count / trip for m in range(first, stop)]
+    return early, ready, deadline, body_first, body_last_trip, nested
 
 
 def _loop_invariants(prog) -> tuple:

@@ -88,6 +88,10 @@ class _LockedModel:
         with self._lock:
             return self._model.estimate(plan)
 
+    def for_step(self, step):
+        with self._lock:
+            return _LockedModel(self._model.for_step(step), self._lock)
+
     def __getattr__(self, name):
         return getattr(self._model, name)
 

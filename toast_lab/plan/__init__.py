@@ -23,7 +23,7 @@
   which errors quote what a user gave).
 """
 
-from ._decisions import MICRO_BATCHES, REMAT_POLICIES, StepDecisions
+from ._decisions import MICRO_BATCHES, REMAT_POLICIES, REMAT_PREFIX, StepDecisions
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._files import ExistingFileError, replace_refusal, write_file
@@ -41,5 +41,6 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "donated_arguments", "format_bytes", "PlanDisplay", "register_display", "PLAN_MIME",
            "ExistingFileError", "write_file", "replace_refusal", "write_plan_file", "is_plan_file",
            "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo", "StepDecisions",
-           "REMAT_POLICIES", "MICRO_BATCHES", "remat_rewrite", "RematRewrite", "UnitRemat",
+           "REMAT_POLICIES", "REMAT_PREFIX", "MICRO_BATCHES", "remat_rewrite", "RematRewrite",
+           "UnitRemat",
            "ScanRemat", "rewritten_step", "OP_SCOPE"]

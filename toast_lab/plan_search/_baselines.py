@@ -48,7 +48,7 @@ def exhaustive(analysis, mesh, pins: Mapping | None = None, memory_cap: float | 
     for choices in enumerate_choices(space):
         if stop is not None and stop.is_set():
             break
-        step, peak = model.step_and_peak(*space.arrays(choices))
+        step, peak = space.price(model, choices)
         tracker.record(choices, step, peak)
     return tracker.result(space.size)
 
@@ -65,7 +65,7 @@ def random_search(analysis, mesh, pins: Mapping | None = None, budget_s: float |
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
     choices = np.zeros(n, np.int64)
-    model.step_and_peak(*space.arrays(np.where(space.pinned >= 0, space.pinned, 0)))  # compile
+    space.price(model, np.where(space.pinned >= 0, space.pinned, 0))  # compile
     tracker = Tracker(space, model, cap, callback, 0.1, "random")
     while budget_left(tracker, budget_s, simulations, stop):
         for pos, d in enumerate(space.decisions):
@@ -75,6 +75,6 @@ def random_search(analysis, mesh, pins: Mapping | None = None, budget_s: float |
                 choices[pos] = 0
             else:
                 choices[pos] = rng.integers(len(d.choices))
-        step, peak = model.step_and_peak(*space.arrays(choices))
+        step, peak = space.price(model, choices)
         tracker.record(choices, step, peak)
     return tracker.result(space.size)

@@ -24,6 +24,8 @@ INFEASIBLE_PENALTY = 10.0
 
 
 def reward(step_s: float, peak_bytes: float, cap_bytes: float, ref_step_s: float) -> float:
+    if not math.isfinite(step_s):  # a plan the rewritten step cannot run (_space.price)
+        return -3.0 * INFEASIBLE_PENALTY
     # a step of no work (a function returning its input) takes no time under any plan
     r = math.log(ref_step_s / step_s) if step_s > 0 and ref_step_s > 0 else 0.0
     if peak_bytes > cap_bytes:
@@ -64,18 +66,18 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     n = len(space.decisions)
     reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)
     # The first evaluation compiles the kernel (seconds on a fresh install): before the clock.
-    ref_step, ref_peak = model.step_and_peak(*space.arrays(reference))
+    ref_step, ref_peak = space.price(model, reference)
     incumbent, start = reference, (ref_step, ref_peak)
     best_reward = reward(ref_step, ref_peak, cap, ref_step)
     for plan in warm:  # each in its own rank order; the best one's becomes the space's
         ordered = space.reordered(plan_order(plan))
         ch = np.where(space.pinned >= 0, space.pinned, ordered.choices_of(plan))
-        step, peak = model.step_and_peak(*ordered.arrays(ch))
+        step, peak = ordered.price(model, ch)
         r = reward(step, peak, cap, ref_step)
         if r > best_reward:
             best_reward, incumbent, start, space = r, ch, (step, peak), ordered
     tracker = Tracker(space, model, cap, callback, callback_every_s, "mcts")
-    tracker.record(reference, *model.step_and_peak(*space.arrays(reference)))
+    tracker.record(reference, *space.price(model, reference))
     if incumbent is not reference:  # never an empty answer, never worse than the best start
         tracker.record(incumbent, *start)
     if n == 0:
@@ -85,7 +87,7 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     choices = np.zeros(n, np.int64)
 
     def evaluate(ch) -> float:
-        step, peak = model.step_and_peak(*space.arrays(ch))
+        step, peak = space.price(model, ch)
         tracker.record(ch, step, peak)
         r = reward(step, peak, cap, ref_step)
         stats["min"], stats["max"] = min(stats["min"], r), max(stats["max"], r)

@@ -15,6 +15,12 @@ offers them for the `override_classes` classes with the most bytes in each of th
 differ; the exhaustive and random baselines, none), plus any named in `overrides` (the search
 names those of the plans it starts from) or pinned. They come right after their class.
 
+Decisions beyond sharding (kind STEP) come first in the tree, as they change the most: a remat
+policy per repeated layer group (`Analysis.layer_groups` of kind "layers" or "scanned"; a
+scanned stack the user checkpoints keeps its own policy) and the micro-batch count (the legal
+ones up to MAX_MICRO_BATCHES). A plan with any of them is priced by the cost model of the
+step they rewrite (`CostModel.for_step`; `price`).
+
 Two orders: the *tree order* of the decisions (by bytes at stake, what MCTS decides first) and
 the *rank order* of the classes (which class keeps a mesh axis two classes of one value want,
 Plan's first-decision-wins). The rank order is the tree order unless `order` says otherwise:
@@ -27,17 +33,21 @@ the batch before the weights' embed for FSDP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, domains
+from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, SCANNED, SCOPE, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
-from ..plan import Plan, PlanError
+from ..plan import (MICRO_BATCHES, REMAT_POLICIES, REMAT_PREFIX, Plan, PlanError,
+                    StepDecisions)
 from ..plan import override_name
 
-CLASS, CONFLICT, OVERRIDE = "class", "conflict", "override"
+CLASS, CONFLICT, OVERRIDE, STEP = "class", "conflict", "override", "step"
+# The most micro-batches the search offers: past 8 the loop's per-iteration weight gathers and
+# launch latency outweigh the activations they save on every step we have measured.
+MAX_MICRO_BATCHES = 8
 # Override decisions the search offers per domain without being asked for: the classes with
 # the most bytes there.
 OVERRIDE_CLASSES = 1
@@ -46,11 +56,12 @@ INHERIT = None  # an override decision's choice 0: the class's own axes
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str                    # CLASS, CONFLICT or OVERRIDE
-    index: int                   # class id (CLASS, OVERRIDE) or conflict id
+    kind: str                    # CLASS, CONFLICT, OVERRIDE or STEP
+    index: int                   # class id (CLASS, OVERRIDE) or conflict id; STEP: 0
     name: str                    # OVERRIDE: "<class>@<domain>"
     choices: tuple               # CLASS: tuples of axis names; CONFLICT: resolution names;
-                                 # OVERRIDE: INHERIT, then tuples of axis names
+                                 # OVERRIDE: INHERIT, then tuples of axis names;
+                                 # STEP: remat policies, or micro-batch counts
     masks: tuple[int, ...] = ()  # CLASS, OVERRIDE: the bit mask of each choice (-1: INHERIT)
     pinned: int = -1             # the pinned choice, or -1
     parent: int = -1             # CONFLICT, OVERRIDE: the position of its class's decision
@@ -62,7 +73,7 @@ class Decision:
             return "as its class"
         if self.kind in (CLASS, OVERRIDE):
             return "replicated" if not c else "x".join(c)
-        return c
+        return str(c)
 
 
 class Space:
@@ -112,7 +123,7 @@ class Space:
         conflicts_of: dict[int, list] = {}
         for c in analysis.conflicts:
             conflicts_of.setdefault(c.class_id, []).append(c)
-        decisions: list[Decision] = []
+        decisions: list[Decision] = list(_step_decisions(analysis, pins))
         for cls in sorted(analysis.classes, key=lambda c: (-c.bytes, c.id)):
             options = divisible(cls)
             choices = [()] + [axes for axes, _ in options]
@@ -182,6 +193,7 @@ class Space:
         self._rank_positions = tuple(classes)
         self._overrides = tuple(p for p, d in enumerate(self.decisions) if d.kind == OVERRIDE)
         self._conflicts = tuple(p for p, d in enumerate(self.decisions) if d.kind == CONFLICT)
+        self._steps = tuple(p for p, d in enumerate(self.decisions) if d.kind == STEP)
 
     def reordered(self, order: Sequence[int] | None) -> "Space":
         """The same decisions with another rank order (class ids, see the module docstring)."""
@@ -199,6 +211,7 @@ class Space:
         an = self.analysis
         known = {c.name for c in an.classes} | {c.name for c in an.conflicts}
         known |= {f"{c.name}@{d}" for c in an.classes for d in (PARAMETERS, OPTIMIZER)}
+        known |= {d.name for d in _step_decisions(an, {})}
         unknown = [p for p in pins if p not in known]
         if unknown:
             raise PlanError(f"pins name no class, conflict or override (<class>@parameters, "
@@ -222,14 +235,39 @@ class Space:
         return d.kind == CONFLICT and choices[d.parent] == 0
 
     def arrays(self, choices) -> PlanArrays:
-        """(split-class masks, ranks, conflict resolutions) for the cost model's kernel."""
+        """(split-class masks, ranks, conflict resolutions) for the cost model's kernel (of
+        the step as written: see `price` for the decisions beyond sharding)."""
+        return plan_arrays(self.analysis, *self.decision_lists(choices))
+
+    def decision_lists(self, choices):
+        """plan_arrays' arguments: (class, mask) in rank order, (conflict, resolution index),
+        (class, domain, mask) overrides."""
         decisions = self.decisions
-        return plan_arrays(
-            self.analysis,
-            [(decisions[p].index, decisions[p].masks[choices[p]]) for p in self._rank_positions],
-            [(decisions[p].index, choices[p]) for p in self._conflicts],
-            [(decisions[p].index, decisions[p].domain, decisions[p].masks[choices[p]])
-             for p in self._overrides if choices[p]])
+        return ([(decisions[p].index, decisions[p].masks[choices[p]])
+                 for p in self._rank_positions],
+                [(decisions[p].index, choices[p]) for p in self._conflicts],
+                [(decisions[p].index, decisions[p].domain, decisions[p].masks[choices[p]])
+                 for p in self._overrides if choices[p]])
+
+    def step_of(self, choices) -> StepDecisions:
+        """The decisions beyond sharding that `choices` take."""
+        step = StepDecisions()
+        for p in self._steps:
+            d = self.decisions[p]
+            value = d.choices[choices[p]]
+            if d.name == MICRO_BATCHES:
+                step = step.with_micro_batches(value)
+            else:
+                step = step.with_remat(d.name[len(REMAT_PREFIX):], value)
+        return step
+
+    def price(self, model, choices) -> tuple[float, float]:
+        """(step time s, peak bytes) of `choices` under `model` (a CostModel of the space's
+        analysis and mesh); (inf, inf) for a plan the rewritten step cannot run."""
+        step = self.step_of(choices)
+        if step.is_default:
+            return model.step_and_peak(*self.arrays(choices))
+        return model.for_step(step).step_and_peak(*self.decision_lists(choices))
 
     def plan(self, choices) -> Plan:
         plan = Plan.replicated(self.analysis, self.mesh)
@@ -248,6 +286,7 @@ class Space:
             d = self.decisions[p]
             if choices[d.parent]:
                 plan = plan.with_resolution(d.index, d.choices[choices[p]])
+        plan = replace(plan, step=self.step_of(choices))
         pinned = [d.name for d in self.decisions if d.pinned >= 0]
         return plan.pin(*pinned) if pinned else plan
 
@@ -261,6 +300,10 @@ class Space:
             if d.kind == CLASS:
                 m = sum(bit[a] for a in plan.axes_of(d.index))
                 out[pos] = d.masks.index(m) if m in d.masks else 0
+            elif d.kind == STEP:
+                value = (plan.step.micro_batches if d.name == MICRO_BATCHES
+                         else plan.step.policy_of(d.name[len(REMAT_PREFIX):]))
+                out[pos] = d.choices.index(value) if value in d.choices else 0
             elif d.kind == OVERRIDE:
                 if d.name in own:
                     m = sum(bit[a] for a in own[d.name])
@@ -268,6 +311,29 @@ class Space:
             else:
                 out[pos] = d.choices.index(plan.resolution_of(d.index))
         return out
+
+
+def _step_decisions(an, pins: Mapping) -> list[Decision]:
+    """The STEP decisions of an analysis (module docstring), with their pins."""
+    out = []
+    for g in an.layer_groups:
+        if g.kind == SCOPE or g.kind == SCANNED and g.checkpointed:
+            continue
+        out.append(_step_decision(f"{REMAT_PREFIX}{g.name}", REMAT_POLICIES, pins))
+    mb = an.micro_batching
+    counts = tuple(k for k in mb.counts if k <= MAX_MICRO_BATCHES) if mb.legal else (1,)
+    if len(counts) > 1 or MICRO_BATCHES in pins:
+        out.append(_step_decision(MICRO_BATCHES, counts, pins))
+    return out
+
+
+def _step_decision(name: str, choices: tuple, pins: Mapping) -> Decision:
+    pinned = -1
+    if name in pins:
+        if pins[name] not in choices:
+            raise PlanError(f"pin {name}={pins[name]!r}: choose one of {list(choices)}")
+        pinned = choices.index(pins[name])
+    return Decision(STEP, 0, name, tuple(choices), pinned=pinned)
 
 
 def plan_order(plan: Plan) -> tuple[int, ...]:

@@ -58,10 +58,14 @@ class SearchResult:
                     f"{self.estimate.step_time_s * 1e3:.3f} ms/step, peak "
                     f"{format_bytes(self.estimate.peak_memory_bytes)}")
         peak = self.closest_estimate.peak_memory_bytes if self.closest_estimate else float("nan")
+        step = self.closest.step if self.closest is not None else None
+        how = (f", with {', '.join(f'{k}={v}' for k, v in step.names().items())}"
+               if step is not None and not step.is_default else "")
         return (f"no plan fits the memory cap of {format_bytes(self.memory_cap_bytes)} (per "
-                f"device) after {self.simulations} plans; the smallest peak reached is "
-                f"{format_bytes(peak)}, by {self.closest!r}. Use more devices, a larger memory "
-                f"cap, rematerialization or a smaller batch.")
+                f"device) after {self.simulations} plans, remat policies and micro-batch "
+                f"counts among them where the step allows them; the smallest peak reached is "
+                f"{format_bytes(peak)}, by {self.closest!r}{how}. Use more devices, a larger "
+                f"memory cap or a smaller batch.")
 
     def __repr__(self) -> str:
         return f"SearchResult({self.plan!r}; {self.message})"

@@ -23,6 +23,8 @@ def schedule(sched, ops, reads, ws):
     - An op waits for its operands' reshards; a reduction of partial sums (a gradient's
       reduce-scatter or all-reduce) starts after its op and is waited for only by the first
       op reading the result (the optimizer, for a gradient), so later compute hides it.
+    - An op of a loop nested in a loop body runs `nested` times per walk of the body: its
+      compute and its collectives count that many times (one after the other).
     - A loop body is walked twice: the first iteration, then one in the steady state (whose
       prefetches overlap the iteration before), which stands for the remaining ones. So is a
       run of repeated blocks (_repeats.py: one block per layer), whose first walk reads what
@@ -52,8 +54,9 @@ def schedule(sched, ops, reads, ws):
         if wait[n] > clock:
             clock = wait[n]
         p = op_type[n]
+        scale = sched.nested[n]
         if not (pstate[p].busy or event[n]):  # nothing to do but run the op
-            clock += pstate[p].run
+            clock += pstate[p].run * scale
             finish[n] = clock
             n += 1
             continue
@@ -71,8 +74,8 @@ def schedule(sched, ops, reads, ws):
                 late += read_time[read_slot[k]]
             k += 1
         r = ready_first[n] if walks == 0 else ready[n]
-        clock, stream = _step(n, pstate[p], clock, stream, early, late, r, deadline[n], finish,
-                              wait)
+        clock, stream = _step(n, pstate[p], scale, clock, stream, early * scale, late * scale,
+                              r, deadline[n], finish, wait)
         trip = body_last_trip[n]
         if trip > 1.0:
             walks += 1
@@ -106,8 +109,8 @@ def _op_runs(sched, ops, ws):
 
 
 @inline
-def _step(n, ps, clock, stream, early, late, r, d, finish, wait):
-    """One op (its OP_STATE `ps`) with reshards of its own or of shared reads before it
+def _step(n, ps, scale, clock, stream, early, late, r, d, finish, wait):
+    """One op (its OP_STATE `ps`, run `scale` times) with reshards of its own or of shared reads before it
     (early: prefetchable; late: of values computed, the last made at position r), and the
     reduction of its partial sums after it, first waited for at position d: (clock, stream)
     after it."""
@@ -118,10 +121,10 @@ def _step(n, ps, clock, stream, early, late, r, d, finish, wait):
     if late > 0.0:
         stream = max(stream, finish[r] if r >= 0 else 0.0) + late
         start = max(start, stream)
-    clock = start + ps.run
+    clock = start + ps.run * scale
     finish[n] = clock
     if ps.post > 0.0:
-        stream = max(stream, clock) + ps.post
+        stream = max(stream, clock) + ps.post * scale
         if stream > wait[d]:
             wait[d] = stream
     return clock, stream

@@ -1,0 +1,131 @@
+"""The cost of decisions beyond sharding: remat policies and micro-batches priced on the step
+as plan.jit rewrites it (cost/_step_models.py), checked against what XLA compiles; and the
+search taking them, so that a step written without remat gets a plan that fits."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import pytest
+
+import toast_lab as tl
+from toast_lab.verification import FAST_COMPILE, read_compiled
+
+MESH = tl.Mesh({"data": 2, "model": 4}, device="cpu")
+SHAPE = dict(layers=2, batch=16, seq=64)
+
+
+@functools.cache
+def analysed(name: str = "gpt_scan"):
+    fn, args = tl.zoo.get(name, **SHAPE)
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def _layers(an) -> str:
+    (group,) = [g.name for g in an.layer_groups if g.kind != "scope"]
+    return group
+
+
+def _plan(an, policy="everything", count=1, strategy="fsdp+tp"):
+    plan = tl.strategies.expert(an, MESH)[strategy].with_remat(_layers(an), policy)
+    return plan.with_micro_batches(count) if count > 1 else plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, count", [("everything", 2), ("dots_with_no_batch_dims", 1),
+                                           ("full", 1), ("full", 4)])
+def test_remat_and_micro_batches_are_priced_as_xla_compiles_them(policy, count):
+    """Peak memory within 20% and flops (loop bodies once, as XLA counts them) within 10% of
+    XLA's compile of plan.jit's rewritten step."""
+    fn, args, an = analysed()
+    plan = _plan(an, policy, count)
+    est = tl.cost_model(an, MESH).estimate(plan)
+    jax_mesh = MESH.jax_mesh(jax.devices()[:MESH.size])
+    xla = read_compiled(plan.jit(fn, jax_mesh, compiler_options=FAST_COMPILE)
+                        .lower(*args).compile(), jax_mesh)
+    assert est.peak_memory_bytes == pytest.approx(xla.peak_bytes, rel=0.20)
+    assert est.flops_loop_bodies_once == pytest.approx(xla.flops, rel=0.10)
+
+
+def test_recomputing_costs_flops_and_saves_memory():
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    kept, dots, full = (model.estimate(_plan(an, p))
+                        for p in ("everything", "dots_with_no_batch_dims", "full"))
+    assert kept.flops < dots.flops < full.flops  # the forward pass again, less what is kept
+    assert full.peak_memory_bytes < 0.6 * kept.peak_memory_bytes
+    assert dots.peak_memory_bytes < 0.6 * kept.peak_memory_bytes
+
+
+def test_micro_batches_divide_the_activations_and_gather_the_weights_each_time():
+    """Under FSDP each micro-batch gathers the weights again: more communication, the same
+    flops, less memory."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    one, four = model.estimate(_plan(an)), model.estimate(_plan(an, count=4))
+    assert four.peak_memory_bytes < 0.6 * one.peak_memory_bytes
+    assert four.flops == pytest.approx(one.flops, rel=0.02)
+    gathers = [sum(c.count for (kind, _), c in e.collectives.items() if kind == "all-gather")
+               for e in (one, four)]
+    assert gathers[1] > 2 * gathers[0]
+
+
+def test_the_plans_classes_carry_over_to_the_rewritten_step():
+    """Every class the plan shards reaches the rewritten step; a replicated plan stays free of
+    collectives there, and the sharded one pays on the axes it uses."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    step = _plan(an, "full", 2).step
+    rewrite = model.for_step(step).rewrite
+    plan = _plan(an)
+    for k, axes in plan.assignments:
+        assert axes == () or rewrite.classes[k], an.classes[k].name
+    replicated = model.estimate(tl.Plan.replicated(an).with_micro_batches(2))
+    assert replicated.collectives == {}
+    sharded = model.estimate(_plan(an, "full", 2))
+    axes = {a for (_, over), _ in sharded.collectives.items() for a in over}
+    assert axes == {"data", "model"}
+
+
+def test_micro_batches_whose_examples_do_not_divide_over_the_batch_devices_are_refused():
+    """16 examples over 8 devices (the batch on data x model) in 4 micro-batches leave 4
+    per micro-batch: the search sees no price, an estimate says why."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    batch = an.micro_batching.batch
+    plan = tl.Plan.replicated(an).with_axes(batch, ("data", "model")).with_micro_batches(4)
+    step = model.for_step(plan.step)
+    masks = [(an.class_named(batch).id, 0b11)]
+    assert step.step_and_peak(masks) == (float("inf"), float("inf"))
+    with pytest.raises(ValueError, match="micro-batch"):
+        model.estimate(plan)
+
+
+def test_the_search_makes_a_step_written_without_remat_fit():
+    """A memory cap under every expert plan's peak as written: the search finds a plan that
+    fits by recomputing or micro-batching, and says so in the plan."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    smallest = min(model.estimate(p).peak_memory_bytes
+                   for p in tl.strategies.expert(an, MESH).values())
+    cap = 0.6 * smallest
+    result = tl.search(an, MESH, simulations=400, memory_cap=cap, seed=0)
+    assert result.feasible, result.message
+    assert not result.plan.step.is_default
+    assert result.estimate.peak_memory_bytes <= cap
+    assert model.estimate(result.plan) == result.estimate
+
+
+def test_pinned_step_decisions_hold_and_no_plan_fits_names_the_closest():
+    _, _, an = analysed()
+    group = _layers(an)
+    pins = {f"remat@{group}": "everything", "micro_batches": 1}
+    held = tl.search(an, MESH, simulations=150, pins=pins, seed=0)
+    assert held.plan.step.is_default
+    tiny = tl.search(an, MESH, simulations=150, memory_cap=2**16, seed=0)
+    assert not tiny.feasible
+    assert "remat policies and micro-batch counts" in tiny.message
+    assert f"remat@{group}=" in tiny.message or "micro_batches=" in tiny.message
+    with pytest.raises(tl.PlanError, match="choose one of"):
+        tl.search(an, MESH, simulations=10, pins={f"remat@{group}": "most"})
