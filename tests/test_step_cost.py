@@ -129,3 +129,25 @@ def test_pinned_step_decisions_hold_and_no_plan_fits_names_the_closest():
     assert f"remat@{group}=" in tiny.message or "micro_batches=" in tiny.message
     with pytest.raises(tl.PlanError, match="choose one of"):
         tl.search(an, MESH, simulations=10, pins={f"remat@{group}": "most"})
+
+
+def test_the_lab_session_pins_step_decisions_prices_them_and_searches_around_them():
+    """A pinned remat policy changes the session's estimate as tl.estimate does, the class
+    choices are priced with it, and a search keeps it."""
+    from toast_lab.lab import Session
+
+    _, _, an = analysed()
+    group = _layers(an)
+    session = Session(an, MESH, _plan(an))
+    before = session.estimate
+    plan = session.pin(f"remat@{group}", "full")
+    assert plan.step.policy_of(group) == "full" and f"remat@{group}" in plan.pinned
+    after = session.estimate
+    assert after == tl.cost_model(an, MESH).estimate(plan)
+    assert after.peak_memory_bytes < before.peak_memory_bytes and after.flops > before.flops
+    with pytest.raises(tl.lab.PinError, match="remat policy 'most'"):
+        session.pin(f"remat@{group}", "most")
+    session.search(budget_s=None, simulations=60, background=False)
+    assert session.plan.step.policy_of(group) == "full"
+    session.unpin(f"remat@{group}")
+    assert f"remat@{group}" not in session.plan.pinned

@@ -266,7 +266,8 @@ def test_diff_shows_the_step_decisions_that_differ():
     assert "remat@block*: everything → full" in d.to_text()
     assert d.to_dict()["steps"][1] == {"name": "micro_batches", "before": 1, "after": 4}
     priced = tl.diff(a, b, mesh=MESH)
-    assert "the estimates price the sharding" in priced.note
+    assert "the estimates price the step as remat and micro-batches rewrite it" in priced.note
+    assert priced.peak_memory_bytes[1] < priced.peak_memory_bytes[0]  # priced, not ignored
 
 
 def test_partition_applies_remat_pins_and_micro_batches_to_the_plan_it_writes(tmp_path,

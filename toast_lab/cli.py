@@ -425,7 +425,11 @@ def _partition(args) -> int:
           f"{len(an.conflicts)} conflicts (analysed in {trace_s + analyze_s:.2f} s); mesh {mesh}")
     from .plan import Plan
 
-    _with_step(Plan.replicated(an), remat, args.micro_batches)  # refused before the search
+    _with_step(Plan.replicated(an), remat, args.micro_batches or 1)  # refused before it
+    # the search decides remat and micro-batches with the sharding, around these pins
+    pins.update((f"remat@{group}", policy) for group, policy in remat)
+    if args.micro_batches is not None:
+        pins["micro_batches"] = args.micro_batches
     try:
         result = search(an, mesh, pins=pins, budget_s=args.budget,
                         seed=args.seed, memory_cap=args.memory_cap,
@@ -440,11 +444,11 @@ def _partition(args) -> int:
         print(f"\n{result.message}")
         return 1
     print(_estimate_row("search", result.estimate))
-    plan = _with_step(result.plan, remat, args.micro_batches)
+    plan = result.plan
     print(f"\nsearch: {result.message}\nplan: {plan!r}")
     if not plan.step.is_default:
-        print("(the estimates price the sharding; plan.jit applies the remat policies and "
-              "micro-batches, and tl.verify measures them)")
+        print(f"decisions beyond sharding: {plan.step} (plan.jit rewrites the step so; "
+              f"tl.verify measures it)")
     if args.out:
         try:
             path = plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict(),
@@ -470,7 +474,7 @@ def _demo(args) -> int:
     print()
     args.mesh, args.device, args.pin, args.seed = "data=4,model=2", "h100", [], 0
     args.budget, args.memory_cap, args.out, args.force = 3.0, None, None, False
-    args.micro_batches = 1
+    args.micro_batches = None
     return _partition(args)
 
 
@@ -639,9 +643,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "<class>@optimizer=data, remat@<layer group>=full (or "
                                 "dots_with_no_batch_dims, everything); '[...]' is always axis "
                                 "names: 'batch=[none]' pins an axis called none")
-            p.add_argument("--micro-batches", type=int, default=1, metavar="K",
+            p.add_argument("--micro-batches", type=int, default=None, metavar="K",
                            help="split the batch into K micro-batches, accumulating the "
-                                "gradients before one update (where the step allows it)")
+                                "gradients before one update (where the step allows it); "
+                                "default: the search decides")
             p.add_argument("--out", default=None,
                            help="write the plan as JSON here (it replaces an earlier plan file; "
                                 "any other file only with --force)")

@@ -169,15 +169,23 @@ class StepCostModel:
             return math.inf, math.inf
         return self.model.step_and_peak(*arrays)
 
+    def price(self, plan) -> tuple[float, float]:
+        """step_and_peak of `plan` (a plan of the analysis as written)."""
+        return self.step_and_peak(*self._lists(plan))
+
+    def _lists(self, plan):
+        bits = self.model.axis_bit
+        masks = [(k, axes_mask(bits, axes)) for k, axes in plan.assignments]
+        res = [(c.id, list(c.resolutions).index(plan.resolution_of(c)))
+               for c in plan.analysis.conflicts]
+        over = [(k, d, axes_mask(bits, axes)) for k, d, axes in plan.overrides]
+        return masks, res, over
+
     def estimate(self, plan):
         """The Estimate of `plan` (a plan of the analysis as written) with this step's
         decisions."""
-        model, an = self.model, plan.analysis
-        bits = model.axis_bit
-        masks = [(k, axes_mask(bits, axes)) for k, axes in plan.assignments]
-        res = [(c.id, list(c.resolutions).index(plan.resolution_of(c))) for c in an.conflicts]
-        over = [(k, d, axes_mask(bits, axes)) for k, d, axes in plan.overrides]
-        arrays = self.arrays(masks, res, over)
+        model = self.model
+        arrays = self.arrays(*self._lists(plan))
         if arrays is None:
             raise ValueError(
                 f"{plan.step}: the plan shards a class of the rewritten step over devices "

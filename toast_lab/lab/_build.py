@@ -223,7 +223,10 @@ class ViewBuilder:
         current = (est.step_time_s, est.peak_memory_bytes)
         classes = {c.id: class_choices(an, self.mesh, model, plan, current, c, shared, price)
                    for c in an.classes}
-        inc = model.incremental(plan) if price and an.conflicts else None
+        # (the incremental estimator prices the step as written: a rewritten one is priced
+        # whole, choice by choice)
+        inc = model.incremental(plan) if price and an.conflicts and plan.step.is_default \
+            else None
         conflicts = {c.id: conflict_choices(an, model, plan, current, c, inc, price,
                                             self.words[c.id]) for c in an.conflicts}
         if price:

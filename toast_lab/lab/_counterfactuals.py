@@ -111,10 +111,11 @@ def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, pr
         decided_replicated = any(k == cls.id and not v for k, v in plan.assignments)
         todo = [a for a in options if valid[a] and a != now]
         todo.sort(key=lambda a: not a)  # replicated last: un-sharding forgets the rank
-        if decided_replicated:  # its place in the decision order is kept: price exactly
+        # its place in the decision order is kept, or the step is rewritten (remat,
+        # micro-batches): price each plan whole
+        if decided_replicated or not plan.step.is_default:
             for axes in todo:
-                priced[axes] = model.step_and_peak(*model.plan_arrays(
-                    plan.with_axes(cls.id, axes)))
+                priced[axes] = model.price(plan.with_axes(cls.id, axes))
         elif todo:
             inc = model.incremental(plan)
             for axes in todo:
@@ -146,6 +147,8 @@ def conflict_choices(analysis, model, plan, current, conflict, inc, price: bool,
             step, peak = current
         elif price and inc is not None:
             step, peak = inc.set_resolution(conflict.id, j)
+        elif price:
+            step, peak = model.price(plan.with_resolution(conflict.id, res))
         out.append(ChoiceView(label=words[res].label, value=res, current=res == now,
                               valid=True, reason=None,
                               step_time_s=step if price or res == now else None,

@@ -267,8 +267,8 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     if mesh_a != mesh_b:
         notes.append("each plan is priced on its own mesh")
     if steps:
-        notes.append("the estimates price the sharding; remat and micro-batches are applied "
-                     "by plan.jit and measured by tl.verify")
+        notes.append("the estimates price the step as remat and micro-batches rewrite it "
+                     "(plan.jit's rewrite; tl.verify measures it)")
     note = "; ".join(notes) or None
     return PlanDiff(**out, step_time_s=pair("step_time_s"), compute_s=pair("compute_s"),
                     communication_s=pair("communication_s"),

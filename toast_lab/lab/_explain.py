@@ -204,7 +204,7 @@ class Explainer:
     def _price(self, key, plan) -> tuple[float, float]:
         price = self.prices.get(key)
         if price is None or price[0] is None:
-            price = self.prices[key] = self.model.step_and_peak(*self.model.plan_arrays(plan))
+            price = self.prices[key] = self.model.price(plan)
         return price
 
     def _charges(self, plan, op: int, c) -> bool:

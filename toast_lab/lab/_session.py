@@ -29,7 +29,8 @@ from typing import Callable
 
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
-from ..plan import Plan, PlanError, check_analysis, check_mesh, write_plan_file
+from ..plan import (MICRO_BATCHES, REMAT_PREFIX, Plan, PlanError, check_analysis, check_mesh,
+                    write_plan_file)
 from ..plan_search import search as run_search
 from ..progress import stage
 from ..strategies import expert as expert_strategies
@@ -87,6 +88,10 @@ class _LockedModel:
     def estimate(self, plan):
         with self._lock:
             return self._model.estimate(plan)
+
+    def price(self, plan):
+        with self._lock:
+            return self._model.price(plan)
 
     def for_step(self, step):
         with self._lock:
@@ -175,8 +180,11 @@ class Session:
 
     def pin(self, name: str, value) -> Plan:
         """Fixes a decision: a class to mesh axes (a name, a tuple; () or None: replicated), a
-        conflict to one of its resolutions. Raises PinError (and sets `error`) when refused.
+        conflict to one of its resolutions, "remat@<layer group>" to a remat policy,
+        "micro_batches" to a count. Raises PinError (and sets `error`) when refused.
         A running search is stopped first (its best plan kept): pins change what it explores."""
+        if _is_step(self.analysis, name):
+            return self._pin_step(name, value)
         stopped = self._stop_for_change()
         with self.lock:
             try:
@@ -211,8 +219,10 @@ class Session:
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                override = _pins.override(self.analysis, name)
+                override = None if _is_step(self.analysis, name) else \
+                    _pins.override(self.analysis, name)
                 key = (f"{override[0].name}@{override[1]}" if override
+                       else name if _is_step(self.analysis, name)
                        else _pins.decision(self.analysis, name).name)
                 if key not in self._plan.pinned:
                     raise PinError(f"{key!r} is not pinned; pinned: "
@@ -499,6 +509,27 @@ class Session:
             raise PinError(f"cannot pin {cls.name}@{domain} to {axes_label(axes)}: {why}")
         return self._plan.with_axes(cls.id, axes, pin=True, domain=domain), None
 
+    def _pin_step(self, name: str, value) -> Plan:
+        """Pins a decision beyond sharding: "remat@<group>" to a policy, "micro_batches" to
+        a count (see pin)."""
+        stopped = self._stop_for_change()
+        with self.lock:
+            try:
+                if name == MICRO_BATCHES:
+                    plan = self._plan.with_micro_batches(value, pin=True)
+                else:
+                    plan = self._plan.with_remat(name[len(REMAT_PREFIX):], value, pin=True)
+            except PlanError as err:
+                self.error, self.notice = f"cannot pin {name} to {value!r}: {err}", None
+            else:
+                self._set_plan(plan)
+                self.error, self.notice = None, stopped
+                self._record("pin", name, value)
+        self._notify("plan" if self.error is None else "error")
+        if self.error is not None:
+            raise PinError(self.error)
+        return plan
+
     def _pin_class(self, cls: DimClass, value):
         axes = _pins.pin_axes(cls, value, self.mesh)
         why = refusal(self.analysis, self.mesh, cls, axes)
@@ -565,11 +596,23 @@ def _pins_of(plan: Plan) -> dict:
     ranked = [n for n in ranked if n in plan.pinned]
     out = {}
     for name in ranked + sorted(plan.pinned - set(ranked)):
+        if _is_step(an, name):
+            out[name] = (plan.step.micro_batches if name == MICRO_BATCHES
+                         else plan.step.policy_of(name[len(REMAT_PREFIX):]))
+            continue
         try:
             out[name] = plan.axes_of(name)
         except PlanError:
             out[name] = plan.resolution_of(name)
     return out
+
+
+def _is_step(an, name) -> bool:
+    """`name` names a decision beyond sharding ("remat@<group>", "micro_batches"), not a
+    class or conflict called so."""
+    if not isinstance(name, str) or _pins.named(an, name) is not None:
+        return False
+    return name == MICRO_BATCHES or name.startswith(REMAT_PREFIX)
 
 
 def _value_of(plan: Plan, decision):
