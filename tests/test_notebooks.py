@@ -33,7 +33,7 @@ psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = ("quickstart", "concepts", "expert_in_the_loop", "bring_your_own_model")
+NOTEBOOKS = ("quickstart", "concepts", "expert_in_the_loop", "bring_your_own_model", "memory")
 # The README promises each notebook runs top to bottom in under a minute on a laptop CPU; here:
 # under 60 s on a 2-core machine. Measured as the kernel's CPU time (all its threads, start to
 # last cell): the kernel waits on nothing but the CPU, so on an idle 2-core machine its wall
@@ -323,3 +323,28 @@ def test_the_notebook_toast_lab_lab_writes_runs_top_to_bottom(execute, tmp_path,
     assert "application/vnd.jupyter.widget-view+json" in ex.mime_types()
     assert json.loads((tmp_path / "toast-lab-gpt.plan.json").read_text())["format"] == \
         "toast-lab-plan"
+
+
+@pytest.mark.slow
+def test_memory(execute):
+    """A step written without remat does not fit under the cap with any expert plan; each
+    remat policy and micro-batch count is priced; the search makes it fit with them; the
+    rewritten step computes the step as written, and XLA's peak is near the estimate."""
+    ex = execute("memory")
+    assert "LayerGroup('block': scanned x2" in ex.tagged("check-groups")
+    assert "micro-batches" in ex.tagged("check-groups")
+    assert "micro-batching the MoE step:" in ex.tagged("check-refused")
+    assert "_moe.py" in ex.tagged("check-refused")  # the user's source line
+    nofit = ex.tagged("check-nofit")
+    assert "does not fit" in nofit and " fits" not in nofit.replace("does not fit", "")
+    prices = ex.tagged("check-prices").splitlines()[1:]
+    assert len(prices) == 9 and any(r.endswith("yes") for r in prices)
+    peaks = {tuple(r.split()[:2]): float(r.split()[3]) for r in prices}
+    assert peaks["full", "1"] < peaks["everything", "1"]
+    assert peaks["everything", "4"] < peaks["everything", "1"]
+    fit = ex.tagged("check-fit")
+    assert fit.startswith("mcts:") and "as written" not in fit.splitlines()[-1]
+    verify = ex.tagged("check-verify")
+    assert "numerics match the step as written: True" in verify
+    est, xla = (float(x) for x in re.findall(r"([\d.]+) MiB", verify))
+    assert 0.8 <= est / xla <= 1.25
