@@ -151,3 +151,29 @@ def test_the_lab_session_pins_step_decisions_prices_them_and_searches_around_the
     assert session.plan.step.policy_of(group) == "full"
     session.unpin(f"remat@{group}")
     assert f"remat@{group}" not in session.plan.pinned
+
+
+def test_a_search_builds_rewritten_step_models_only_while_its_budget_affords_them():
+    """Past the point where one more build would likely overrun the budget, a plan whose
+    rewritten step has no model yet goes unpriced; the step as written, and the rewritten
+    steps already built, are still priced."""
+    import time
+
+    import numpy as np
+
+    from toast_lab.plan_search import STEP, Space, StepModels
+
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    space = Space(an, MESH)
+    as_written = np.zeros(len(space.decisions), np.int64)
+    full = as_written.copy()
+    full[[p for p, d in enumerate(space.decisions) if d.kind == STEP][0]] = 2
+    assert space.step_of(full).remat == ((_layers(an), "full"),)
+    late = StepModels(model, deadline=time.perf_counter() - 1.0)
+    late.longest_s = 1.0
+    assert late.price(space, full) == (float("inf"), float("inf"))
+    assert np.isfinite(late.price(space, as_written)).all()
+    free = StepModels(model, deadline=None)
+    assert free.price(space, full) == model.price(space.plan(full))
+    assert free.longest_s > 0 and space.step_of(full) in free.built

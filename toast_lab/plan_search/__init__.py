@@ -8,9 +8,9 @@ best plan that fits, its estimate, the history of improvements).
 """
 
 from ._baselines import EXHAUSTIVE_LIMIT, enumerate_choices, exhaustive, random_search
-from ._search import INFEASIBLE_PENALTY, reward, search
+from ._search import INFEASIBLE_PENALTY, StepModels, reward, search
 from ._tracker import SearchProgress, SearchResult
 from ._space import STEP, Decision, Space
 
 __all__ = ["search", "exhaustive", "random_search", "SearchResult", "SearchProgress", "Space",
-           "Decision", "STEP", "reward", "enumerate_choices", "EXHAUSTIVE_LIMIT", "INFEASIBLE_PENALTY"]
+           "Decision", "STEP", "StepModels", "reward", "enumerate_choices", "EXHAUSTIVE_LIMIT", "INFEASIBLE_PENALTY"]

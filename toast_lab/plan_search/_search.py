@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Callable, Mapping
 
 import numpy as np
@@ -31,6 +32,32 @@ def reward(step_s: float, peak_bytes: float, cap_bytes: float, ref_step_s: float
     if peak_bytes > cap_bytes:
         r -= INFEASIBLE_PENALTY + 2.0 * math.log(peak_bytes / cap_bytes)
     return r
+
+
+class StepModels:
+    """The cost models of the rewritten steps (remat, micro-batches) the search prices, each
+    built the first time a plan needs it (a trace, an analysis and a cost model: about a
+    second on GPT-2) while the time budget affords it: once a build would likely end past
+    `deadline` (perf_counter seconds; None: no time budget), plans needing one not built yet
+    go unpriced, (inf, inf), and the search spends what is left on the models it has."""
+
+    def __init__(self, model, deadline: float | None):
+        self.model, self.deadline = model, deadline
+        self.built: dict = {}
+        self.longest_s = 0.0  # the longest build so far: what the next one may take
+
+    def price(self, space, choices) -> tuple[float, float]:
+        step = space.step_of(choices)
+        if step.is_default:
+            return self.model.step_and_peak(*space.arrays(choices))
+        priced = self.built.get(step)
+        if priced is None:
+            now = time.perf_counter()
+            if self.deadline is not None and now + self.longest_s > self.deadline:
+                return math.inf, math.inf
+            priced = self.built[step] = self.model.for_step(step)
+            self.longest_s = max(self.longest_s, time.perf_counter() - now)
+        return priced.step_and_peak(*space.decision_lists(choices))
 
 
 def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None = 10.0,
@@ -65,19 +92,24 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
     reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)
+    # (the budget's clock starts below, after the kernel's compile; a step model built for
+    # a pinned remat or micro-batch count before it is the start's price, like the compile)
+    steps = StepModels(model, None)
     # The first evaluation compiles the kernel (seconds on a fresh install): before the clock.
-    ref_step, ref_peak = space.price(model, reference)
+    ref_step, ref_peak = steps.price(space, reference)
     incumbent, start = reference, (ref_step, ref_peak)
     best_reward = reward(ref_step, ref_peak, cap, ref_step)
     for plan in warm:  # each in its own rank order; the best one's becomes the space's
         ordered = space.reordered(plan_order(plan))
         ch = np.where(space.pinned >= 0, space.pinned, ordered.choices_of(plan))
-        step, peak = ordered.price(model, ch)
+        step, peak = steps.price(ordered, ch)
         r = reward(step, peak, cap, ref_step)
         if r > best_reward:
             best_reward, incumbent, start, space = r, ch, (step, peak), ordered
     tracker = Tracker(space, model, cap, callback, callback_every_s, "mcts")
-    tracker.record(reference, *space.price(model, reference))
+    if budget_s is not None:
+        steps.deadline = tracker.start + budget_s
+    tracker.record(reference, *steps.price(space, reference))
     if incumbent is not reference:  # never an empty answer, never worse than the best start
         tracker.record(incumbent, *start)
     if n == 0:
@@ -87,7 +119,7 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     choices = np.zeros(n, np.int64)
 
     def evaluate(ch) -> float:
-        step, peak = space.price(model, ch)
+        step, peak = steps.price(space, ch)
         tracker.record(ch, step, peak)
         r = reward(step, peak, cap, ref_step)
         stats["min"], stats["max"] = min(stats["min"], r), max(stats["max"], r)
