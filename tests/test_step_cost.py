@@ -177,3 +177,17 @@ def test_a_search_builds_rewritten_step_models_only_while_its_budget_affords_the
     free = StepModels(model, deadline=None)
     assert free.price(space, full) == model.price(space.plan(full))
     assert free.longest_s > 0 and space.step_of(full) in free.built
+
+
+def test_the_memory_timeline_of_a_rewritten_step_names_the_ops_as_written():
+    """The memory chart of a plan with remat shows the rewritten step (its peak the
+    estimate's, lower than the step as written), each position an op of the program as
+    written, the recomputed forward ops among them twice."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    kept, full = (model.memory_timeline(_plan(an, p)) for p in ("everything", "full"))
+    assert full.peak_bytes == pytest.approx(model.estimate(_plan(an, "full")).peak_memory_bytes)
+    assert full.peak_bytes < kept.peak_bytes
+    n = len(an.program.ops)
+    assert ((full.ops >= -1) & (full.ops < n)).all() and 0 <= full.peak_op < n
+    assert len(full.ops) > len(kept.ops)  # the recomputation runs more ops

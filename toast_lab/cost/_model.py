@@ -293,9 +293,17 @@ class CostModel:
 
     def memory_timeline(self, plan) -> MemoryTimeline:
         """Live bytes per device at each op of `plan`'s step, by category, and where the peak
-        is (_timeline.py): what the estimate's peak is made of, for charts. Not the hot path."""
+        is (_timeline.py): what the estimate's peak is made of, for charts. Not the hot path.
+        A plan with decisions beyond sharding: the rewritten step's, its positions named by
+        the ops as written they run (StepCostModel.memory_timeline)."""
+        if not plan.step.is_default:
+            return self.for_step(plan.step).memory_timeline(plan)
+        return self.timeline_of(self.plan_arrays(plan))
+
+    def timeline_of(self, arrays: PlanArrays) -> MemoryTimeline:
+        """memory_timeline of plan arrays."""
         temps, added, outputs, held, totals = _kernel.live_bytes(
-            self.state, self.plan_arrays(plan), _kernel.liveness(self.ty.tables, self.memory))
+            self.state, arrays, _kernel.liveness(self.ty.tables, self.memory))
         at = self.positions.compressed  # a run's every copy changes what its first does
         return memory_timeline(temps[at], added[at], outputs[at], held[at[:-2]],
                                _kernel.as_result(totals), self.memory.position)

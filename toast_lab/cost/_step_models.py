@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
+import numpy as np
 
 from ..analysis import NO_CLASS, analyze
 from ..plan import OP_SCOPE, Plan, rewritten_step
@@ -41,12 +42,16 @@ class RewrittenStep:
     analysis: the rewritten program's Analysis. classes[c]: the rewritten classes that take
     class c's decisions (c: a class id as written). conflicts[k]: (rewritten conflict id,
     {resolution index as written: its index there}) pairs for conflict k as written.
+    op_origin[o]: the op as written that rewritten op o runs (a recomputation runs its forward
+    op again); for an op the rewrite adds, the op as written it was added at (the last one
+    run before it, -1 before any).
     """
 
     step: object
     analysis: object
     classes: tuple[tuple[int, ...], ...]
     conflicts: tuple[tuple[tuple[int, dict[int, int]], ...], ...]
+    op_origin: tuple[int, ...] = ()
 
     def translate(self, class_masks, resolutions=(), overrides=()):
         """The (class, mask), (conflict, index) and (class, domain, mask) decisions of a plan
@@ -72,7 +77,16 @@ def _rewrite(analysis, step) -> RewrittenStep:
     new = analyze(trace(fn, *args, **kwargs))
     origin = _value_origin(prog, new.program)
     return RewrittenStep(step, new, _class_map(analysis, new, origin),
-                         _conflict_map(analysis, new, origin))
+                         _conflict_map(analysis, new, origin), _op_origin(new.program))
+
+
+def _op_origin(new_prog) -> tuple[int, ...]:
+    out, last = [], -1
+    for op in new_prog.ops:
+        tags = _TAG.findall(op.name_scope)
+        last = int(tags[-1]) if tags else last
+        out.append(last)
+    return tuple(out)
 
 
 def _value_origin(prog, new_prog) -> dict[int, int]:
@@ -180,6 +194,19 @@ class StepCostModel:
                for c in plan.analysis.conflicts]
         over = [(k, d, axes_mask(bits, axes)) for k, d, axes in plan.overrides]
         return masks, res, over
+
+    def memory_timeline(self, plan):
+        """The MemoryTimeline of `plan` under this step's decisions: the rewritten step's live
+        bytes, each position named by the op as written it runs (RewrittenStep.op_origin), so
+        that a chart of the program as written can point at it."""
+        arrays = self.arrays(*self._lists(plan))
+        if arrays is None:
+            raise ValueError(f"{plan.step}: the plan shards a class of the rewritten step over "
+                             f"devices that do not divide it")
+        timeline = self.model.timeline_of(arrays)
+        origin = np.asarray(self.rewrite.op_origin, np.int64)
+        return replace(timeline, ops=origin[timeline.ops],
+                       peak_op=int(origin[timeline.peak_op]) if timeline.peak_op >= 0 else -1)
 
     def estimate(self, plan):
         """The Estimate of `plan` (a plan of the analysis as written) with this step's
