@@ -89,6 +89,7 @@ class CostModel:
         self.donate = donate
         self.overlap = overlap_mode(overlap)
         self.compiler = compiler_profile(mesh.device)  # the XLA passes the estimates follow
+        self._steps: dict = {}  # for_step's models, by StepDecisions
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
@@ -192,8 +193,11 @@ class CostModel:
             return StepCostModel(rewrite, cost_model(rewrite.analysis, self.mesh, self.donate,
                                                      self.overlap))
 
-        return self.analysis.derived(("cost.step", self.mesh, self.donate, self.overlap, step),
-                                     build)
+        found = self._steps.get(step)
+        if found is None:  # (a mesh hashes slowly: its device's tables)
+            found = self._steps[step] = self.analysis.derived(
+                ("cost.step", self.mesh, self.donate, self.overlap, step), build)
+        return found
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
