@@ -157,6 +157,7 @@ def test_a_search_builds_rewritten_step_models_only_while_its_budget_affords_the
     """Past the point where one more build would likely overrun the budget, a plan whose
     rewritten step has no model yet goes unpriced; the step as written, and the rewritten
     steps already built, are still priced."""
+    import threading
     import time
 
     import numpy as np
@@ -177,6 +178,13 @@ def test_a_search_builds_rewritten_step_models_only_while_its_budget_affords_the
     free = StepModels(model, deadline=None)
     assert free.price(space, full) == model.price(space.plan(full))
     assert free.longest_s > 0 and space.step_of(full) in free.built
+    # a stop during a build ends the wait at once (the build goes on on its own thread)
+    stop = threading.Event()
+    stop.set()
+    stopped = StepModels(model, deadline=None, stop=stop)
+    four = full.copy()
+    four[[p for p, d in enumerate(space.decisions) if d.name == "micro_batches"][0]] = 2
+    assert stopped.price(space, four) == (float("inf"), float("inf"))
 
 
 def test_the_memory_timeline_of_a_rewritten_step_names_the_ops_as_written():

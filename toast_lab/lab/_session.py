@@ -94,8 +94,9 @@ class _LockedModel:
             return self._model.price(plan)
 
     def for_step(self, step):
-        with self._lock:
-            return _LockedModel(self._model.for_step(step), self._lock)
+        # built without the lock (a new model of its own: seconds the UI need not wait);
+        # evaluated under it
+        return _LockedModel(self._model.for_step(step), self._lock)
 
     def __getattr__(self, name):
         return getattr(self._model, name)

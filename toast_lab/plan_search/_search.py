@@ -39,10 +39,12 @@ class StepModels:
     built the first time a plan needs it (a trace, an analysis and a cost model: about a
     second on GPT-2) while the time budget affords it: once a build would likely end past
     `deadline` (perf_counter seconds; None: no time budget), plans needing one not built yet
-    go unpriced, (inf, inf), and the search spends what is left on the models it has."""
+    go unpriced, (inf, inf), and the search spends what is left on the models it has.
+    A build runs on a thread of its own, so that `stop` ends the search at once even then
+    (the build finishes in the background, and the model stays with the analysis)."""
 
-    def __init__(self, model, deadline: float | None):
-        self.model, self.deadline = model, deadline
+    def __init__(self, model, deadline: float | None, stop: threading.Event | None = None):
+        self.model, self.deadline, self.stop = model, deadline, stop
         self.built: dict = {}
         self.longest_s = 0.0  # the longest build so far: what the next one may take
 
@@ -55,9 +57,34 @@ class StepModels:
             now = time.perf_counter()
             if self.deadline is not None and now + self.longest_s > self.deadline:
                 return math.inf, math.inf
-            priced = self.built[step] = self.model.for_step(step)
+            priced = self._build(step)
+            if priced is None:
+                return math.inf, math.inf
+            self.built[step] = priced
             self.longest_s = max(self.longest_s, time.perf_counter() - now)
         return priced.step_and_peak(*space.decision_lists(choices))
+
+    def _build(self, step):
+        """model.for_step(step), or None when `stop` is set before it is built."""
+        if self.stop is None:
+            return self.model.for_step(step)
+        done, out = threading.Event(), []
+
+        def build():
+            try:
+                out.append(self.model.for_step(step))
+            except BaseException as err:  # raised again on the search's thread
+                out.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=build, name="toast-lab step model", daemon=True).start()
+        while not done.wait(0.02):
+            if self.stop.is_set():
+                return None
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
 
 
 def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None = 10.0,
@@ -94,7 +121,7 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)
     # (the budget's clock starts below, after the kernel's compile; a step model built for
     # a pinned remat or micro-batch count before it is the start's price, like the compile)
-    steps = StepModels(model, None)
+    steps = StepModels(model, None, stop)
     # The first evaluation compiles the kernel (seconds on a fresh install): before the clock.
     ref_step, ref_peak = steps.price(space, reference)
     incumbent, start = reference, (ref_step, ref_peak)
