@@ -65,7 +65,8 @@ class StepModels:
         return priced.step_and_peak(*space.decision_lists(choices))
 
     def _build(self, step):
-        """model.for_step(step), or None when `stop` is set before it is built."""
+        """model.for_step(step), or None when `stop` is set, or the deadline passes, before
+        it is built."""
         if self.stop is None:
             return self.model.for_step(step)
         done, out = threading.Event(), []
@@ -80,7 +81,8 @@ class StepModels:
 
         threading.Thread(target=build, name="toast-lab step model", daemon=True).start()
         while not done.wait(0.02):
-            if self.stop.is_set():
+            late = self.deadline is not None and time.perf_counter() > self.deadline
+            if self.stop.is_set() or late:
                 return None
         if isinstance(out[0], BaseException):
             raise out[0]
