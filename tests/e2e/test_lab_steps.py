@@ -1,7 +1,7 @@
 """The real Lab's decisions beyond sharding in a live notebook, on a laptop's screen (1280 x
 800): the Decisions tab lists remat per layer group and the micro-batch count first, each
 choice priced; a click on remat "full" pins it and the estimate's peak drops to the price the
-choice showed."""
+choice showed; releasing it unpins it."""
 
 from __future__ import annotations
 
@@ -71,6 +71,11 @@ def test_remat_full_is_priced_then_pinned_and_the_peak_drops(browser_context, la
         assert _peak(lab) != peak_before
         assert _peak(lab).split(" / ")[0] in priced, (_peak(lab), priced)
         shoot(page, "lab_steps_full")
+        # released: the plan keeps "full" (same estimate), the lock goes
+        remat.locator(".tl-release").click()
+        expect(remat.locator(".tl-lock")).to_have_count(0)
+        expect(remat.locator(".tl-axes")).to_have_text("full")
+        assert kernel_json(page, "sorted(lab.plan.pinned)") == []
         assert not errors, errors
     finally:
         page.close()
