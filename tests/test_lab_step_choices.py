@@ -113,3 +113,23 @@ def test_pin_and_unpin_events_take_step_decisions(gpt_scan):
     lab._on_event({"event": "unpin", "name": "remat@block"})
     assert lab.view.error is None and not lab.view.steps[0].pinned
     assert lab.plan.step.policy_of("block") == "full"  # kept until a search changes it
+
+
+def test_a_large_program_shows_its_step_choices_unpriced(gpt_scan, monkeypatch):
+    """Beyond PRICED_OPS ops a rewrite per choice would stall every view: only the plan's own
+    value is priced (it is the estimate)."""
+    from toast_lab.lab import _step_choices
+
+    an, plan = gpt_scan
+    monkeypatch.setattr(_step_choices, "PRICED_OPS", len(an.program.ops) - 1)
+    session = Session(an, MESH, plan)
+    vm = ViewBuilder(an, MESH).build(session)
+    for d in vm.steps:
+        for ch in d.choices:
+            assert ch.valid
+            priced = (ch.step_time_s, ch.peak_memory_bytes)
+            if ch.current:
+                assert priced == (session.estimate.step_time_s,
+                                  session.estimate.peak_memory_bytes)
+            else:
+                assert priced == (None, None)
