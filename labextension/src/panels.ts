@@ -18,6 +18,7 @@ import {
   LabEvent,
   NodeView,
   resolutionLabel,
+  StepDecisionView,
   TensorView,
   ViewModel
 } from './viewmodel';
@@ -61,6 +62,7 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
       est ? ` (${fmt.seconds(est.step_time_s)}, ${fmt.bytes(est.peak_memory_bytes)}).` : '.',
       host.interactive ? ' Click one to pin it.' : ''
     ),
+    stepSection(view, host),
     h('div', { className: 'tl-section-note tl-at-stake-note' }, `${AT_STAKE}.`),
     h('h4', null, `Classes (${view.classes.length})`),
     major.map(c => classRow(c, view, host)),
@@ -87,6 +89,36 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
           inactive.map(c => conflictRow(c, view, host))
         )
       : null
+  );
+}
+
+/** Remat per layer group and the micro-batch count, above the classes: they move the peak most. */
+function stepSection(view: ViewModel, host: PanelHost): HTMLElement | null {
+  const steps = view.steps ?? [];
+  if (steps.length === 0) {
+    return null;
+  }
+  return h(
+    'div',
+    { className: 'tl-steps' },
+    h('h4', null, `Remat & micro-batches (${steps.length})`),
+    steps.map(d => stepRow(d, view, host))
+  );
+}
+
+function stepRow(d: StepDecisionView, view: ViewModel, host: PanelHost): HTMLElement {
+  const now = d.choices.find(ch => ch.current);
+  return h(
+    'div',
+    { className: `tl-decision tl-step${d.pinned ? ' tl-pinned' : ''}`, 'data-step': d.name, 'data-name': d.name },
+    h(
+      'div',
+      { className: 'tl-decision-head' },
+      h('span', { className: 'tl-decision-name', title: d.name }, d.label),
+      h('span', { className: 'tl-axes' }, now ? now.label : String(d.value)),
+      lockControl(d.pinned, d.name, host)
+    ),
+    choiceList(d.name, d.choices, d.pinned, view, host)
   );
 }
 
@@ -234,7 +266,7 @@ function choiceList(
             disabled: !clickable,
             title: overCapacity ? `${title} (does not fit in device memory)` : title,
             'data-label': ch.label,
-            'data-value': Array.isArray(ch.value) ? ch.value.join('×') : ch.value,
+            'data-value': Array.isArray(ch.value) ? ch.value.join('×') : String(ch.value),
             onclick: (() => host.send({ event: 'pin', name, value: ch.value })) as EventListener
           },
           h(

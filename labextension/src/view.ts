@@ -492,7 +492,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   private tabInputs(v: ViewModel): unknown {
     switch (this.tab) {
       case 'decisions':
-        return [v.classes, v.conflicts, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
+        return [v.classes, v.conflicts, v.steps ?? [], v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
       case 'estimate':
         return [v.estimate, v.experts, v.classes.map(c => c.axes)];
       case 'memory':

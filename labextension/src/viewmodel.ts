@@ -30,6 +30,9 @@ export interface ViewModel {
   /** Live bytes per device over the step, for the memory chart (null: no mesh to price it;
    * absent: a view saved before the chart). */
   memory?: MemoryView | null;
+  /** The decisions beyond sharding: a remat policy per layer group, the micro-batch count
+   * (absent: a view saved before they were offered). */
+  steps?: StepDecisionView[];
 }
 
 export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';
@@ -75,9 +78,21 @@ export interface ConflictView {
   labels?: string[];
 }
 
+/** A decision beyond sharding ("remat@block", "micro_batches") and its priced choices. */
+export interface StepDecisionView {
+  name: string;
+  /** In words: "remat: block (scanned ×4)", "micro-batches". */
+  label: string;
+  /** A remat policy, or a micro-batch count. */
+  value: string | number;
+  pinned: boolean;
+  choices: ChoiceView[];
+}
+
 export interface ChoiceView {
   label: string;
-  value: string[] | string;
+  /** Mesh axes (a class), a resolution (a conflict), a policy or a count (a step decision). */
+  value: string[] | string | number;
   current: boolean;
   valid: boolean;
   reason: string | null;
@@ -250,7 +265,7 @@ export interface MemoryView {
 
 /** Events from the view to Python (ipywidgets custom messages `{"event": ..., ...}`). */
 export type LabEvent =
-  | { event: 'pin'; name: string; value: string[] | string }
+  | { event: 'pin'; name: string; value: string[] | string | number }
   | { event: 'unpin'; name: string }
   | { event: 'toggle'; group: string }
   | { event: 'select'; kind: SelectionKind; id: string }

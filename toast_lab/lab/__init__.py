@@ -8,8 +8,8 @@ Three layers, each usable alone:
 - `ViewBuilder` -> `ViewModel`: a frozen, JSON-ready description of what to draw (the scope
   tree with repeated layers folded, the quotient graph coloured by class with collective
   badges and conflict marks, DOT for the browser's Graphviz, counterfactual prices of every
-  choice, op details, the export snippet, expert rows, the live bytes over the step), with a
-  text rendering.
+  choice — remat per layer group and the micro-batch count among them —, op details, the
+  export snippet, expert rows, the live bytes over the step), with a text rendering.
 - `diff(a, b)` -> `PlanDiff`: which classes and conflicts two plans decide differently and
   what that does to step time, memory and collectives; drawn as the two plans side by side.
 - `Lab`: both plus the notebook widget (`LabView`, TypeScript in labextension/), fed on every
@@ -29,15 +29,16 @@ from ._session import Change, PinError, SearchState, Session
 from ._start import Start
 from ._viewmodel import (ChoiceView, ClassView, CollectiveView, ConflictView, DetailsView,
                          EdgeView, ExpertRow, ExplainedView, GraphView, GroupView, MemoryView,
-                         NodeView, RemedyView, SearchView, Selection, StartView, TensorView,
-                         ViewModel)
+                         NodeView, RemedyView, SearchView, Selection, StartView,
+                         StepDecisionView, TensorView, ViewModel)
 
 __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder", "ViewModel",
            "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView", "NodeView",
            "EdgeView", "ExpertRow", "SearchView", "DetailsView", "TensorView", "Selection",
            "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer",
            "diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "StepChange",
-           "Start", "StartView", "CollectiveView", "ExplainedView", "RemedyView", "MemoryView"]
+           "Start", "StartView", "CollectiveView", "ExplainedView", "RemedyView", "MemoryView",
+           "StepDecisionView"]
 
 # Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
 register_display(plan_display)

@@ -24,6 +24,7 @@ from ._palette import class_colors, legend_classes
 from ._resolutions import resolution_words
 from ._scopes import ROOT, build_scope_tree
 from ._start import ruled_out
+from ._step_choices import offered, step_choices, step_view
 from ._viewmodel import (ClassView, ConflictView, EdgeView, ExpertRow, ExplainedView, GraphView,
                          GroupView, MemoryView, NodeView, SearchView, StartView, ViewModel,
                          _plain)
@@ -53,6 +54,7 @@ class ViewBuilder:
         self._priced: tuple = (None, None, None)     # (model, plan, its choices)
         self._explained: tuple = (None, None)        # ((plan, selection, open groups), view)
         self._memory: tuple = (None, None, None)     # (model, plan, its MemoryView)
+        self._steps: tuple | None = None             # the STEP decisions offered (once)
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -134,8 +136,10 @@ class ViewBuilder:
             compute, comm, colls = self._op_breakdown(model, plan)
             self.op_costs = (compute, comm)  # the widget's op_costs buffer
             colors, legend = self.colors(plan)
-            class_choice, conflict_choice = self._choices(model, plan, est, session.shared,
-                                                          price)
+            class_choice, conflict_choice, step_choice = self._choices(
+                model, plan, est, session.shared, price)
+            steps = tuple(step_view(self.analysis, plan, name, choices)
+                          for name, choices in step_choice.items())
             classes = tuple(self._class_view(plan, c, colors, legend, class_choice[c.id])
                             for c in self.analysis.classes)
             conflicts = tuple(self._conflict_view(plan, c, conflict_choice[c.id])
@@ -161,7 +165,7 @@ class ViewBuilder:
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
             notice=notice, start=StartView(start.name, start.how, start.step_time_s,
                                            start.peak_memory_bytes, start.note, start.label),
-            explained=explained, memory=memory)
+            explained=explained, memory=memory, steps=steps)
 
     def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
         """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
@@ -213,9 +217,17 @@ class ViewBuilder:
 
     # --- parts ------------------------------------------------------------------------------------
 
-    def _choices(self, model, plan, est, shared, price) -> tuple[dict, dict]:
-        """({class id: its ChoiceViews}, {conflict id: its ChoiceViews}) priced from `plan`,
-        kept for the last plan priced (a search's best plan is priced once)."""
+    @property
+    def step_decisions(self) -> tuple:
+        """The decisions beyond sharding offered on this analysis and mesh (the search's)."""
+        if self._steps is None:
+            self._steps = offered(self.analysis, self.mesh)
+        return self._steps
+
+    def _choices(self, model, plan, est, shared, price) -> tuple[dict, dict, dict]:
+        """({class id: its ChoiceViews}, {conflict id: its ChoiceViews}, {step decision name:
+        its ChoiceViews}) priced from `plan`, kept for the last plan priced (a search's best
+        plan is priced once)."""
         cached_model, cached_plan, cached = self._priced
         if price and cached_model is model and cached_plan == plan:
             return cached
@@ -229,9 +241,11 @@ class ViewBuilder:
             else None
         conflicts = {c.id: conflict_choices(an, model, plan, current, c, inc, price,
                                             self.words[c.id]) for c in an.conflicts}
+        steps = {d.name: step_choices(an, self.mesh, model, plan, current, d, price)
+                 for d in self.step_decisions}
         if price:
-            self._priced = (model, plan, (classes, conflicts))
-        return classes, conflicts
+            self._priced = (model, plan, (classes, conflicts, steps))
+        return classes, conflicts, steps
 
     def _class_view(self, plan, c, colors, legend, choices) -> ClassView:
         return ClassView(

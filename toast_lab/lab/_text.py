@@ -42,6 +42,11 @@ def render(vm) -> str:
         lines.append(f"error: {vm.error}")
     if vm.notice:
         lines.append(f"notice: {vm.notice}")
+    if vm.steps:
+        lines.append("step (remat, micro-batches):")
+    for d in vm.steps:
+        lines.append(f"  {d.name} ({d.label}): {d.value}{' pinned' if d.pinned else ''}")
+        lines.append("      " + " | ".join(_choice(ch) for ch in d.choices))
     lines.append(f"classes ({AT_STAKE}):")
     for c in vm.classes:
         pin = " pinned" if c.pinned else ""

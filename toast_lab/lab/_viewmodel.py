@@ -15,8 +15,9 @@ The front end answers with events (`LabEvent` in viewmodel.ts), each an ipywidge
 message ``{"event": name, ...}``; `Lab._on_event` acts on it and sends a new `view` (a refused
 event shows as the view's `error`):
 
-- ``pin {name, value}``: fix a class to mesh axes (a list; [] replicated) or a conflict to a
-  resolution (a string): a choice in the Decisions tab, or a collective's remedy;
+- ``pin {name, value}``: fix a class to mesh axes (a list; [] replicated), a conflict to a
+  resolution (a string), "remat@<group>" to a remat policy (a string) or "micro_batches" to
+  a count (an integer): a choice in the Decisions tab, or a collective's remedy;
 - ``unpin {name}``: release a pinned decision (it keeps its value until a search changes it);
 - ``toggle {group}``: open a collapsed scope group, or close an open one (a click on a group);
 - ``select {kind, id}``: an op (id: its op id) or a drawn edge (id: the edge's); the view then
@@ -54,13 +55,29 @@ class ChoiceView:
     """
 
     label: str
-    value: tuple[str, ...] | str
+    value: tuple[str, ...] | str | int
     current: bool
     valid: bool
     reason: str | None
     step_time_s: float | None
     peak_memory_bytes: float | None
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class StepDecisionView:
+    """A decision beyond sharding (_step_choices.py) and its choices, priced like a class's.
+
+    name: what to pin ("remat@block", "micro_batches"); label: in words ("remat: block
+    (scanned ×4)", "micro-batches"); value: the plan's (a remat policy, or a micro-batch
+    count); choices: each policy or count, its note saying what it keeps or how the batch
+    splits, a count whose micro-batches do not divide over the batch's devices refused."""
+
+    name: str
+    label: str
+    value: str | int
+    pinned: bool
+    choices: tuple[ChoiceView, ...]
 
 
 @dataclass(frozen=True)
@@ -226,7 +243,7 @@ class RemedyView:
     resolution); label: in words ("seq → replicated", "keep the key positions")."""
 
     name: str
-    value: tuple[str, ...] | str
+    value: tuple[str, ...] | str | int
     label: str
     step_time_s: float
     peak_memory_bytes: float
@@ -345,6 +362,7 @@ class ViewModel:
     start: StartView | None = None        # the plan the session started on
     explained: ExplainedView | None = None  # the selected op's or edge's collectives
     memory: MemoryView | None = None      # live bytes over the step (None: no mesh)
+    steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches
     format: str = FORMAT
     version: int = VERSION
 
@@ -448,10 +466,10 @@ def _build(tp, data):
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if isinstance(data, str) and str in options:
+        if type(data) in (str, int, float, bool) and type(data) in options:
             return data
         for a in options:
-            if a is not str:
+            if a not in (str, int, float, bool):
                 return _build(a, data)
         return data
     if is_dataclass(tp):
@@ -474,7 +492,7 @@ def _build(tp, data):
     return data
 
 
-__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "GroupView", "GraphView",
+__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "StepDecisionView", "GroupView", "GraphView",
            "NodeView", "EdgeView", "ExpertRow", "StartView", "SearchView", "DetailsView",
            "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "MemoryView",
            "Selection",
