@@ -109,7 +109,8 @@ def _outputs_apart(state):
     """After a RUN: ws.added the live-byte deltas the plan adds (outputs included), ws.gdelta
     the outputs' alone, ws.op_held the bytes each op holds while it runs."""
     ws, memory = state.ws, state.memory
-    ws.added[:] = ws.gdelta
+    for n in range(ws.gdelta.shape[0]):  # (a loop: an array copy compiles numba's error text)
+        ws.added[n] = ws.gdelta[n]
     ws.gdelta[:] = 0.0
     arguments_and_outputs(state.mesh, memory, ws, ws.totals)
     op_type = memory.op_type
