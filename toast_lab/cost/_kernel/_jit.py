@@ -21,5 +21,5 @@ from . import _cache
 # every kernel function is cached under a hash of the cost model's sources (_cache.py)
 _cache.install()
 
-jit = njit(cache=True, _nrt=False)
+jit = njit(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 inline = njit(cache=True, _nrt=False, inline="always")
