@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._jit import inline
+from ._jit import inline, jit
 from ._ledger import LEDGER
 from ._dirty import mark_dirty
 from ._masks import group_consensus, type_masks
@@ -51,7 +51,7 @@ def _clear(ws):
     ws.gdelta[:] = 0.0
 
 
-@inline
+@jit
 def _collectives(tables, mesh, dev, layout, ws, plan, ledger, incremental):
     """Phases 1-5: every collective and every op's compute, into the workspace; incremental:
     the operands and op types of the last plan this workspace costed are kept where nothing
@@ -74,7 +74,7 @@ def _collectives(tables, mesh, dev, layout, ws, plan, ledger, incremental):
     shared_reads(plan, tables, mesh, ws, ws.coll, ledger, layout, ws.totals)
 
 
-@inline
+@jit
 def _sweep(tables, memory, sched, mesh, ws, live, fresh):
     """Phases 6 and 7 after _collectives: the schedule, and the peak of the live bytes. live:
     the temporaries' live ranges, sized afresh (fresh) or moved from the masks they were sized
