@@ -19,7 +19,9 @@ Decisions beyond sharding (kind STEP) come first in the tree, as they change the
 policy per repeated layer group (`Analysis.layer_groups` of kind "layers" or "scanned"; a
 scanned stack the user checkpoints keeps its own policy) and the micro-batch count (the legal
 ones up to MAX_MICRO_BATCHES). A plan with any of them is priced by the cost model of the
-step they rewrite (`CostModel.for_step`; `price`).
+step they rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them
+as written (pinned) where an expert plan fits as written and no pin asks for them
+(_tracker.as_written).
 
 Two orders: the *tree order* of the decisions (by bytes at stake, what MCTS decides first) and
 the *rank order* of the classes (which class keeps a mesh axis two classes of one value want,

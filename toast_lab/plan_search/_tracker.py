@@ -13,7 +13,8 @@ import numpy as np
 from ..cost import CostModel, Estimate, cost_model
 from ..plan import Plan, PlanError, format_bytes
 from ..plan import check_analysis, check_mesh
-from ._space import Space
+from ..strategies import expert
+from ._space import STEP, Space
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,26 @@ def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, over
     cap = float(mesh.device.memory_bytes if memory_cap is None else memory_cap)
     if not cap > 0:
         raise ValueError(f"memory_cap must be a positive number of bytes, got {memory_cap!r}")
+    held = as_written(space, model, cap)
+    if held:
+        space = Space(analysis, mesh, {**dict(pins or {}), **held}, overrides,
+                      override_classes=override_classes)
     return model, space, cap
+
+
+def as_written(space, model, cap) -> dict:
+    """{decision: its as-written choice} for the remat and micro-batch decisions the search
+    leaves as written: all of them where an expert strategy fits under `cap` as written and
+    no pin asks for another (remat and micro-batches trade step time for memory, and each
+    one priced is a rewritten step with a cost model of its own, about a second to build);
+    none where no expert plan fits, which is when published runs reach for them."""
+    free = [d for d in space.decisions if d.kind == STEP and d.pinned < 0]
+    if not free or any(d.kind == STEP and d.pinned > 0 for d in space.decisions):
+        return {}
+    plans = expert(space.analysis, space.mesh).values()
+    if not any(model.price(p)[1] <= cap for p in plans):
+        return {}
+    return {d.name: d.choices[0] for d in free}
 
 
 def check_budget(budget_s, simulations, stop=None, callback=None, callback_every_s=0.1) -> None:
