@@ -75,10 +75,14 @@ def _runs(memory, schedule, types, min_copies):
         for j, r in enumerate(span):
             events[r["position"]].append((2, signature, j))
     loop = schedule.body_first | (schedule.body_last_trip > 1.0)
+    # and without those inside a loop body (unrolled blocks in a micro-batch loop): the
+    # schedule walks a run as a loop of its own, and it walks one loop at a time
+    last = schedule.body_last_trip > 0.0
+    inside = (np.cumsum(schedule.body_first) - np.concatenate(([0], np.cumsum(last)[:-1]))) > 0
     keys = [(int(memory.op_type[p]), bool(loop[p]), tuple(sorted(events[p])))
             for p in range(n)]
     return tuple(r for r in find_runs(keys, min_copies)
-                 if not loop[r.start:r.end].any())
+                 if not (loop[r.start:r.end].any() or inside[r.start:r.end].any()))
 
 
 def _memory(memory, pm: PositionMap):
