@@ -163,13 +163,16 @@ class CostModel:
 
     def plan_arrays(self, plan) -> PlanArrays:
         """(split-class masks, ranks, conflict resolution indices) of a Plan."""
-        an = self.analysis
-        masks = ((k, axes_mask(self.axis_bit, axes)) for k, axes in plan.assignments)
-        resolutions = ((c.id, list(c.resolutions).index(plan.resolution_of(c)))
-                       for c in an.conflicts)
-        overrides = ((k, d, axes_mask(self.axis_bit, axes))
-                     for k, d, axes in plan.overrides)
-        return plan_arrays(an, masks, resolutions, overrides)
+        return plan_arrays(self.analysis, *self.decision_lists(plan))
+
+    def decision_lists(self, plan):
+        """plan_arrays' arguments for a Plan: (class, mask) in its decision order, (conflict,
+        resolution index), (class, domain, mask) overrides."""
+        masks = [(k, axes_mask(self.axis_bit, axes)) for k, axes in plan.assignments]
+        resolutions = [(c.id, list(c.resolutions).index(plan.resolution_of(c)))
+                       for c in plan.analysis.conflicts]
+        overrides = [(k, d, axes_mask(self.axis_bit, axes)) for k, d, axes in plan.overrides]
+        return masks, resolutions, overrides
 
     # --- evaluation -----------------------------------------------------------------------------
 
@@ -191,7 +194,7 @@ class CostModel:
         def build():
             rewrite = rewritten(self.analysis, step)
             return StepCostModel(rewrite, cost_model(rewrite.analysis, self.mesh, self.donate,
-                                                     self.overlap))
+                                                     self.overlap), self)
 
         found = self._steps.get(step)
         if found is None:  # (a mesh hashes slowly: its device's tables)

@@ -30,7 +30,7 @@ import numpy as np
 from ..analysis import NO_CLASS, analyze
 from ..plan import OP_SCOPE, Plan, rewritten_step
 from ..program import trace
-from ._plan_arrays import axes_mask, plan_arrays
+from ._plan_arrays import plan_arrays
 
 _TAG = re.compile(re.escape(OP_SCOPE) + r"(\d+)")
 
@@ -147,8 +147,10 @@ class StepCostModel:
         model.for_step(step).step_and_peak(class_masks, resolutions, overrides)
     """
 
-    def __init__(self, rewrite: RewrittenStep, model):
-        """rewrite: the RewrittenStep; model: the CostModel of its analysis."""
+    def __init__(self, rewrite: RewrittenStep, model, written):
+        """rewrite: the RewrittenStep; model: the CostModel of its analysis; written: the
+        CostModel of the step as written (which reads plans)."""
+        self.written = written
         self.step = rewrite.step
         self.rewrite = rewrite
         self.model = model
@@ -185,25 +187,23 @@ class StepCostModel:
 
     def price(self, plan) -> tuple[float, float]:
         """step_and_peak of `plan` (a plan of the analysis as written)."""
-        return self.step_and_peak(*self._lists(plan))
+        return self.step_and_peak(*self.written.decision_lists(plan))
 
-    def _lists(self, plan):
-        bits = self.model.axis_bit
-        masks = [(k, axes_mask(bits, axes)) for k, axes in plan.assignments]
-        res = [(c.id, list(c.resolutions).index(plan.resolution_of(c)))
-               for c in plan.analysis.conflicts]
-        over = [(k, d, axes_mask(bits, axes)) for k, d, axes in plan.overrides]
-        return masks, res, over
+    def _plan_arrays(self, plan):
+        """arrays() of a Plan as written; a ValueError saying why where there are none."""
+        arrays = self.arrays(*self.written.decision_lists(plan))
+        if arrays is None:
+            raise ValueError(
+                f"{plan.step}: the plan shards a class of the rewritten step over devices "
+                f"that do not divide it (each micro-batch's examples must divide over the "
+                f"batch's mesh axes); use fewer micro-batches or shard the batch less")
+        return arrays
 
     def memory_timeline(self, plan):
         """The MemoryTimeline of `plan` under this step's decisions: the rewritten step's live
         bytes, each position named by the op as written it runs (RewrittenStep.op_origin), so
         that a chart of the program as written can point at it."""
-        arrays = self.arrays(*self._lists(plan))
-        if arrays is None:
-            raise ValueError(f"{plan.step}: the plan shards a class of the rewritten step over "
-                             f"devices that do not divide it")
-        timeline = self.model.timeline_of(arrays)
+        timeline = self.model.timeline_of(self._plan_arrays(plan))
         origin = np.asarray(self.rewrite.op_origin, np.int64)
         return replace(timeline, ops=origin[timeline.ops],
                        peak_op=int(origin[timeline.peak_op]) if timeline.peak_op >= 0 else -1)
@@ -211,12 +211,5 @@ class StepCostModel:
     def estimate(self, plan):
         """The Estimate of `plan` (a plan of the analysis as written) with this step's
         decisions."""
-        model = self.model
-        arrays = self.arrays(*self._lists(plan))
-        if arrays is None:
-            raise ValueError(
-                f"{plan.step}: the plan shards a class of the rewritten step over devices "
-                f"that do not divide it (each micro-batch's examples must divide over the "
-                f"batch's mesh axes); use fewer micro-batches or shard the batch less")
-        return model.evaluate(*arrays)
+        return self.model.evaluate(*self._plan_arrays(plan))
 

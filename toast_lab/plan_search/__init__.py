@@ -13,4 +13,5 @@ from ._tracker import SearchProgress, SearchResult
 from ._space import STEP, Decision, Space
 
 __all__ = ["search", "exhaustive", "random_search", "SearchResult", "SearchProgress", "Space",
-           "Decision", "STEP", "StepModels", "reward", "enumerate_choices", "EXHAUSTIVE_LIMIT", "INFEASIBLE_PENALTY"]
+           "Decision", "STEP", "StepModels", "reward", "enumerate_choices", "EXHAUSTIVE_LIMIT",
+           "INFEASIBLE_PENALTY"]
