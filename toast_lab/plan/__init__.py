@@ -23,13 +23,15 @@
   which errors quote what a user gave).
 """
 
-from ._decisions import MICRO_BATCHES, REMAT_POLICIES, REMAT_PREFIX, StepDecisions
+from ._decisions import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_POLICIES, REMAT_PREFIX,
+                         StepDecisions)
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._files import ExistingFileError, replace_refusal, write_file
 from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh, check_mesh
 from ._plan import Axes, Plan, PlanError, check_analysis, override_name
+from ._pipeline import Pipeline, PipelineRefused, StackPipeline, stack_pipeline
 from ._planfile import PLAN_FILE, PlanFileError, echo, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
 from ._remat import RematRewrite, ScanRemat, UnitRemat, remat_rewrite
@@ -43,4 +45,5 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "PLAN_FILE", "check_analysis", "check_mesh", "override_name", "echo", "StepDecisions",
            "REMAT_POLICIES", "REMAT_PREFIX", "MICRO_BATCHES", "remat_rewrite", "RematRewrite",
            "UnitRemat",
-           "ScanRemat", "rewritten_step", "OP_SCOPE"]
+           "ScanRemat", "rewritten_step", "OP_SCOPE", "Pipeline", "PipelineRefused",
+           "StackPipeline", "stack_pipeline", "PIPELINE_PREFIX"]

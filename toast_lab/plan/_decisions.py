@@ -31,6 +31,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
+from ._pipeline import Pipeline, PipelineRefused, stack_pipeline
+
 EVERYTHING = "everything"
 DOTS = "dots_with_no_batch_dims"
 OFFLOAD_DOTS = "offload_dots_with_no_batch_dims"
@@ -44,6 +46,7 @@ REFUSED_POLICIES = {
 }
 MICRO_BATCHES = "micro_batches"   # the decision's name in pins, plan files and diffs
 REMAT_PREFIX = "remat@"           # "remat@<group>"
+PIPELINE_PREFIX = "pipeline@"     # "pipeline@<group>": "<mesh axis>:<stages>"
 
 
 class StepDecisionError(ValueError):
@@ -62,11 +65,13 @@ class StepDecisions:
     remat: tuple[tuple[str, str], ...] = ()
     micro_batches: int = 1
     override: frozenset[str] = frozenset()
+    pipeline: Pipeline | None = None
 
     @property
     def is_default(self) -> bool:
         """The step as written: every group saves everything, one micro-batch."""
-        return not self.remat and self.micro_batches == 1 and not self.override
+        return (not self.remat and self.micro_batches == 1 and not self.override
+                and self.pipeline is None)
 
     def policy_of(self, group: str) -> str:
         return dict(self.remat).get(group, EVERYTHING)
@@ -86,6 +91,8 @@ class StepDecisions:
         out: dict[str, object] = {f"{REMAT_PREFIX}{g}": p for g, p in self.remat}
         if self.micro_batches != 1:
             out[MICRO_BATCHES] = self.micro_batches
+        if self.pipeline is not None:
+            out[f"{PIPELINE_PREFIX}{self.pipeline.group}"] = str(self.pipeline)
         return out
 
     def __repr__(self) -> str:
@@ -179,4 +186,9 @@ def check_decisions(analysis, step: StepDecisions) -> StepDecisions:
     for group in step.override:
         check_override(analysis, group)
     check_micro_batches(analysis, step.micro_batches)
+    if step.pipeline is not None:
+        try:
+            stack_pipeline(analysis, step.pipeline)
+        except PipelineRefused as err:
+            raise StepDecisionError(str(err)) from None
     return step

@@ -33,8 +33,10 @@ from typing import Iterable, Mapping
 from ..analysis import DOMAINS, REPLICATE, Analysis, Conflict, DimClass, domains
 from ..program import Program
 from . import _decisions, _display, _export, _planfile
-from ._decisions import MICRO_BATCHES, REMAT_PREFIX, StepDecisionError, StepDecisions
+from ._decisions import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_PREFIX, StepDecisionError,
+                         StepDecisions)
 from ._mesh import check_mesh
+from ._pipeline import Pipeline, PipelineRefused, stack_pipeline
 
 Axes = tuple[str, ...]
 
@@ -243,6 +245,24 @@ class Plan:
             raise PlanError(str(err)) from None
         pinned = self.pinned | {MICRO_BATCHES} if pin else self.pinned
         return replace(self, step=self.step.with_micro_batches(count), pinned=pinned)
+
+    def with_pipeline(self, group: str, axis: str, stages: int, schedule: str = "gpipe",
+                      pin: bool = False) -> "Plan":
+        """A new plan that cuts scanned layer group `group` into `stages` pipeline stages over
+        mesh axis `axis` (its layer class sharded over it; see _pipeline.py), the micro-batches
+        (`with_micro_batches`) flowing through them."""
+        pipeline = Pipeline(group, axis, stages, schedule)
+        try:
+            sp = stack_pipeline(self.analysis, pipeline)
+        except PipelineRefused as err:
+            raise PlanError(str(err)) from None
+        plan = self.with_axes(sp.layer_class, (axis,))
+        step = replace(plan.step, pipeline=pipeline)
+        pinned = plan.pinned | {f"{PIPELINE_PREFIX}{group}"} if pin else plan.pinned
+        return replace(plan, step=step, pinned=pinned)
+
+    def without_pipeline(self) -> "Plan":
+        return replace(self, step=replace(self.step, pipeline=None))
 
     def remat_of(self, group: str) -> str:
         """The remat policy of layer group `group` ("everything" unless the plan says)."""
@@ -545,7 +565,34 @@ class Plan:
             _decisions.check_sharded_micro_batches(self, mesh)
         except StepDecisionError as err:
             raise PlanError(str(err)) from None
+        self._check_pipeline(mesh)
         return self
+
+    def _check_pipeline(self, mesh) -> None:
+        """A PlanError where the plan's pipeline does not fit `mesh` or its own sharding: the
+        stage axis holds the stages, and nothing else."""
+        p = self.step.pipeline
+        if p is None:
+            return
+        an = self.analysis
+        try:
+            sp = stack_pipeline(an, p)
+        except PipelineRefused as err:
+            raise PlanError(str(err)) from None
+        if p.axis not in mesh.axis_names or mesh.axis_size(p.axis) != p.stages:
+            raise PlanError(f"pipeline@{p.group}: {p.stages} stages over mesh axis {p.axis!r} "
+                            f"need an axis of that size; the mesh is {mesh}")
+        layer = an.classes[sp.layer_class]
+        if self.axes_of(layer.id) != (p.axis,):
+            raise PlanError(f"pipeline@{p.group}: the stages hold the layers of class "
+                            f"{layer.name!r}, which must be sharded over {p.axis!r} alone")
+        others = [an.classes[k].name for k, axes in self.assignments
+                  if k != layer.id and p.axis in axes]
+        others += [f"{an.classes[k].name}@{d}" for k, d, axes in self.overrides
+                   if p.axis in axes]
+        if others:
+            raise PlanError(f"pipeline@{p.group}: mesh axis {p.axis!r} holds the pipeline's "
+                            f"stages, so no other class may be sharded over it; {others} are")
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -602,12 +649,15 @@ class Plan:
             raise PlanError(_no_decision(self.analysis, name)) from None
 
     def _step_decision(self, name):
-        """The LayerGroup a "remat@<group>" names, MICRO_BATCHES itself, or None."""
+        """The LayerGroup a "remat@<group>" or "pipeline@<group>" names, MICRO_BATCHES
+        itself, or None."""
         if name == MICRO_BATCHES:
             return name
-        if isinstance(name, str) and name.startswith(REMAT_PREFIX):
+        for prefix in (REMAT_PREFIX, PIPELINE_PREFIX):
+            if not isinstance(name, str) or not name.startswith(prefix):
+                continue
             try:
-                return _decisions.check_group(self.analysis, name[len(REMAT_PREFIX):])
+                return _decisions.check_group(self.analysis, name[len(prefix):])
             except StepDecisionError as err:
                 raise PlanError(str(err)) from None
         return None

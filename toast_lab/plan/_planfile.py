@@ -12,7 +12,8 @@ program, and carries the program's fingerprint so a plan for another program fai
      "classes": {"batch": ["data"], "heads": ["model"]},          # decision order kept
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
      "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
-     "step": {"remat": {"block*": "full"}, "micro_batches": 4},     # v3, only when not as written
+     "step": {"remat": {"block*": "full"}, "micro_batches": 4,      # v3, only when not as written
+              "pipeline": {"group": "block", "axis": "stage", "stages": 4, "schedule": "gpipe"}},
      "pinned": ["batch"],
      "estimate": {...},                                             # optional, informative
      "experts": [{"name": "dp", "step_time_s": ..., ...}],          # v2, optional, informative
@@ -24,8 +25,9 @@ without a kernel (the view model, toast_lab/lab/_viewmodel.py). Those two are in
 loading a plan never reads them, and skips the view's text without parsing it (_skip.py), so
 no size or nesting depth there can break a load. Version 3 added "step": the decisions beyond
 sharding (plan/_decisions.py: "remat", {layer group: policy}; "micro_batches", a count;
-"override", the groups whose own jax.checkpoint the plan replaces), present only where a plan
-has some. Version 1 and 2 files load unchanged, as the step as written.
+"override", the groups whose own jax.checkpoint the plan replaces; "pipeline", a scanned
+stack cut into stages over a mesh axis, plan/_pipeline.py), present only where a plan has
+some. Version 1 and 2 files load unchanged, as the step as written.
 
 The mesh section names the device; where the device is not the preset of that name (one made
 with `dataclasses.replace(preset, ...)` keeps the preset's name; one of the user's own has a
@@ -57,6 +59,7 @@ from ._decisions import REFUSED_POLICIES, REMAT_POLICIES, StepDecisions
 from ._files import write_file
 from ._hardware import (device_from_numbers, device_numbers, get_device, is_preset,
                         link_from_numbers, link_numbers)
+from ._pipeline import Pipeline
 
 FORMAT = "toast-lab-plan"
 VERSION = 3        # what this toast-lab writes; it reads 1 to 3
@@ -296,6 +299,10 @@ def step_section(step) -> dict[str, Any]:
         out["micro_batches"] = step.micro_batches
     if step.override:
         out["override"] = sorted(step.override)
+    if step.pipeline is not None:
+        p = step.pipeline
+        out["pipeline"] = {"group": p.group, "axis": p.axis, "stages": p.stages,
+                           "schedule": p.schedule}
     return out
 
 
@@ -312,10 +319,10 @@ def step_decisions(doc, source: str = "<dict>"):
         raise PlanFileError(f"{source}: \"step\" must be an object like {{\"remat\": "
                             f"{{\"block*\": \"full\"}}, \"micro_batches\": 4}}, got "
                             f"{echo(section)}")
-    unknown = sorted(set(section) - {"remat", "micro_batches", "override"})
+    unknown = sorted(set(section) - {"remat", "micro_batches", "override", "pipeline"})
     if unknown:
         fail(f"field {echo(unknown[0])} is unknown; its fields are \"remat\", "
-             f"\"micro_batches\" and \"override\"")
+             f"\"micro_batches\", \"override\" and \"pipeline\"")
     remat = section.get("remat", {})
     if not isinstance(remat, dict) or not all(isinstance(k, str) for k in remat):
         fail(f"\"remat\" must map layer group names to policies, got {echo(remat)}")
@@ -332,7 +339,29 @@ def step_decisions(doc, source: str = "<dict>"):
     override = section.get("override", [])
     if not isinstance(override, list) or not all(isinstance(g, str) for g in override):
         fail(f"\"override\" must be a list of layer group names, got {echo(override)}")
-    return StepDecisions(tuple(remat.items()), count, frozenset(override))
+    return StepDecisions(tuple(remat.items()), count, frozenset(override),
+                         _pipeline(section.get("pipeline"), fail))
+
+
+def _pipeline(section, fail):
+    """The Pipeline of a "pipeline" field (None where there is none)."""
+    if section is None:
+        return None
+    fields = {"group": str, "axis": str, "stages": int, "schedule": str}
+    words = {str: "a string", int: "an integer"}
+    if not isinstance(section, dict) or set(section) - set(fields) or \
+            not {"group", "axis", "stages"} <= set(section):
+        fail(f"\"pipeline\" must be an object like {{\"group\": \"block\", \"axis\": "
+             f"\"stage\", \"stages\": 4, \"schedule\": \"gpipe\"}}, got {echo(section)}")
+    for name, kind in fields.items():
+        value = section.get(name, "gpipe")
+        if isinstance(value, bool) or not isinstance(value, kind):
+            fail(f"\"pipeline\" field {echo(name)} must be {words[kind]}, got "
+                 f"{echo(value)}")
+    if section["stages"] < 2:
+        fail(f"\"pipeline\" needs at least 2 stages, got {echo(section['stages'])}")
+    return Pipeline(section["group"], section["axis"], section["stages"],
+                    section.get("schedule", "gpipe"))
 
 
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,

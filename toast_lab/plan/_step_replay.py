@@ -22,10 +22,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ..program import CONST, NO_OP, Replay, as_function
 from ..rules import Shapes, resized_params
+from ._pipeline import PipelinedScans, stack_pipeline
 from ._remat import remat_rewrite
 
 
-class StepReplay(Replay):
+class StepReplay(PipelinedScans, Replay):
     """A Replay of `program` (the plan's, or one of the same structure) that applies
     `plan.step` (module docstring).
 
@@ -39,7 +40,11 @@ class StepReplay(Replay):
         an = plan.analysis
         self.mesh, self.spec = jax_mesh, spec
         self.count = plan.step.micro_batches
-        self.split = an.micro_batching if self.count > 1 else None
+        pipeline = plan.step.pipeline
+        self.pipe = stack_pipeline(an, pipeline) if pipeline is not None else None
+        # micro-batches run through the pipeline's stages, or accumulate around the whole step
+        self.split = an.micro_batching if self.count > 1 or self.pipe else None
+        self.accumulate = self.count > 1 and self.pipe is None
         self.remat = remat_rewrite(an, plan.step)
         self.micro = False        # replaying the per-example ops of one micro-batch
         self.recomputing = False  # replaying a group's forward ops in the backward pass
@@ -51,7 +56,7 @@ class StepReplay(Replay):
         prog = self.program
         env = self.body_env()
         env.update(zip(prog.inputs, flat_args))
-        if self.split is None:
+        if not self.accumulate:
             self.run(env, 0, len(prog.ops))
         else:
             self._micro_batches(env)
@@ -177,6 +182,8 @@ class StepReplay(Replay):
     def step(self, env: dict, op) -> None:
         if op.id in self.remat.dead:  # a user's recomputation the plan overrides
             return None
+        if self.pipe is not None and op.id in (self.pipe.forward, self.pipe.backward):
+            return self._pipelined(env, op)
         scan = self.remat.scans.get(op.id)
         if scan is None:
             return super().step(env, op)

@@ -1,0 +1,95 @@
+"""Pipeline stages: a scanned layer stack cut into stages over a mesh axis, micro-batches
+flowing through them as one SPMD step (plan/_pipeline.py), checked against the step as
+written on 8 simulated devices; the decision's refusals, validation and plan files."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import toast_lab as tl
+
+SHAPE = dict(layers=4, batch=8, seq=16)
+
+
+@functools.cache
+def analysed(name: str):
+    fn, args = tl.zoo.get(name, **SHAPE)
+    return fn, args, tl.analyze(tl.trace(fn, *args))
+
+
+def _stack(an) -> str:
+    (group,) = [g.name for g in an.layer_groups if g.kind == "scanned"]
+    return group
+
+
+def _pipelined(an, mesh, stages: int, micro_batches: int):
+    """fsdp+tp on the mesh's other axes, the stack cut into `stages` over "stage"."""
+    base = tl.strategies.expert(an, tl.Mesh({"data": 8 // stages // 2, "model": 2},
+                                            device="cpu"))["fsdp+tp"]
+    plan = tl.Plan.from_decisions(an, [(an.classes[k].name, axes)
+                                       for k, axes in base.assignments])
+    plan = plan.with_micro_batches(micro_batches)
+    return plan.with_pipeline(_stack(an), "stage", stages)
+
+
+def _permutes(report) -> dict:
+    return {axes: total for (kind, axes), total in report.stats.collective_summary().items()
+            if kind == "collective-permute"}
+
+
+@pytest.mark.parametrize("name,stages,micro_batches", [("gpt_scan", 2, 4), ("llama", 4, 4)])
+def test_pipelined_step_matches_the_step_as_written(name, stages, micro_batches):
+    fn, args, an = analysed(name)
+    mesh = tl.Mesh({"stage": stages, "data": 8 // stages // 2, "model": 2}, device="cpu")
+    plan = _pipelined(an, mesh, stages, micro_batches)
+    report = tl.verify(fn, args, plan, mesh)
+    assert report.numerics_ok, report
+    # the hand-offs between stages: collective-permutes over the stage axis, in both loops
+    permutes = _permutes(report)
+    assert ("stage",) in permutes and permutes[("stage",)].count >= 2 * micro_batches
+    # each stage holds its layers' weights only: the stacks' per-device argument bytes fall
+    unstaged = tl.verify(fn, args, plan.without_pipeline().with_axes("layers", ()), mesh)
+    assert report.stats.argument_bytes < unstaged.stats.argument_bytes
+
+
+def test_refusals_name_the_reason():
+    _, _, an = analysed("gpt_scan")
+    plan = tl.Plan(an)
+    with pytest.raises(tl.PlanError, match="3 stages do not divide its 4 layers"):
+        plan.with_pipeline(_stack(an), "stage", 3)
+    with pytest.raises(tl.PlanError, match="scanned layer stack"):
+        plan.with_pipeline("embed", "stage", 2)
+    _, _, unrolled = analysed("gpt")
+    with pytest.raises(tl.PlanError, match="scanned stacks of .*: none"):
+        tl.Plan(unrolled).with_pipeline("block*", "stage", 2)
+
+
+def test_validate_keeps_the_stage_axis_for_the_stages():
+    _, _, an = analysed("gpt_scan")
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plan = tl.Plan(an).with_micro_batches(2).with_pipeline(_stack(an), "stage", 2)
+    assert plan.axes_of("layers") == ("stage",)
+    plan.validate(mesh)
+    with pytest.raises(tl.PlanError, match=r"no other class may be sharded over it; \['batch'\]"):
+        plan.with_axes("batch", ("stage",)).validate(mesh)
+    with pytest.raises(tl.PlanError, match="must be sharded over 'stage' alone"):
+        plan.with_axes("layers", ()).validate(mesh)
+    with pytest.raises(tl.PlanError, match="need an axis of that size"):
+        plan.validate(tl.Mesh({"stage": 4, "model": 2}, device="cpu"))
+
+
+def test_plan_files_carry_the_pipeline(tmp_path):
+    _, _, an = analysed("gpt_scan")
+    plan = tl.Plan(an).with_micro_batches(4).with_pipeline(_stack(an), "stage", 2, pin=True)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    back = tl.Plan.load(path, an)
+    assert back == plan and back.step.pipeline == plan.step.pipeline
+    assert f"pipeline@{_stack(an)}" in back.pinned
+    assert plan.step.names()[f"pipeline@{_stack(an)}"] == "stage:2"
+    doc = plan.to_dict()
+    doc["step"]["pipeline"]["stages"] = "two"
+    with pytest.raises(tl.PlanFileError, match="field 'stages' must be an integer"):
+        tl.Plan.from_dict(doc, an)

@@ -1,0 +1,413 @@
+"""Pipeline stages as a rewrite of the traced, already differentiated step: a scanned layer
+stack cut into stages over one mesh axis, micro-batches flowing through them, as one SPMD
+program (the shape MaxText's pipeline gives a `jit`-ed step).
+
+The stack's forward scan F and its transposed scan G (analysis/_layer_groups.py) each become
+a loop over T = M + S - 1 ticks (M micro-batches, S stages). The layers' stacked operands
+[L, ...] are viewed as [S, L/S, ...] with the stage dim sharded over the stage axis, so each
+stage's devices hold their L/S layers (and their gradients and optimizer state) and nothing
+else of the stack. Each tick, every stage runs its L/S layers (a `lax.scan` over them, the
+stages `vmap`ped with `spmd_axis_name` = the stage axis) on the micro-batch it holds, then
+hands its result to the next stage: a `jnp.roll` over the stage dim, which XLA's partitioner
+lowers to one collective-permute over the stage axis.
+
+- GPipe schedule: all forwards, then all backwards. In the forward loop stage s runs
+  micro-batch m = t - s at tick t; stage 0 takes micro-batch t from the stack's input. In
+  the backward loop the last stage starts, with the micro-batches in reverse: stage s runs
+  m = M + S - 2 - u - s at tick u, and the cotangent flows down the stages.
+- Residuals: F's per-layer stacks (what G reads) are kept per stage and micro-batch, in
+  buffers [S, M, L/S, ...] indexed by (m + s) mod M. That index is t mod M in the forward
+  loop and (M + S - 2 - u) mod M in the backward one, the same for every stage at a tick: a
+  plain dynamic slice, no per-stage gather.
+- Ticks where a stage holds no micro-batch (the bubble: (S - 1) of every M + S - 1) still
+  run its layers, on stale data, and their results are masked out: the bubble costs the same
+  compute time on the devices as in any SPMD pipeline.
+- Per-example constants the stack reads (an attention mask) are cut into micro-batches and
+  each stage takes its micro-batch's slice; batch-independent ones (RoPE tables) are shared.
+- G's accumulators that are not per example (gradients of the stack's shared constants)
+  start at zero on each stage and are summed over the stages after the loop; its per-layer
+  results (the weight gradients) are summed over the micro-batches each stage ran.
+
+What runs outside the stack (embedding, head, loss, optimizer) runs once, on the whole batch,
+with the plan's sharding, as written. Refused, naming the reason: a stack the micro-batch
+analysis cannot split, a stack whose carry holds something other than per-example values,
+whose per-layer operands hold examples, or whose residuals someone other than its backward
+scan reads; a layer count the stages do not divide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from ..analysis import SCANNED
+from ..program import CONST
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipelined stack: layer group `group` cut into `stages` stages over mesh axis
+    `axis`, GPipe schedule (module docstring)."""
+
+    group: str
+    axis: str
+    stages: int
+    schedule: str = "gpipe"
+
+    def __str__(self) -> str:
+        return f"{self.axis}:{self.stages}"
+
+
+SCHEDULES = ("gpipe",)
+
+
+class PipelineRefused(ValueError):
+    """The stack cannot be pipelined as asked: says why."""
+
+
+@dataclass(frozen=True)
+class StackPipeline:
+    """Where each operand and result of a stack's two scans goes in the pipelined loops.
+
+    forward / backward: the op ids of F and G. f_batch_consts / f_shared_consts: positions
+    of F's consts that hold examples / do not. Same for G (g_*). g_carry_batch /
+    g_carry_acc: positions (within G's carries) that flow down the stages / accumulate.
+    g_xs_residual: {position of a G xs operand: index of the F ys it reads}; g_xs_layers:
+    positions of G's xs read straight from the layers' stacks. layer_class: the class of
+    the stacks' layer dim, which the stage axis shards.
+    """
+
+    pipeline: Pipeline
+    forward: int
+    backward: int
+    layers: int
+    layer_class: int
+    f_batch_consts: tuple[int, ...]
+    f_shared_consts: tuple[int, ...]
+    g_batch_consts: tuple[int, ...]
+    g_shared_consts: tuple[int, ...]
+    g_carry_batch: tuple[int, ...]
+    g_carry_acc: tuple[int, ...]
+    g_xs_residual: dict
+    g_xs_layers: tuple[int, ...]
+
+    @property
+    def per_stage(self) -> int:
+        return self.layers // self.pipeline.stages
+
+
+def stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
+    """The StackPipeline of `pipeline` on `analysis`'s step, or PipelineRefused."""
+    groups = {g.name: g for g in analysis.layer_groups}
+    group = groups.get(pipeline.group)
+    if group is None or group.kind != SCANNED:
+        scanned = [g.name for g in analysis.layer_groups if g.kind == SCANNED]
+        raise PipelineRefused(
+            f"pipeline@{pipeline.group}: stages cut a scanned layer stack (a lax.scan over "
+            f"stacked layers); scanned stacks of {analysis.program.fn_name!r}: "
+            f"{scanned or 'none'}")
+    if pipeline.schedule not in SCHEDULES:
+        raise PipelineRefused(f"pipeline@{group.name}: schedule {pipeline.schedule!r} is not "
+                              f"one of {list(SCHEDULES)}")
+    if pipeline.stages < 2 or group.layers % pipeline.stages:
+        raise PipelineRefused(f"pipeline@{group.name}: {pipeline.stages} stages do not divide "
+                              f"its {group.layers} layers evenly")
+    mb = analysis.micro_batching
+    if not mb.legal:
+        raise PipelineRefused(f"pipeline@{group.name}: a pipeline runs micro-batches through "
+                              f"the stages, and the batch cannot be split: {mb.reason}")
+    prog = analysis.program
+    fwd, bwd = prog.ops[group.units[0][0]], group.backward_scans[0]
+    if len(group.units) != 1 or bwd < 0:
+        raise PipelineRefused(f"pipeline@{group.name}: the stack has no backward scan to "
+                              f"pipeline ({group.source}); stages pipeline a training step")
+    bwd = prog.ops[bwd]
+    where = f"pipeline@{group.name} ({group.source})"
+    holds = _batch_test(prog, mb)
+    f_nc, f_nk = fwd.params["num_consts"], fwd.params["num_carry"]
+    g_nc, g_nk = bwd.params["num_consts"], bwd.params["num_carry"]
+    if fwd.params["reverse"] or not bwd.params["reverse"]:
+        raise PipelineRefused(f"{where}: the forward scan runs its layers backwards")
+    if not all(holds(v) for v in fwd.operands[f_nc:f_nc + f_nk]):
+        raise PipelineRefused(f"{where}: the stack carries a value that is not per example "
+                              f"from layer to layer, which stages cannot hand on")
+    if any(holds(v) for v in fwd.operands[f_nc + f_nk:]):
+        raise PipelineRefused(f"{where}: a per-layer operand of the stack holds examples")
+    body_consts = {v for o in prog.ops[slice(*fwd.body_ops)] for v in o.operands
+                   if prog.values[v].origin == CONST and holds(v)}
+    if body_consts:
+        raise PipelineRefused(f"{where}: the layer reads a constant that holds examples")
+    ys = {r: j for j, r in enumerate(fwd.results[f_nk:])}
+    for r in ys:
+        if any(u != bwd.id for u in prog.users(r)) or r in prog.outputs:
+            raise PipelineRefused(f"{where}: a per-layer result of the stack is read by "
+                                  f"something other than its backward pass")
+    residual, layers_xs = {}, []
+    for p in range(g_nc + g_nk, len(bwd.operands)):
+        v = bwd.operands[p]
+        if v in ys:
+            residual[p] = ys[v]
+        elif holds(v):
+            raise PipelineRefused(f"{where}: the backward scan reads per-layer examples "
+                                  f"that its forward scan did not make")
+        else:
+            layers_xs.append(p)
+    if any(holds(r) for r in bwd.results[g_nk:]):
+        raise PipelineRefused(f"{where}: the backward scan returns per-layer examples")
+    g_carries = list(range(g_nk))
+    acc = tuple(k for k in g_carries if not holds(bwd.operands[g_nc + k]))
+    if any(prog.values[bwd.operands[g_nc + k]].dtype.kind not in "fc" for k in acc):
+        raise PipelineRefused(f"{where}: the backward scan carries a value that is neither "
+                              f"per example nor a gradient sum")
+    split = lambda op, n: (tuple(p for p in range(n) if holds(op.operands[p])),  # noqa: E731
+                           tuple(p for p in range(n) if not holds(op.operands[p])))
+    f_b, f_s = split(fwd, f_nc)
+    g_b, g_s = split(bwd, g_nc)
+    stacks = fwd.operands[f_nc + f_nk:]
+    if not stacks:
+        raise PipelineRefused(f"{where}: the stack has no per-layer operands (weights) to "
+                              f"divide between the stages")
+    layer_class = analysis.value_classes[stacks[0]][0]
+    return StackPipeline(pipeline, fwd.id, bwd.id, group.layers, layer_class,
+                         f_b, f_s, g_b, g_s,
+                         tuple(k for k in g_carries if k not in acc), acc, residual,
+                         tuple(layers_xs))
+
+
+def _batch_test(prog, mb):
+    """holds(value): the value carries the batch (one dim, which the pipeline cuts)."""
+    def holds(v: int) -> bool:
+        dims = mb.batch_dims.get(v, ())
+        if len(dims) > 1:
+            raise PipelineRefused(f"a value of the stack holds the batch merged with another "
+                                  f"dim ({list(prog.values[v].shape)})")
+        return bool(dims)
+    return holds
+
+
+# --- the replay of the two scans as pipelined loops (StepReplay calls these) ----------------
+
+class PipelinedScans:
+    """StepReplay's pipelined F and G (module docstring). Needs the replay's `program`,
+    `mesh` / `spec` / `_constrained` / `_cut` / `_uncut` / `body` / `operands` / `write`,
+    its micro-batch resizing (`micro`, `count`) and `pipe` (a StackPipeline)."""
+
+    def _pipelined(self, env: dict, op) -> None:
+        sp = self.pipe
+        self.before(env, op)
+        if op.id == sp.forward:
+            outs = self._pipeline_forward(env, op, self.operands(env, op))
+        else:  # (the residual stacks it reads were never made: the buffers hold them)
+            outs = self._pipeline_backward(env, op, [env.get(v) for v in op.operands])
+        for vid, x in zip(op.results, outs):
+            if x is not None:
+                self.write(env, vid, x)
+
+    # --- layout helpers -----------------------------------------------------------------
+
+    def _stage_entries(self, value: int, drop: int) -> list:
+        """The plan's spec entries of `value` after its first `drop` dims, without the
+        stage axis (which the stage dim holds)."""
+        axis = self.pipe.pipeline.axis
+        entries = list(self.spec(value)) + [None] * self.program.values[value].ndim
+        out = []
+        for e in entries[drop:self.program.values[value].ndim]:
+            names = e if isinstance(e, tuple) else (e,) if e is not None else ()
+            kept = tuple(a for a in names if a != axis)
+            out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+        return out
+
+    def _on_stages(self, x, value: int, drop: int, between: int = 0):
+        """x laid out [S, <between unsharded dims>, <value's dims after `drop`>], its stage
+        dim over the stage axis."""
+        spec = PartitionSpec(self.pipe.pipeline.axis, *[None] * between,
+                             *self._stage_entries(value, drop))
+        return self._constrained(x, spec)
+
+    def _layers(self, value: int, x):
+        """A layer stack [L, ...] as [S, L/S, ...]."""
+        s = self.pipe.pipeline.stages
+        x = x.reshape((s, x.shape[0] // s) + x.shape[1:])
+        return self._on_stages(x, value, 1, 1)
+
+    def _staged(self, fn):
+        return jax.vmap(fn, spmd_axis_name=self.pipe.pipeline.axis)
+
+    def _run_layers(self, op, consts, carry, xs, reverse: bool):
+        """One stage's L/S layers: op's body scanned over its slice of the stacks."""
+        nk, n_in = op.params["num_carry"], len(op.operands)
+        b_in, b_out = op.body[:n_in], op.body[n_in:]
+
+        def layer(c, x):
+            outs = self.body(op, 0, b_in, b_out, (*consts, *c, *x))
+            return tuple(outs[:nk]), tuple(outs[nk:])
+
+        self.micro = True
+        try:
+            return jax.lax.scan(layer, tuple(carry), tuple(xs), length=self.pipe.per_stage,
+                                reverse=reverse)
+        finally:
+            self.micro = False
+
+    def _mb_shape(self, value: int) -> tuple:
+        return self.split.shape(value, self.program.values[value].shape, self.count)
+
+    # --- F: the forward loop --------------------------------------------------------------
+
+    def _pipeline_forward(self, env: dict, op, args) -> list:
+        sp, prog, m_count = self.pipe, self.program, self.count
+        s_count = sp.pipeline.stages
+        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
+        n_body_in = n_in
+        f_out = op.body[n_body_in:]
+        dim = lambda v: self.split.batch_dims[v][0]  # noqa: E731
+        first = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
+                 for p in range(nc, nc + nk)]
+        cut_consts = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
+                      for p in sp.f_batch_consts]
+        shared = {p: args[p] for p in sp.f_shared_consts}
+        layers = [self._layers(op.operands[p], args[p]) for p in range(nc + nk, n_in)]
+        idx = jnp.arange(s_count)
+        carry_ids = op.operands[nc:nc + nk]
+        ys_ids = f_out[nk:]
+
+        def stage(carry, consts_b, xs):
+            consts = dict(shared)
+            consts.update(zip(sp.f_batch_consts, consts_b))
+            return self._run_layers(op, [consts[p] for p in range(nc)], carry, xs, False)
+
+        staged = self._staged(stage)
+
+        def tick(state, t):
+            h, bufs, outs = state
+            m = t - idx
+            valid = (m >= 0) & (m < m_count)
+            take = jnp.clip(m, 0, m_count - 1)
+            entering = jnp.minimum(t, m_count - 1)
+            h_in = [self._on_stages(
+                jnp.where(_per_stage(idx == 0, x),
+                          jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
+                          jnp.roll(x, 1, axis=0)), v, 0)
+                    for x, x0, v in zip(h, first, carry_ids)]
+            consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
+            h_out, ys = staged(h_in, consts_b, layers)
+            pos = t % m_count
+            bufs = [_put(buf, y, valid, pos, 1) for buf, y in zip(bufs, ys)]
+            done = t - (s_count - 1)
+            outs = [_put(o, x[s_count - 1], done >= 0, jnp.clip(done, 0, m_count - 1), 0)
+                    for o, x in zip(outs, h_out)]
+            return (list(h_out), bufs, outs), None
+
+        h0 = [self._on_stages(jnp.broadcast_to(x[:1], (s_count,) + x.shape[1:]), v, 0)
+              for x, v in zip(first, carry_ids)]
+        bufs0 = [self._on_stages(jnp.zeros((s_count, m_count, sp.per_stage)
+                                           + self._mb_shape(y), prog.values[y].dtype),
+                                 r, 1, 2)
+                 for y, r in zip(ys_ids, op.results[nk:])]
+        outs0 = [jnp.zeros_like(x) for x in first]
+        (_, bufs, outs), _ = jax.lax.scan(tick, (h0, bufs0, outs0),
+                                          jnp.arange(m_count + s_count - 1, dtype=np.int32))
+        env[("pipeline", op.id)] = bufs
+        return [self._uncut(r, o) for r, o in zip(op.results[:nk], outs)] + \
+            [None] * (len(op.results) - nk)
+
+    # --- G: the backward loop -------------------------------------------------------------
+
+    def _pipeline_backward(self, env: dict, op, args) -> list:
+        sp, prog, m_count = self.pipe, self.program, self.count
+        s_count = sp.pipeline.stages
+        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
+        bufs = env[("pipeline", sp.forward)]
+        dim = lambda v: self.split.batch_dims[v][0]  # noqa: E731
+        first = [self._cut(op.operands[nc + k], dim(op.operands[nc + k]), args[nc + k])
+                 for k in sp.g_carry_batch]
+        cut_consts = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
+                      for p in sp.g_batch_consts]
+        shared = {p: args[p] for p in sp.g_shared_consts}
+        layers = [self._layers(op.operands[p], args[p]) for p in sp.g_xs_layers]
+        residual_at = sorted(sp.g_xs_residual)
+        idx = jnp.arange(s_count)
+        carry_ids = [op.operands[nc + k] for k in sp.g_carry_batch]
+        acc_ids = [op.operands[nc + k] for k in sp.g_carry_acc]
+
+        def stage(carry_b, acc, consts_b, xs_layers, xs_res):
+            consts = dict(shared)
+            consts.update(zip(sp.g_batch_consts, consts_b))
+            carry = dict(zip(sp.g_carry_batch, carry_b))
+            carry.update(zip(sp.g_carry_acc, acc))
+            xs = dict(zip(sp.g_xs_layers, xs_layers))
+            xs.update(zip(residual_at, xs_res))
+            out, ys = self._run_layers(op, [consts[p] for p in range(nc)],
+                                       [carry[k] for k in range(nk)],
+                                       [xs[p] for p in range(nc + nk, n_in)], True)
+            return ([out[k] for k in sp.g_carry_batch], [out[k] for k in sp.g_carry_acc],
+                    list(ys))
+
+        staged = self._staged(stage)
+
+        def tick(state, u):
+            h, acc, grads, outs = state
+            m = m_count + s_count - 2 - u - idx
+            valid = (m >= 0) & (m < m_count)
+            take = jnp.clip(m, 0, m_count - 1)
+            entering = jnp.clip(m_count - 1 - u, 0, m_count - 1)
+            last = idx == s_count - 1
+            h_in = [self._on_stages(
+                jnp.where(_per_stage(last, x),
+                          jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
+                          jnp.roll(x, -1, axis=0)), v, 0)
+                    for x, x0, v in zip(h, first, carry_ids)]
+            consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
+            pos = (m_count + s_count - 2 - u) % m_count
+            res = [jax.lax.dynamic_index_in_dim(bufs[sp.g_xs_residual[p]], pos, 1,
+                                                keepdims=False) for p in residual_at]
+            h_out, a_out, ys = staged(h_in, acc, consts_b, layers, res)
+            acc = [jnp.where(_per_stage(valid, a), n, a) for a, n in zip(acc, a_out)]
+            grads = [g + jnp.where(_per_stage(valid, y), y, 0).astype(g.dtype)
+                     for g, y in zip(grads, ys)]
+            m0 = m_count + s_count - 2 - u
+            outs = [_put(o, x[0], m0 < m_count, jnp.clip(m0, 0, m_count - 1), 0)
+                    for o, x in zip(outs, h_out)]
+            return (list(h_out), acc, grads, outs), None
+
+        h0 = [self._on_stages(jnp.broadcast_to(x[-1:], (s_count,) + x.shape[1:]), v, 0)
+              for x, v in zip(first, carry_ids)]
+        acc0 = [self._on_stages(jnp.zeros((s_count,) + prog.values[v].shape,
+                                          prog.values[v].dtype), v, 0) for v in acc_ids]
+        grads0 = [self._on_stages(jnp.zeros((s_count, sp.per_stage) + prog.values[r].shape[1:],
+                                            _sum_dtype(prog.values[r].dtype)), r, 1, 1)
+                  for r in op.results[nk:]]
+        outs0 = [jnp.zeros_like(x) for x in first]
+        (_, acc, grads, outs), _ = jax.lax.scan(
+            tick, (h0, acc0, grads0, outs0), jnp.arange(m_count + s_count - 1, dtype=np.int32))
+        carry_out = dict(zip(sp.g_carry_batch,
+                             [self._uncut(op.results[k], o)
+                              for k, o in zip(sp.g_carry_batch, outs)]))
+        carry_out.update((k, args[nc + k] + a.sum(axis=0).astype(args[nc + k].dtype))
+                         for k, a in zip(sp.g_carry_acc, acc))
+        ys = [g.reshape(prog.values[r].shape).astype(prog.values[r].dtype)
+              for g, r in zip(grads, op.results[nk:])]
+        return [carry_out[k] for k in range(nk)] + ys
+
+
+def _per_stage(mask, x):
+    """A per-stage [S] mask broadcast against x [S, ...]."""
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+
+
+def _put(buf, x, keep, pos, axis: int):
+    """buf with x written at index pos of `axis` where `keep` (per stage, or one flag), its
+    old slice kept elsewhere: one dynamic slice and update, whatever the mask."""
+    old = jax.lax.dynamic_index_in_dim(buf, pos, axis, keepdims=False)
+    mask = _per_stage(keep, x) if jnp.ndim(keep) else keep
+    new = jnp.where(mask, x.astype(buf.dtype), old)
+    return jax.lax.dynamic_update_index_in_dim(buf, new, pos, axis)
+
+
+def _sum_dtype(dtype):
+    dtype = np.dtype(dtype)
+    return np.float32 if dtype.kind == "f" and dtype.itemsize < 4 else dtype
