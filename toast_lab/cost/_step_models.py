@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from ..analysis import NO_CLASS, analyze
-from ..plan import OP_SCOPE, Plan, rewritten_step
+from ..plan import OP_SCOPE, STAGE_SCOPE, Plan, rewritten_step, stack_pipeline
 from ..program import trace
 from ._plan_arrays import plan_arrays
 
@@ -76,7 +76,10 @@ def _rewrite(analysis, step) -> RewrittenStep:
                        for v in prog.inputs])
     new = analyze(trace(fn, *args, **kwargs))
     origin = _value_origin(prog, new.program)
-    return RewrittenStep(step, new, _class_map(analysis, new, origin),
+    classes = _class_map(analysis, new, origin)
+    if step.pipeline is not None:
+        classes = _with_stages(classes, new, stack_pipeline(analysis, step.pipeline).layer_class)
+    return RewrittenStep(step, new, classes,
                          _conflict_map(analysis, new, origin), _op_origin(new.program))
 
 
@@ -121,6 +124,17 @@ def _class_map(analysis, new, origin) -> tuple[tuple[int, ...], ...]:
     for c_new in sorted(votes):
         out[votes[c_new].most_common(1)[0][0]].append(c_new)
     return tuple(tuple(c) for c in out)
+
+
+def _with_stages(classes, new, layer_class: int):
+    """`classes` with the pipeline's stage dim (the class of its stage index, STAGE_SCOPE)
+    taking the decisions of the stack's layer class, which the stage axis shards."""
+    stage = {new.value_classes[op.results[0]][0] for op in new.program.ops
+             if op.primitive == "iota" and STAGE_SCOPE in op.name_scope}
+    stage.discard(NO_CLASS)
+    out = [tuple(n for n in c if n not in stage) for c in classes]
+    out[layer_class] += tuple(sorted(stage))
+    return tuple(out)
 
 
 def _conflict_map(analysis, new, origin):

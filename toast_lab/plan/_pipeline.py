@@ -65,6 +65,11 @@ class Pipeline:
 SCHEDULES = ("gpipe",)
 
 
+# The named scope of each loop's stage index (an iota over the stages): its dim is the stage
+# dim of every per-stage value, which the cost model shards over the stage axis.
+STAGE_SCOPE = "toast_lab_stage"
+
+
 class PipelineRefused(ValueError):
     """The stack cannot be pipelined as asked: says why."""
 
@@ -271,7 +276,8 @@ class PipelinedScans:
                       for p in sp.f_batch_consts]
         shared = {p: args[p] for p in sp.f_shared_consts}
         layers = [self._layers(op.operands[p], args[p]) for p in range(nc + nk, n_in)]
-        idx = jnp.arange(s_count)
+        with jax.named_scope(STAGE_SCOPE):
+            idx = jnp.arange(s_count)
         carry_ids = op.operands[nc:nc + nk]
         ys_ids = f_out[nk:]
 
@@ -330,7 +336,8 @@ class PipelinedScans:
         shared = {p: args[p] for p in sp.g_shared_consts}
         layers = [self._layers(op.operands[p], args[p]) for p in sp.g_xs_layers]
         residual_at = sorted(sp.g_xs_residual)
-        idx = jnp.arange(s_count)
+        with jax.named_scope(STAGE_SCOPE):
+            idx = jnp.arange(s_count)
         carry_ids = [op.operands[nc + k] for k in sp.g_carry_batch]
         acc_ids = [op.operands[nc + k] for k in sp.g_carry_acc]
 
