@@ -8,8 +8,8 @@ a loop over T = M + S - 1 ticks (M micro-batches, S stages). The layers' stacked
 stage's devices hold their L/S layers (and their gradients and optimizer state) and nothing
 else of the stack. Each tick, every stage runs its L/S layers (a `lax.scan` over them, the
 stages `vmap`ped with `spmd_axis_name` = the stage axis) on the micro-batch it holds, then
-hands its result to the next stage: a `jnp.roll` over the stage dim, which XLA's partitioner
-lowers to one collective-permute over the stage axis.
+hands its result to the next stage: a `ppermute` over the stage axis (one
+collective-permute).
 
 - GPipe schedule: all forwards, then all backwards. In the forward loop stage s runs
   micro-batch m = t - s at tick t; stage 0 takes micro-batch t from the stack's input. In
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import AbstractMesh, PartitionSpec
 
 from ..analysis import SCANNED
 from ..program import CONST
@@ -239,6 +239,19 @@ class PipelinedScans:
         x = x.reshape((s, x.shape[0] // s) + x.shape[1:])
         return self._on_stages(x, value, 1, 1)
 
+    def _hand_on(self, x, shift: int):
+        """x [S, ...] with each stage's slice handed `shift` stages on, cyclically: a
+        `ppermute` over the stage axis in a shard_map manual over that axis alone, which is
+        one collective-permute, whatever else shards x. (The rewrite the cost model traces has
+        no devices: an abstract mesh of the stage axis names the same collective.)"""
+        s, axis = self.pipe.pipeline.stages, self.pipe.pipeline.axis
+        mesh = self.mesh if self.mesh is not None else AbstractMesh((s,), (axis,))
+        perm = [(i, (i + shift) % s) for i in range(s)]
+        hand = jax.shard_map(lambda block: jax.lax.ppermute(block, axis, perm), mesh=mesh,
+                             in_specs=PartitionSpec(axis), out_specs=PartitionSpec(axis),
+                             axis_names={axis}, check_vma=False)
+        return hand(x)
+
     def _staged(self, fn):
         return jax.vmap(fn, spmd_axis_name=self.pipe.pipeline.axis)
 
@@ -257,6 +270,14 @@ class PipelinedScans:
                                 reverse=reverse)
         finally:
             self.micro = False
+
+    def _collected(self, cut, value: int):
+        """Zeros [S, M, <one micro-batch>] for what leaves the pipeline: each stage writes
+        its own slice (the last stage's forward results, the first's backward ones), with no
+        transfer per tick; the one slice read after the loop moves once."""
+        s = self.pipe.pipeline.stages
+        zeros = jnp.zeros((s,) + cut.shape, cut.dtype)
+        return self._on_stages(zeros, value, 0, 1)
 
     def _mb_shape(self, value: int) -> tuple:
         return self.split.shape(value, self.program.values[value].shape, self.count)
@@ -297,15 +318,15 @@ class PipelinedScans:
             h_in = [self._on_stages(
                 jnp.where(_per_stage(idx == 0, x),
                           jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
-                          jnp.roll(x, 1, axis=0)), v, 0)
+                          self._hand_on(x, 1)), v, 0)
                     for x, x0, v in zip(h, first, carry_ids)]
             consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
             h_out, ys = staged(h_in, consts_b, layers)
             pos = t % m_count
             bufs = [_put(buf, y, valid, pos, 1) for buf, y in zip(bufs, ys)]
             done = t - (s_count - 1)
-            outs = [_put(o, x[s_count - 1], done >= 0, jnp.clip(done, 0, m_count - 1), 0)
-                    for o, x in zip(outs, h_out)]
+            outs = [_put(o, x, (idx == s_count - 1) & (done >= 0),
+                         jnp.clip(done, 0, m_count - 1), 1) for o, x in zip(outs, h_out)]
             return (list(h_out), bufs, outs), None
 
         h0 = [self._on_stages(jnp.broadcast_to(x[:1], (s_count,) + x.shape[1:]), v, 0)
@@ -314,11 +335,11 @@ class PipelinedScans:
                                            + self._mb_shape(y), prog.values[y].dtype),
                                  r, 1, 2)
                  for y, r in zip(ys_ids, op.results[nk:])]
-        outs0 = [jnp.zeros_like(x) for x in first]
+        outs0 = [self._collected(x, v) for x, v in zip(first, carry_ids)]
         (_, bufs, outs), _ = jax.lax.scan(tick, (h0, bufs0, outs0),
                                           jnp.arange(m_count + s_count - 1, dtype=np.int32))
         env[("pipeline", op.id)] = bufs
-        return [self._uncut(r, o) for r, o in zip(op.results[:nk], outs)] + \
+        return [self._uncut(r, o[s_count - 1]) for r, o in zip(op.results[:nk], outs)] + \
             [None] * (len(op.results) - nk)
 
     # --- G: the backward loop -------------------------------------------------------------
@@ -366,7 +387,7 @@ class PipelinedScans:
             h_in = [self._on_stages(
                 jnp.where(_per_stage(last, x),
                           jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
-                          jnp.roll(x, -1, axis=0)), v, 0)
+                          self._hand_on(x, -1)), v, 0)
                     for x, x0, v in zip(h, first, carry_ids)]
             consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
             pos = (m_count + s_count - 2 - u) % m_count
@@ -377,7 +398,7 @@ class PipelinedScans:
             grads = [g + jnp.where(_per_stage(valid, y), y, 0).astype(g.dtype)
                      for g, y in zip(grads, ys)]
             m0 = m_count + s_count - 2 - u
-            outs = [_put(o, x[0], m0 < m_count, jnp.clip(m0, 0, m_count - 1), 0)
+            outs = [_put(o, x, (idx == 0) & (m0 < m_count), jnp.clip(m0, 0, m_count - 1), 1)
                     for o, x in zip(outs, h_out)]
             return (list(h_out), acc, grads, outs), None
 
@@ -388,11 +409,11 @@ class PipelinedScans:
         grads0 = [self._on_stages(jnp.zeros((s_count, sp.per_stage) + prog.values[r].shape[1:],
                                             _sum_dtype(prog.values[r].dtype)), r, 1, 1)
                   for r in op.results[nk:]]
-        outs0 = [jnp.zeros_like(x) for x in first]
+        outs0 = [self._collected(x, v) for x, v in zip(first, carry_ids)]
         (_, acc, grads, outs), _ = jax.lax.scan(
             tick, (h0, acc0, grads0, outs0), jnp.arange(m_count + s_count - 1, dtype=np.int32))
         carry_out = dict(zip(sp.g_carry_batch,
-                             [self._uncut(op.results[k], o)
+                             [self._uncut(op.results[k], o[0])
                               for k, o in zip(sp.g_carry_batch, outs)]))
         carry_out.update((k, args[nc + k] + a.sum(axis=0).astype(args[nc + k].dtype))
                          for k, a in zip(sp.g_carry_acc, acc))

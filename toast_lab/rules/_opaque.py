@@ -8,6 +8,10 @@ between the two is unknown, so no dim is tied through it and every dim needs rep
 a plan that shards an operand pays an all-gather before the shard_map (which then slices its
 shard locally), the same charge as the conservative rule. Unlike an unknown primitive this is
 not a guess about a missing rule: it is what a hand-partitioned region means to a planner.
+
+One body is known from outside: a body that only `ppermute`s each operand to its result, with
+the same in_specs and out_specs (a ring shift, the hand-off between pipeline stages). It moves
+each shard whole to another device, so every dim passes through as it is sharded.
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ from ._table import register
 @register("shard_map")
 def shard_map_rule(ins, outs, params):
     """Every operand and result dim its own need-replication factor (see the module
-    docstring); `params` (mesh, in_specs, out_specs) change nothing from outside."""
+    docstring); `params` (mesh, in_specs, out_specs) change nothing from outside, except for
+    a body that only permutes shards, whose dims pass through."""
     b = RuleBuilder(ins, outs)
+    if _permutes_shards(ins, outs, params):
+        for i, shape in enumerate(ins):
+            for d, n in enumerate(shape):
+                b.factor(n, operands={i: d}, results={i: d})
+        return b.build()
     for i, shape in enumerate(ins):
         for d, n in enumerate(shape):
             b.factor(n, NEED_REPLICATION, operands={i: d})
@@ -28,6 +38,19 @@ def shard_map_rule(ins, outs, params):
         for d, n in enumerate(shape):
             b.factor(n, NEED_REPLICATION, results={j: d})
     return b.build()
+
+
+def _permutes_shards(ins, outs, params) -> bool:
+    """The body ppermutes operand i to result i, for every i, and nothing else."""
+    body = params.get("jaxpr")
+    jaxpr = getattr(body, "jaxpr", body)
+    if jaxpr is None or ins != outs or params.get("in_specs") != params.get("out_specs"):
+        return False
+    eqns = list(getattr(jaxpr, "eqns", ()))
+    if not eqns or any(e.primitive.name != "ppermute" for e in eqns):
+        return False
+    moved = {id(o): id(i) for e in eqns for i, o in zip(e.invars, e.outvars)}
+    return [moved.get(id(o)) for o in jaxpr.outvars] == [id(i) for i in jaxpr.invars]
 
 
 @register("empty", "empty2")
