@@ -116,3 +116,40 @@ def test_the_estimate_prices_the_stages_as_xla_compiles_them():
     flat = tl.CostModel(an, mesh).estimate(
         plan.without_pipeline().with_micro_batches(1).with_axes("layers", ()))
     assert estimate.argument_bytes < flat.argument_bytes
+
+
+@pytest.mark.parametrize("policy", ["dots_with_no_batch_dims", "full"])
+def test_remat_inside_the_stages(policy):
+    """Each stage recomputes its layers' residuals in the backward loop as the remat policy
+    says: the buffers between the loops hold only what stays, and XLA's peak falls."""
+    fn, args, an = analysed("gpt_scan")
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plan = _pipelined(an, mesh, 2, 4)
+    kept = tl.verify(fn, args, plan, mesh)
+    report = tl.verify(fn, args, plan.with_remat(_stack(an), policy), mesh)
+    assert report.numerics_ok, report
+    assert report.stats.peak_bytes < 0.8 * kept.stats.peak_bytes
+
+
+def test_the_search_takes_stages_as_a_decision():
+    """pipeline@<group> is a decision of the search's space (none, or a mesh axis whose size
+    divides the layers); pinned, the search's plan pipelines on that axis, holds the stack's
+    layer class there and nothing else, and compiles to the step as written."""
+    from toast_lab.plan_search import STEP, Space
+
+    fn, args, an = analysed("gpt_scan")
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    stages = [d for d in Space(an, mesh).decisions if d.kind == STEP
+              and d.name == f"pipeline@{_stack(an)}"]
+    assert [stages[0].label(i) for i in range(len(stages[0].choices))] == \
+        ["none", "stage:2", "data:2", "model:2"]
+    result = tl.search(an, mesh, pins={f"pipeline@{_stack(an)}": "stage:2", "micro_batches": 4},
+                       budget_s=None, simulations=60, seed=0)
+    plan = result.plan
+    assert plan.step.pipeline == tl.plan.Pipeline(_stack(an), "stage", 2)
+    assert plan.axes_of("layers") == ("stage",)
+    assert all("stage" not in axes for k, axes in plan.assignments
+               if an.classes[k].name != "layers")
+    assert tl.verify(fn, args, plan, mesh).numerics_ok
+    with pytest.raises(tl.PlanError, match=r"choose one of \['none', 'stage:2'"):
+        Space(an, mesh, pins={f"pipeline@{_stack(an)}": "stage:4"})

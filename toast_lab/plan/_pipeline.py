@@ -255,21 +255,23 @@ class PipelinedScans:
     def _staged(self, fn):
         return jax.vmap(fn, spmd_axis_name=self.pipe.pipeline.axis)
 
-    def _run_layers(self, op, consts, carry, xs, reverse: bool):
-        """One stage's L/S layers: op's body scanned over its slice of the stacks."""
-        nk, n_in = op.params["num_carry"], len(op.operands)
-        b_in, b_out = op.body[:n_in], op.body[n_in:]
-
-        def layer(c, x):
-            outs = self.body(op, 0, b_in, b_out, (*consts, *c, *x))
-            return tuple(outs[:nk]), tuple(outs[nk:])
-
+    def _run_layers(self, one, carry, xs, reverse: bool):
+        """One stage's L/S layers: the layer function `one` (StepReplay.forward_layer or
+        backward_layer) scanned over the stage's slices of the stacks, at micro-batch shapes."""
         self.micro = True
         try:
-            return jax.lax.scan(layer, tuple(carry), tuple(xs), length=self.pipe.per_stage,
+            return jax.lax.scan(one, tuple(carry), tuple(xs), length=self.pipe.per_stage,
                                 reverse=reverse)
         finally:
             self.micro = False
+
+    def _per_example(self, op, args, positions):
+        """The operands of `op` at `positions`, cut into micro-batches: [M, ...]."""
+        out = []
+        for p in positions:
+            v = op.operands[p]
+            out.append(self._cut(v, self.split.batch_dims[v][0], args[p]))
+        return out
 
     def _collected(self, cut, value: int):
         """Zeros [S, M, <one micro-batch>] for what leaves the pipeline: each stage writes
@@ -288,24 +290,24 @@ class PipelinedScans:
         sp, prog, m_count = self.pipe, self.program, self.count
         s_count = sp.pipeline.stages
         nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
-        n_body_in = n_in
-        f_out = op.body[n_body_in:]
-        dim = lambda v: self.split.batch_dims[v][0]  # noqa: E731
-        first = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
-                 for p in range(nc, nc + nk)]
-        cut_consts = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
-                      for p in sp.f_batch_consts]
+        remat = self.remat.scans.get(op.id)
+        f_out = op.body[n_in:]
+        first = self._per_example(op, args, range(nc, nc + nk))
+        cut_consts = self._per_example(op, args, sp.f_batch_consts)
         shared = {p: args[p] for p in sp.f_shared_consts}
         layers = [self._layers(op.operands[p], args[p]) for p in range(nc + nk, n_in)]
         with jax.named_scope(STAGE_SCOPE):
             idx = jnp.arange(s_count)
         carry_ids = op.operands[nc:nc + nk]
-        ys_ids = f_out[nk:]
+        # the buffers: the kept per-layer results, then what remat emits for its recompute
+        kept = [j for j in self.kept_results(op, remat) if j >= nk]
+        ys_ids = [f_out[j] for j in kept] + list(remat.emitted if remat else ())
 
         def stage(carry, consts_b, xs):
             consts = dict(shared)
             consts.update(zip(sp.f_batch_consts, consts_b))
-            return self._run_layers(op, [consts[p] for p in range(nc)], carry, xs, False)
+            one = self.forward_layer(op, remat, [consts[p] for p in range(nc)])
+            return self._run_layers(one, carry, xs, False)
 
         staged = self._staged(stage)
 
@@ -332,13 +334,12 @@ class PipelinedScans:
         h0 = [self._on_stages(jnp.broadcast_to(x[:1], (s_count,) + x.shape[1:]), v, 0)
               for x, v in zip(first, carry_ids)]
         bufs0 = [self._on_stages(jnp.zeros((s_count, m_count, sp.per_stage)
-                                           + self._mb_shape(y), prog.values[y].dtype),
-                                 r, 1, 2)
-                 for y, r in zip(ys_ids, op.results[nk:])]
+                                           + self._mb_shape(y), prog.values[y].dtype), y, 0, 2)
+                 for y in ys_ids]
         outs0 = [self._collected(x, v) for x, v in zip(first, carry_ids)]
         (_, bufs, outs), _ = jax.lax.scan(tick, (h0, bufs0, outs0),
                                           jnp.arange(m_count + s_count - 1, dtype=np.int32))
-        env[("pipeline", op.id)] = bufs
+        env[("pipeline", op.id)] = (dict(zip(kept, bufs)), bufs[len(kept):], cut_consts)
         return [self._uncut(r, o[s_count - 1]) for r, o in zip(op.results[:nk], outs)] + \
             [None] * (len(op.results) - nk)
 
@@ -347,31 +348,43 @@ class PipelinedScans:
     def _pipeline_backward(self, env: dict, op, args) -> list:
         sp, prog, m_count = self.pipe, self.program, self.count
         s_count = sp.pipeline.stages
-        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
-        bufs = env[("pipeline", sp.forward)]
-        dim = lambda v: self.split.batch_dims[v][0]  # noqa: E731
-        first = [self._cut(op.operands[nc + k], dim(op.operands[nc + k]), args[nc + k])
-                 for k in sp.g_carry_batch]
-        cut_consts = [self._cut(op.operands[p], dim(op.operands[p]), args[p])
-                      for p in sp.g_batch_consts]
+        nc, nk = op.params["num_consts"], op.params["num_carry"]
+        remat = self.remat.scans.get(op.id)
+        fwd = prog.ops[sp.forward]
+        f_nk = fwd.params["num_carry"]
+        kept, emitted, fwd_cut = env[("pipeline", sp.forward)]
+        first = self._per_example(op, args, [nc + k for k in sp.g_carry_batch])
+        cut_consts = self._per_example(op, args, sp.g_batch_consts)
         shared = {p: args[p] for p in sp.g_shared_consts}
-        layers = [self._layers(op.operands[p], args[p]) for p in sp.g_xs_layers]
-        residual_at = sorted(sp.g_xs_residual)
+        xs_at = self.backward_xs(op, remat)
+        layers = {p: self._layers(op.operands[p], args[p]) for p in xs_at
+                  if p in sp.g_xs_layers}
+        residual_at = [p for p in xs_at if p in sp.g_xs_residual]
+        # under remat: the forward scan's stacks and consts its recomputation reads
+        fwd_stacks = [self._layers(fwd.operands[i], env[fwd.operands[i]])
+                      for i, _ in (remat.stacks if remat else ())]
+        fwd_consts_at = [i for i, _ in (remat.consts if remat else ())]
+        fwd_shared = {i: env[fwd.operands[i]] for i in fwd_consts_at
+                      if i in sp.f_shared_consts}
         with jax.named_scope(STAGE_SCOPE):
             idx = jnp.arange(s_count)
         carry_ids = [op.operands[nc + k] for k in sp.g_carry_batch]
         acc_ids = [op.operands[nc + k] for k in sp.g_carry_acc]
 
-        def stage(carry_b, acc, consts_b, xs_layers, xs_res):
+        def stage(carry_b, acc, consts_b, fwd_b, xs_layers, xs_res, xs_emitted, xs_fwd):
             consts = dict(shared)
             consts.update(zip(sp.g_batch_consts, consts_b))
+            fwd_consts = dict(fwd_shared)
+            fwd_consts.update(zip(sp.f_batch_consts, fwd_b))
             carry = dict(zip(sp.g_carry_batch, carry_b))
             carry.update(zip(sp.g_carry_acc, acc))
-            xs = dict(zip(sp.g_xs_layers, xs_layers))
+            xs = dict(zip(layers, xs_layers))
             xs.update(zip(residual_at, xs_res))
-            out, ys = self._run_layers(op, [consts[p] for p in range(nc)],
-                                       [carry[k] for k in range(nk)],
-                                       [xs[p] for p in range(nc + nk, n_in)], True)
+            one = self.backward_layer(op, remat, [consts[p] for p in range(nc)],
+                                      [fwd_consts[i] for i in fwd_consts_at])
+            out, ys = self._run_layers(one, [carry[k] for k in range(nk)],
+                                       [xs[p] for p in xs_at] + list(xs_emitted)
+                                       + list(xs_fwd), True)
             return ([out[k] for k in sp.g_carry_batch], [out[k] for k in sp.g_carry_acc],
                     list(ys))
 
@@ -390,10 +403,13 @@ class PipelinedScans:
                           self._hand_on(x, -1)), v, 0)
                     for x, x0, v in zip(h, first, carry_ids)]
             consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
+            fwd_b = [jnp.take(c, take, axis=0) for c in fwd_cut] if fwd_consts_at else []
             pos = (m_count + s_count - 2 - u) % m_count
-            res = [jax.lax.dynamic_index_in_dim(bufs[sp.g_xs_residual[p]], pos, 1,
-                                                keepdims=False) for p in residual_at]
-            h_out, a_out, ys = staged(h_in, acc, consts_b, layers, res)
+            here = lambda buf: jax.lax.dynamic_index_in_dim(buf, pos, 1,  # noqa: E731
+                                                            keepdims=False)
+            res = [here(kept[f_nk + sp.g_xs_residual[p]]) for p in residual_at]
+            h_out, a_out, ys = staged(h_in, acc, consts_b, fwd_b, list(layers.values()), res,
+                                      [here(b) for b in emitted], fwd_stacks)
             acc = [jnp.where(_per_stage(valid, a), n, a) for a, n in zip(acc, a_out)]
             grads = [g + jnp.where(_per_stage(valid, y), y, 0).astype(g.dtype)
                      for g, y in zip(grads, ys)]

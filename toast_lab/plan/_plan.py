@@ -249,14 +249,22 @@ class Plan:
     def with_pipeline(self, group: str, axis: str, stages: int, schedule: str = "gpipe",
                       pin: bool = False) -> "Plan":
         """A new plan that cuts scanned layer group `group` into `stages` pipeline stages over
-        mesh axis `axis` (its layer class sharded over it; see _pipeline.py), the micro-batches
-        (`with_micro_batches`) flowing through them."""
+        mesh axis `axis` (see _pipeline.py), the micro-batches (`with_micro_batches`) flowing
+        through them. The axis holds the stages and nothing else: the stack's layer class is
+        sharded over it, and every other class and override loses it."""
         pipeline = Pipeline(group, axis, stages, schedule)
         try:
             sp = stack_pipeline(self.analysis, pipeline)
         except PipelineRefused as err:
             raise PlanError(str(err)) from None
-        plan = self.with_axes(sp.layer_class, (axis,))
+        plan = self
+        for k, axes in self.assignments:
+            if axis in axes and k != sp.layer_class:
+                plan = plan.with_axes(k, tuple(a for a in axes if a != axis))
+        for k, domain, axes in self.overrides:
+            if axis in axes:
+                plan = plan.with_axes(k, tuple(a for a in axes if a != axis), domain=domain)
+        plan = plan.with_axes(sp.layer_class, (axis,))
         step = replace(plan.step, pipeline=pipeline)
         pinned = plan.pinned | {f"{PIPELINE_PREFIX}{group}"} if pin else plan.pinned
         return replace(plan, step=step, pinned=pinned)

@@ -201,42 +201,61 @@ class StepReplay(PipelinedScans, Replay):
     def _forward_scan(self, op, args, scan):
         """The forward scan without the dropped stacks, writing the emitted ones: (its
         results, None where dropped; the emitted stacks)."""
-        nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
-        f_in, f_out = op.body[:n_in], op.body[n_in:]
-        kept = [j for j, r in enumerate(op.results) if r not in scan.dropped]
-        consts = args[:nc]
-
-        def one(carry, x):
-            outs = self.body(op, 0, f_in, [f_out[j] for j in kept] + list(scan.emitted),
-                             (*consts, *carry, *x))
-            return tuple(outs[:nk]), tuple(outs[nk:])
-
-        carry, ys = self._scan(op, one, args[nc:nc + nk], args[nc + nk:])
+        nc, nk = op.params["num_consts"], op.params["num_carry"]
+        kept = self.kept_results(op, scan)
+        carry, ys = self._scan(op, self.forward_layer(op, scan, args[:nc]), args[nc:nc + nk],
+                               args[nc + nk:])
         made = dict(zip(kept, [*carry, *ys[:len(kept) - nk]]))
         return [made.get(j) for j in range(len(op.results))], list(ys[len(kept) - nk:])
 
-    def _backward_scan(self, env: dict, op, args, scan):
-        """The backward scan, each iteration first recomputing its layer's dropped
-        residuals from the kept ones, through one barrier with its carried cotangents."""
-        prog = self.program
-        fwd = prog.ops[scan.forward]
+    @staticmethod
+    def kept_results(op, scan) -> list[int]:
+        """Positions of the forward scan's results a remat `scan` keeps (all without one)."""
+        return [j for j, r in enumerate(op.results) if scan is None or r not in scan.dropped]
+
+    def forward_layer(self, op, scan, consts):
+        """The forward scan's body, one layer: (carry, xs slices) -> (carry, the kept results'
+        slices, then the values remat `scan` emits for the recomputation)."""
+        nk, n_in = op.params["num_carry"], len(op.operands)
+        f_in, f_out = op.body[:n_in], op.body[n_in:]
+        wanted = [f_out[j] for j in self.kept_results(op, scan)]
+        wanted += list(scan.emitted) if scan is not None else []
+
+        def one(carry, x):
+            outs = self.body(op, 0, f_in, wanted, (*consts, *carry, *x))
+            return tuple(outs[:nk]), tuple(outs[nk:])
+
+        return one
+
+    @staticmethod
+    def backward_xs(op, scan) -> list[int]:
+        """Positions of the backward scan's xs operands it still reads under remat `scan`
+        (then come the emitted stacks and the forward scan's own stacks)."""
+        nc, nk = op.params["num_consts"], op.params["num_carry"]
+        return [p for p in range(nc + nk, len(op.operands))
+                if scan is None or op.operands[p] not in scan.dropped]
+
+    def backward_layer(self, op, scan, consts, fwd_consts):
+        """The backward scan's body, one layer: (carry, x) -> (carry, ys); x: the slices of
+        `backward_xs`, then (under remat `scan`) of the emitted stacks and the forward scan's
+        stacks, from which it first recomputes the layer's dropped residuals, through one
+        barrier with its carried cotangents."""
         nc, nk = op.params["num_consts"], op.params["num_carry"]
         b_in, b_out = op.body[:len(op.operands)], op.body[len(op.operands):]
-        xs_at = [p for p in range(nc + nk, len(op.operands))
-                 if op.operands[p] not in scan.dropped]
-        xs = [args[p] for p in xs_at]
-        emitted = env[("stacks", fwd.id)]
-        fwd_consts = [env[fwd.operands[i]] for i, _ in scan.consts]
-        fwd_stacks = [env[fwd.operands[i]] for i, _ in scan.stacks]
+        xs_at = self.backward_xs(op, scan)
+        if scan is None:
+            def plain(carry, x):
+                outs = self.body(op, 0, b_in, b_out, (*consts, *carry, *x))
+                return tuple(outs[:nk]), tuple(outs[nk:])
+            return plain
         leaf_ids = ([w for _, w in scan.kept_leaves] + list(scan.emitted)
                     + [w for _, w in scan.stacks] + [w for _, w in scan.consts])
-        consts = args[:nc]
 
         def one(carry, x):
             mine = x[:len(xs_at)]
             slices = dict(zip((b_in[p] for p in xs_at), mine))
             values = ([slices[b] for b, _ in scan.kept_leaves] + list(x[len(xs_at):])
-                      + fwd_consts)
+                      + list(fwd_consts))
             values, carry = jax.lax.optimization_barrier((values, carry))
             again = self.body_env()
             again.update(zip(leaf_ids, values))
@@ -252,6 +271,17 @@ class StepReplay(PipelinedScans, Replay):
             outs = self.body(op, 0, list(bound), b_out, list(bound.values()))
             return tuple(outs[:nk]), tuple(outs[nk:])
 
+        return one
+
+    def _backward_scan(self, env: dict, op, args, scan):
+        """The backward scan under remat `scan` (backward_layer)."""
+        fwd = self.program.ops[scan.forward]
+        nc, nk = op.params["num_consts"], op.params["num_carry"]
+        xs = [args[p] for p in self.backward_xs(op, scan)]
+        emitted = env[("stacks", fwd.id)]
+        fwd_consts = [env[fwd.operands[i]] for i, _ in scan.consts]
+        fwd_stacks = [env[fwd.operands[i]] for i, _ in scan.stacks]
+        one = self.backward_layer(op, scan, args[:nc], fwd_consts)
         carry, ys = self._scan(op, one, args[nc:nc + nk], [*xs, *emitted, *fwd_stacks])
         return [*carry, *ys]
 

@@ -17,8 +17,11 @@ names those of the plans it starts from) or pinned. They come right after their 
 
 Decisions beyond sharding (kind STEP) come first in the tree, as they change the most: a remat
 policy per repeated layer group (`Analysis.layer_groups` of kind "layers" or "scanned"; a
-scanned stack the user checkpoints keeps its own policy) and the micro-batch count (the legal
-ones up to MAX_MICRO_BATCHES). A plan with any of them is priced by the cost model of the
+scanned stack the user checkpoints keeps its own policy), the micro-batch count (the legal
+ones up to MAX_MICRO_BATCHES) and, per scanned stack, pipeline stages (`pipeline@<group>`:
+none, or one mesh axis whose size divides its layers; the axis then holds the stages and
+nothing else, so a plan with stages has the stack's layer class on that axis and every other
+class without it, in its plan and its price). A plan with any of them is priced by the cost model of the
 step they rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them
 as written (pinned) where an expert plan fits as written and no pin asks for them
 (_tracker.as_written).
@@ -42,8 +45,8 @@ import numpy as np
 
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, SCANNED, SCOPE, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
-from ..plan import (MICRO_BATCHES, REMAT_POLICIES, REMAT_PREFIX, Plan, PlanError,
-                    StepDecisions)
+from ..plan import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_POLICIES, REMAT_PREFIX, Pipeline,
+                    PipelineRefused, Plan, PlanError, StepDecisions, stack_pipeline)
 from ..plan import override_name
 
 CLASS, CONFLICT, OVERRIDE, STEP = "class", "conflict", "override", "step"
@@ -75,7 +78,7 @@ class Decision:
             return "as its class"
         if self.kind in (CLASS, OVERRIDE):
             return "replicated" if not c else "x".join(c)
-        return str(c)
+        return "none" if c is None else str(c)
 
 
 class Space:
@@ -125,7 +128,7 @@ class Space:
         conflicts_of: dict[int, list] = {}
         for c in analysis.conflicts:
             conflicts_of.setdefault(c.class_id, []).append(c)
-        decisions: list[Decision] = list(_step_decisions(analysis, pins))
+        decisions: list[Decision] = list(_step_decisions(analysis, pins, mesh))
         for cls in sorted(analysis.classes, key=lambda c: (-c.bytes, c.id)):
             options = divisible(cls)
             choices = [()] + [axes for axes, _ in options]
@@ -196,6 +199,11 @@ class Space:
         self._overrides = tuple(p for p, d in enumerate(self.decisions) if d.kind == OVERRIDE)
         self._conflicts = tuple(p for p, d in enumerate(self.decisions) if d.kind == CONFLICT)
         self._steps = tuple(p for p, d in enumerate(self.decisions) if d.kind == STEP)
+        self._stages = {}  # scanned group: its layer class
+        for d in self.decisions:
+            if d.kind == STEP and d.name.startswith(PIPELINE_PREFIX):
+                staged = next(c for c in d.choices if c is not None)
+                self._stages[staged.group] = stack_pipeline(self.analysis, staged).layer_class
 
     def reordered(self, order: Sequence[int] | None) -> "Space":
         """The same decisions with another rank order (class ids, see the module docstring)."""
@@ -213,7 +221,7 @@ class Space:
         an = self.analysis
         known = {c.name for c in an.classes} | {c.name for c in an.conflicts}
         known |= {f"{c.name}@{d}" for c in an.classes for d in (PARAMETERS, OPTIMIZER)}
-        known |= {d.name for d in _step_decisions(an, {})}
+        known |= {d.name for d in _step_decisions(an, {}, self.mesh)}
         unknown = [p for p in pins if p not in known]
         if unknown:
             raise PlanError(f"pins name no class, conflict or override (<class>@parameters, "
@@ -245,11 +253,18 @@ class Space:
         """plan_arrays' arguments: (class, mask) in rank order, (conflict, resolution index),
         (class, domain, mask) overrides."""
         decisions = self.decisions
-        return ([(decisions[p].index, decisions[p].masks[choices[p]])
-                 for p in self._rank_positions],
-                [(decisions[p].index, choices[p]) for p in self._conflicts],
-                [(decisions[p].index, decisions[p].domain, decisions[p].masks[choices[p]])
-                 for p in self._overrides if choices[p]])
+        classes = [(decisions[p].index, decisions[p].masks[choices[p]])
+                   for p in self._rank_positions]
+        conflicts = [(decisions[p].index, choices[p]) for p in self._conflicts]
+        overrides = [(decisions[p].index, decisions[p].domain, decisions[p].masks[choices[p]])
+                     for p in self._overrides if choices[p]]
+        pipeline = self.step_of(choices).pipeline if self._stages else None
+        if pipeline is not None:  # the stage axis holds the stack's layers, nothing else
+            bit = live_axis_bits(self.mesh)[pipeline.axis]
+            layer = self._stages[pipeline.group]
+            classes = [(layer, bit)] + [(k, m & ~bit) for k, m in classes if k != layer]
+            overrides = [(k, d, m & ~bit) for k, d, m in overrides]
+        return classes, conflicts, overrides
 
     def step_of(self, choices) -> StepDecisions:
         """The decisions beyond sharding that `choices` take."""
@@ -259,6 +274,8 @@ class Space:
             value = d.choices[choices[p]]
             if d.name == MICRO_BATCHES:
                 step = step.with_micro_batches(value)
+            elif d.name.startswith(PIPELINE_PREFIX):
+                step = replace(step, pipeline=value)
             else:
                 step = step.with_remat(d.name[len(REMAT_PREFIX):], value)
         return step
@@ -288,7 +305,11 @@ class Space:
             d = self.decisions[p]
             if choices[d.parent]:
                 plan = plan.with_resolution(d.index, d.choices[choices[p]])
-        plan = replace(plan, step=self.step_of(choices))
+        step = self.step_of(choices)
+        if step.pipeline is not None:
+            p = step.pipeline
+            plan = plan.with_pipeline(p.group, p.axis, p.stages, p.schedule)
+        plan = replace(plan, step=step)
         pinned = [d.name for d in self.decisions if d.pinned >= 0]
         return plan.pin(*pinned) if pinned else plan
 
@@ -304,6 +325,7 @@ class Space:
                 out[pos] = d.masks.index(m) if m in d.masks else 0
             elif d.kind == STEP:
                 value = (plan.step.micro_batches if d.name == MICRO_BATCHES
+                         else plan.step.pipeline if d.name.startswith(PIPELINE_PREFIX)
                          else plan.step.policy_of(d.name[len(REMAT_PREFIX):]))
                 out[pos] = d.choices.index(value) if value in d.choices else 0
             elif d.kind == OVERRIDE:
@@ -315,8 +337,9 @@ class Space:
         return out
 
 
-def _step_decisions(an, pins: Mapping) -> list[Decision]:
-    """The STEP decisions of an analysis (module docstring), with their pins."""
+def _step_decisions(an, pins: Mapping, mesh=None) -> list[Decision]:
+    """The STEP decisions of an analysis (module docstring), with their pins; pipeline
+    stages only with a mesh to put them on."""
     out = []
     for g in an.layer_groups:
         if g.kind == SCOPE or g.kind == SCANNED and g.checkpointed:
@@ -326,15 +349,39 @@ def _step_decisions(an, pins: Mapping) -> list[Decision]:
     counts = tuple(k for k in mb.counts if k <= MAX_MICRO_BATCHES) if mb.legal else (1,)
     if len(counts) > 1 or MICRO_BATCHES in pins:
         out.append(_step_decision(MICRO_BATCHES, counts, pins))
+    return out + ([] if mesh is None else _stage_decisions(an, pins, mesh))
+
+
+def _stage_decisions(an, pins: Mapping, mesh) -> list[Decision]:
+    """pipeline@<group> for each scanned stack a pipeline can cut: none, or the live mesh axes
+    whose size divides its layers (module docstring)."""
+    bit = live_axis_bits(mesh)
+    out = []
+    for g in an.layer_groups:
+        if g.kind != SCANNED:
+            continue
+        stages = []
+        for a in (a for a in mesh.axis_names if bit[a]):
+            try:
+                stages.append(stack_pipeline(an, Pipeline(g.name, a, mesh.axis_size(a)))
+                              .pipeline)
+            except PipelineRefused:
+                continue
+        if stages:
+            out.append(_step_decision(f"{PIPELINE_PREFIX}{g.name}", (None, *stages), pins))
     return out
 
 
 def _step_decision(name: str, choices: tuple, pins: Mapping) -> Decision:
+    """A STEP decision; a pin names its choice as the choice itself or as its text
+    ("stage:4" for stages, "none" for no pipeline)."""
     pinned = -1
     if name in pins:
-        if pins[name] not in choices:
-            raise PlanError(f"pin {name}={pins[name]!r}: choose one of {list(choices)}")
-        pinned = choices.index(pins[name])
+        spoken = {("none" if c is None else str(c)): c for c in choices}
+        want = spoken.get(pins[name], pins[name]) if isinstance(pins[name], str) else pins[name]
+        if want not in choices:
+            raise PlanError(f"pin {name}={pins[name]!r}: choose one of {list(spoken)}")
+        pinned = choices.index(want)
     return Decision(STEP, 0, name, tuple(choices), pinned=pinned)
 
 
