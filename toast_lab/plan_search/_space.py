@@ -21,8 +21,8 @@ scanned stack the user checkpoints keeps its own policy), the micro-batch count 
 ones up to MAX_MICRO_BATCHES) and, per scanned stack, pipeline stages (`pipeline@<group>`:
 none, or one mesh axis whose size divides its layers; the axis then holds the stages and
 nothing else, so a plan with stages has the stack's layer class on that axis and every other
-class without it, in its plan and its price). A plan with any of them is priced by the cost model of the
-step they rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them
+class without it, in its plan and its price). A plan with any of them is priced by the cost
+model of the step they rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them
 as written (pinned) where an expert plan fits as written and no pin asks for them
 (_tracker.as_written).
 
