@@ -153,3 +153,24 @@ def test_the_search_takes_stages_as_a_decision():
     assert tl.verify(fn, args, plan, mesh).numerics_ok
     with pytest.raises(tl.PlanError, match=r"choose one of \['none', 'stage:2'"):
         Space(an, mesh, pins={f"pipeline@{_stack(an)}": "stage:4"})
+
+
+def test_expert_recipes_with_stages():
+    """dp+pp, tp+pp+dp and fsdp+tp+pp: their 2-D recipe with the stack's stages over the
+    mesh's stage axis, micro-batches that divide over the batch's devices; skipped, with the
+    reason, on a mesh with no axis to pipeline over."""
+    fn, args, an = analysed("gpt_scan")
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plans = tl.strategies.expert(an, mesh)
+    for name, base in (("dp+pp", "dp"), ("tp+pp+dp", "dp+tp"), ("fsdp+tp+pp", "fsdp+tp")):
+        plan = plans[name]
+        assert plan.step.pipeline == tl.plan.Pipeline(_stack(an), "stage", 2)
+        assert plan.micro_batches >= 2
+        assert plan.axes_of("heads") == plans[base].axes_of("heads")
+        plan.validate(mesh)
+    assert tl.verify(fn, args, plans["fsdp+tp+pp"], mesh).numerics_ok
+    flat = tl.strategies.expert(an, tl.Mesh({"data": 4, "model": 2}, device="cpu"))
+    assert "fsdp+tp+pp" not in flat and "axis to pipeline over" in flat.skipped["fsdp+tp+pp"]
+    # several nodes: the outer axis crosses the slow links, and the stages go there
+    nodes = tl.Mesh({"node": 2, "gpu": 8}, device="h100")
+    assert tl.strategies.expert(an, nodes)["fsdp+tp+pp"].step.pipeline.axis == "node"

@@ -63,6 +63,9 @@ class Pipeline:
 
 
 SCHEDULES = ("gpipe",)
+# The most micro-batches per stage the expert recipes and the search offer: enough to bring
+# the bubble, (S - 1) / (M + S - 1), under a fifth of the step.
+MICRO_BATCHES_PER_STAGE = 4
 
 
 # The named scope of each loop's stage index (an iota over the stages): its dim is the stage

@@ -18,12 +18,13 @@ names those of the plans it starts from) or pinned. They come right after their 
 Decisions beyond sharding (kind STEP) come first in the tree, as they change the most: a remat
 policy per repeated layer group (`Analysis.layer_groups` of kind "layers" or "scanned"; a
 scanned stack the user checkpoints keeps its own policy), the micro-batch count (the legal
-ones up to MAX_MICRO_BATCHES) and, per scanned stack, pipeline stages (`pipeline@<group>`:
-none, or one mesh axis whose size divides its layers; the axis then holds the stages and
-nothing else, so a plan with stages has the stack's layer class on that axis and every other
-class without it, in its plan and its price). A plan with any of them is priced by the cost
-model of the step they rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them
-as written (pinned) where an expert plan fits as written and no pin asks for them
+ones up to MAX_MICRO_BATCHES, or MICRO_BATCHES_PER_STAGE per stage where stages are offered)
+and, per scanned stack, pipeline stages (`pipeline@<group>`: none, or one mesh axis whose
+size divides its layers; the axis then holds the stages and nothing else, so a plan with
+stages has the stack's layer class on that axis and every other class without it, in its
+plan and its price). A plan with any of them is priced by the cost model of the step they
+rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them as written
+(pinned) where the fastest expert plan that fits is one as written and no pin asks for them
 (_tracker.as_written).
 
 Two orders: the *tree order* of the decisions (by bytes at stake, what MCTS decides first) and
@@ -45,8 +46,9 @@ import numpy as np
 
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, SCANNED, SCOPE, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
-from ..plan import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_POLICIES, REMAT_PREFIX, Pipeline,
-                    PipelineRefused, Plan, PlanError, StepDecisions, stack_pipeline)
+from ..plan import (MICRO_BATCHES, MICRO_BATCHES_PER_STAGE, PIPELINE_PREFIX, REMAT_POLICIES,
+                    REMAT_PREFIX, Pipeline, PipelineRefused, Plan, PlanError, StepDecisions,
+                    stack_pipeline)
 from ..plan import override_name
 
 CLASS, CONFLICT, OVERRIDE, STEP = "class", "conflict", "override", "step"
@@ -339,17 +341,21 @@ class Space:
 
 def _step_decisions(an, pins: Mapping, mesh=None) -> list[Decision]:
     """The STEP decisions of an analysis (module docstring), with their pins; pipeline
-    stages only with a mesh to put them on."""
+    stages only with a mesh to put them on (and then micro-batch counts up to
+    MICRO_BATCHES_PER_STAGE per stage too)."""
     out = []
+    stages = [] if mesh is None else _stage_decisions(an, pins, mesh)
+    most = max([MAX_MICRO_BATCHES] + [MICRO_BATCHES_PER_STAGE * c.stages
+                                      for d in stages for c in d.choices if c is not None])
     for g in an.layer_groups:
         if g.kind == SCOPE or g.kind == SCANNED and g.checkpointed:
             continue
         out.append(_step_decision(f"{REMAT_PREFIX}{g.name}", REMAT_POLICIES, pins))
     mb = an.micro_batching
-    counts = tuple(k for k in mb.counts if k <= MAX_MICRO_BATCHES) if mb.legal else (1,)
+    counts = tuple(k for k in mb.counts if k <= most) if mb.legal else (1,)
     if len(counts) > 1 or MICRO_BATCHES in pins:
         out.append(_step_decision(MICRO_BATCHES, counts, pins))
-    return out + ([] if mesh is None else _stage_decisions(an, pins, mesh))
+    return out + stages
 
 
 def _stage_decisions(an, pins: Mapping, mesh) -> list[Decision]:

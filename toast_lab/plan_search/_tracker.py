@@ -143,17 +143,19 @@ def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, over
 
 
 def as_written(space, model, cap) -> dict:
-    """{decision: its as-written choice} for the remat and micro-batch decisions the search
-    leaves as written: all of them where an expert strategy fits under `cap` as written and
-    no pin asks for another (remat and micro-batches trade step time for memory, and each
-    one priced is a rewritten step with a cost model of its own, about a second to build);
-    none where no expert plan fits, which is when published runs reach for them."""
+    """{decision: its as-written choice} for the remat, micro-batch and pipeline decisions
+    the search leaves as written: all of them where the fastest expert strategy that fits
+    under `cap` is one as written and no pin asks for another (each step priced is a
+    rewritten step with a cost model of its own, about a second to build); none where no
+    expert plan fits, which is when published runs reach for them, or where the fastest
+    is a recipe with stages (or remat), which the search must then be able to reach."""
     free = [d for d in space.decisions if d.kind == STEP and d.pinned < 0]
     if not free or any(d.kind == STEP and d.pinned > 0 for d in space.decisions):
         return {}
-    plans = expert(space.analysis, space.mesh).values()
-    if not any(model.price(p)[1] <= cap for p in plans):
-        return {}
+    priced = [(model.price(p), p) for p in expert(space.analysis, space.mesh).values()]
+    fitting = [(step_s, p) for (step_s, peak), p in priced if peak <= cap]
+    if not fitting or not min(fitting, key=lambda sp: sp[0])[1].step.is_default:
+        return {}  # nothing fits as written, or the fastest recipe pipelines or remats
     return {d.name: d.choices[0] for d in free}
 
 

@@ -1,12 +1,14 @@
 """The expert strategies: data, fully-sharded data, tensor (Megatron) and sequence parallelism,
-their 2-D combinations, and the published recipes that shard one class differently in two
-domains of the step (ZeRO-1/2, MaxText), each a Plan built from the class roles."""
+their 2-D combinations, the published recipes that shard one class differently in two
+domains of the step (ZeRO-1/2, MaxText), and those that add pipeline stages (_pipelined.py),
+each a Plan built from the class roles."""
 
 from __future__ import annotations
 
 from ..analysis import OPTIMIZER, PARAMETERS, Roles, domains, find_roles
 from ..plan import Plan
 from ..plan import check_analysis, check_mesh
+from ._pipelined import add_pipelined
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 
@@ -150,6 +152,7 @@ def expert(an, mesh) -> Strategies:
     else:
         for name in ("dp+tp", "fsdp+tp", "dp+sp", "zero1+tp", "fsdp+tp+sp", "maxtext"):
             skipped[name] = "needs a mesh with two or more axes"
+    add_pipelined(an, mesh, plans, skipped)
     return Strategies(plans, skipped, roles)
 
 
