@@ -174,3 +174,22 @@ def test_expert_recipes_with_stages():
     # several nodes: the outer axis crosses the slow links, and the stages go there
     nodes = tl.Mesh({"node": 2, "gpu": 8}, device="h100")
     assert tl.strategies.expert(an, nodes)["fsdp+tp+pp"].step.pipeline.axis == "node"
+
+
+def test_a_circular_schedule_sends_micro_batches_round_again():
+    """Circular: each stage holds `chunks` runs of layers (run v of stage s is the stack's
+    run v S + s), each micro-batch goes round the stages `chunks` times, waiting on the
+    first stage between rounds; with remat inside, it still computes the step as written,
+    and its bubble is `chunks` times smaller. Fewer micro-batches than stages are refused."""
+    fn, args, an = analysed("llama")
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plan = _pipelined(an, mesh, 2, 2).with_pipeline(_stack(an), "stage", 2, "circular")
+    assert plan.step.pipeline.chunks == 2 and str(plan.step.pipeline) == "stage:2x2"
+    assert plan.step.pipeline.bubble(2) == pytest.approx(1 / 5)
+    report = tl.verify(fn, args, plan.with_remat(_stack(an), "full"), mesh)
+    assert report.numerics_ok, report
+    assert _permutes(report)[("stage",)].count >= 2 * (2 * 2 + 1)
+    with pytest.raises(tl.PlanError, match="needs at least 2 micro-batches"):
+        plan.with_micro_batches(1).validate(mesh)
+    with pytest.raises(tl.PlanError, match="2 stages in 4 chunks each do not divide its 4"):
+        plan.with_pipeline(_stack(an), "stage", 2, "circular", chunks=4)

@@ -31,7 +31,8 @@ from ._files import ExistingFileError, replace_refusal, write_file
 from ._hardware import DeviceSpec, Efficiency, Link, devices, get_device
 from ._mesh import Mesh, check_mesh
 from ._plan import Axes, Plan, PlanError, check_analysis, override_name
-from ._pipeline import MICRO_BATCHES_PER_STAGE, STAGE_SCOPE, Pipeline, PipelineRefused, StackPipeline, stack_pipeline
+from ._pipeline import (CIRCULAR, GPIPE, MICRO_BATCHES_PER_STAGE, STAGE_SCOPE, Pipeline,
+                        PipelineRefused, StackPipeline, stack_pipeline)
 from ._planfile import PLAN_FILE, PlanFileError, echo, is_plan_file, write as write_plan_file
 from ._random_plan import random_plan
 from ._remat import RematRewrite, ScanRemat, UnitRemat, remat_rewrite
@@ -47,4 +48,4 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "UnitRemat",
            "ScanRemat", "rewritten_step", "OP_SCOPE", "Pipeline", "PipelineRefused",
            "StackPipeline", "stack_pipeline", "PIPELINE_PREFIX", "STAGE_SCOPE",
-           "MICRO_BATCHES_PER_STAGE"]
+           "MICRO_BATCHES_PER_STAGE", "GPIPE", "CIRCULAR"]

@@ -3,36 +3,44 @@ stack cut into stages over one mesh axis, micro-batches flowing through them, as
 program (the shape MaxText's pipeline gives a `jit`-ed step).
 
 The stack's forward scan F and its transposed scan G (analysis/_layer_groups.py) each become
-a loop over T = M + S - 1 ticks (M micro-batches, S stages). The layers' stacked operands
-[L, ...] are viewed as [S, L/S, ...] with the stage dim sharded over the stage axis, so each
-stage's devices hold their L/S layers (and their gradients and optimizer state) and nothing
-else of the stack. Each tick, every stage runs its L/S layers (a `lax.scan` over them, the
-stages `vmap`ped with `spmd_axis_name` = the stage axis) on the micro-batch it holds, then
-hands its result to the next stage: a `ppermute` over the stage axis (one
-collective-permute).
+a loop over T = V M + S - 1 ticks (M micro-batches, S stages, V runs of layers per stage).
+The layers' stacked operands [L, ...] are viewed as [S, V, L/(S V), ...] with the stage dim
+sharded over the stage axis, so each stage's devices hold their layers (and their gradients
+and optimizer state) and nothing else of the stack. Each tick, every stage runs one run of
+its layers (a `lax.scan` over them, the stages `vmap`ped with `spmd_axis_name` = the stage
+axis) on the micro-batch it holds, then hands its result to the next stage: a `ppermute`
+over the stage axis (one collective-permute).
 
-- GPipe schedule: all forwards, then all backwards. In the forward loop stage s runs
+- GPipe (V = 1): all forwards, then all backwards. In the forward loop stage s runs
   micro-batch m = t - s at tick t; stage 0 takes micro-batch t from the stack's input. In
-  the backward loop the last stage starts, with the micro-batches in reverse: stage s runs
-  m = M + S - 2 - u - s at tick u, and the cotangent flows down the stages.
-- Residuals: F's per-layer stacks (what G reads) are kept per stage and micro-batch, in
-  buffers [S, M, L/S, ...] indexed by (m + s) mod M. That index is t mod M in the forward
-  loop and (M + S - 2 - u) mod M in the backward one, the same for every stage at a tick: a
+  the backward loop the last stage starts, with the micro-batches in reverse, and the
+  cotangent flows down the stages.
+- Circular (V >= 2, MaxText's circular pipeline): stage s holds the stack's runs s, S + s,
+  2 S + s, ...; a micro-batch goes round the stages V times, the hand-off from the last stage
+  to the first closing the ring, and waits on the first stage between rounds (a loop-back
+  buffer) until its turn comes again, which needs M >= S. The bubble is
+  (S - 1) / (V M + S - 1) of each loop instead of (S - 1) / (M + S - 1).
+- Residuals: F's per-layer stacks (what G reads; under remat, what stays and what the
+  recomputation reads) are kept per stage and work item (micro-batch and run), in buffers
+  [S, V M, n, ...] indexed by (w + s) mod V M. That index is t mod V M in the forward loop
+  and (V M + S - 2 - u) mod V M in the backward one, the same for every stage at a tick: a
   plain dynamic slice, no per-stage gather.
-- Ticks where a stage holds no micro-batch (the bubble: (S - 1) of every M + S - 1) still
-  run its layers, on stale data, and their results are masked out: the bubble costs the same
-  compute time on the devices as in any SPMD pipeline.
+- Ticks where a stage holds no micro-batch (the bubble) still run its layers, on stale data,
+  and their results are masked out: the bubble costs the same compute time on the devices as
+  in any SPMD pipeline.
 - Per-example constants the stack reads (an attention mask) are cut into micro-batches and
   each stage takes its micro-batch's slice; batch-independent ones (RoPE tables) are shared.
 - G's accumulators that are not per example (gradients of the stack's shared constants)
   start at zero on each stage and are summed over the stages after the loop; its per-layer
   results (the weight gradients) are summed over the micro-batches each stage ran.
+- Remat (plan/_remat.py) composes: each run's backward recomputes its layers' residuals from
+  what stays, inside the backward loop.
 
 What runs outside the stack (embedding, head, loss, optimizer) runs once, on the whole batch,
 with the plan's sharding, as written. Refused, naming the reason: a stack the micro-batch
 analysis cannot split, a stack whose carry holds something other than per-example values,
 whose per-layer operands hold examples, or whose residuals someone other than its backward
-scan reads; a layer count the stages do not divide.
+scan reads; a layer count the stages (and runs) do not divide.
 """
 
 from __future__ import annotations
@@ -48,21 +56,32 @@ from ..analysis import SCANNED
 from ..program import CONST
 
 
+GPIPE, CIRCULAR = "gpipe", "circular"
+SCHEDULES = (GPIPE, CIRCULAR)
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A pipelined stack: layer group `group` cut into `stages` stages over mesh axis
-    `axis`, GPipe schedule (module docstring)."""
+    `axis` (module docstring). schedule GPIPE: each stage holds one run of L/S layers;
+    CIRCULAR: `chunks` runs of L/(S chunks) layers each, stage s the runs s, s + S, ...,
+    each micro-batch going round the stages `chunks` times (a bubble `chunks` times
+    smaller)."""
 
     group: str
     axis: str
     stages: int
-    schedule: str = "gpipe"
+    schedule: str = GPIPE
+    chunks: int = 1
 
     def __str__(self) -> str:
-        return f"{self.axis}:{self.stages}"
+        """"<axis>:<stages>", and "x<chunks>" for a circular schedule ("stage:4x2")."""
+        return f"{self.axis}:{self.stages}" + (f"x{self.chunks}" if self.chunks > 1 else "")
 
-
-SCHEDULES = ("gpipe",)
+    def bubble(self, micro_batches: int) -> float:
+        """The share of each loop a stage spends idle: (S - 1) / (chunks M + S - 1)."""
+        s = self.stages
+        return (s - 1) / (self.chunks * micro_batches + s - 1)
 # The most micro-batches per stage the expert recipes and the search offer: enough to bring
 # the bubble, (S - 1) / (M + S - 1), under a fifth of the step.
 MICRO_BATCHES_PER_STAGE = 4
@@ -105,7 +124,8 @@ class StackPipeline:
 
     @property
     def per_stage(self) -> int:
-        return self.layers // self.pipeline.stages
+        """Layers per run (a stage holds `chunks` runs)."""
+        return self.layers // (self.pipeline.stages * self.pipeline.chunks)
 
 
 def stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
@@ -121,9 +141,14 @@ def stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
     if pipeline.schedule not in SCHEDULES:
         raise PipelineRefused(f"pipeline@{group.name}: schedule {pipeline.schedule!r} is not "
                               f"one of {list(SCHEDULES)}")
-    if pipeline.stages < 2 or group.layers % pipeline.stages:
-        raise PipelineRefused(f"pipeline@{group.name}: {pipeline.stages} stages do not divide "
-                              f"its {group.layers} layers evenly")
+    if (pipeline.schedule == GPIPE) != (pipeline.chunks == 1) or pipeline.chunks < 1:
+        raise PipelineRefused(f"pipeline@{group.name}: a {pipeline.schedule} schedule with "
+                              f"{pipeline.chunks} chunks per stage; GPipe has 1, a circular "
+                              f"schedule 2 or more")
+    if pipeline.stages < 2 or group.layers % (pipeline.stages * pipeline.chunks):
+        runs = f" in {pipeline.chunks} chunks each" if pipeline.chunks > 1 else ""
+        raise PipelineRefused(f"pipeline@{group.name}: {pipeline.stages} stages{runs} do not "
+                              f"divide its {group.layers} layers evenly")
     mb = analysis.micro_batching
     if not mb.legal:
         raise PipelineRefused(f"pipeline@{group.name}: a pipeline runs micro-batches through "
@@ -202,7 +227,15 @@ def _batch_test(prog, mb):
 class PipelinedScans:
     """StepReplay's pipelined F and G (module docstring). Needs the replay's `program`,
     `mesh` / `spec` / `_constrained` / `_cut` / `_uncut` / `body` / `operands` / `write`,
-    its micro-batch resizing (`micro`, `count`) and `pipe` (a StackPipeline)."""
+    its layer functions (`forward_layer`, `backward_layer`), its micro-batch resizing
+    (`micro`, `count`, `split`), its `remat` and `pipe` (a StackPipeline).
+
+    Work items: each stage runs W = chunks x M items, item w being micro-batch w mod M on
+    the stage's run w // M of layers; at tick t stage s runs item t - s (forward) or item
+    W - 1 - (t - (S - 1 - s)) (backward, in reverse). A micro-batch going round again enters
+    stage 0 (the last stage, backward) from a loop-back buffer on that stage, filled by the
+    cyclic hand-off S ticks after it left; it waits there M - S ticks, so a circular
+    schedule needs M >= S."""
 
     def _pipelined(self, env: dict, op) -> None:
         sp = self.pipe
@@ -237,10 +270,21 @@ class PipelinedScans:
         return self._constrained(x, spec)
 
     def _layers(self, value: int, x):
-        """A layer stack [L, ...] as [S, L/S, ...]."""
-        s = self.pipe.pipeline.stages
-        x = x.reshape((s, x.shape[0] // s) + x.shape[1:])
-        return self._on_stages(x, value, 1, 1)
+        """A layer stack [L, ...] as [S, chunks, L/(S chunks), ...]: layer (v S + s) n + i
+        is layer i of stage s's run v. With one run per stage that is each stage's block of
+        the stack as the plan shards it; with several, the runs interleave, and XLA moves
+        the stack (and its gradient, back) between the two layouts every step."""
+        p = self.pipe.pipeline
+        n = x.shape[0] // (p.stages * p.chunks)
+        if p.chunks == 1:
+            x = x.reshape((p.stages, 1, n) + x.shape[1:])
+        else:
+            x = x.reshape((p.chunks, p.stages, n) + x.shape[1:]).swapaxes(0, 1)
+        return self._on_stages(x, value, 1, 2)
+
+    def _unlayered(self, x, shape):
+        """[S, chunks, n, ...] back to the stack's [L, ...]."""
+        return (x if self.pipe.pipeline.chunks == 1 else x.swapaxes(0, 1)).reshape(shape)
 
     def _hand_on(self, x, shift: int):
         """x [S, ...] with each stage's slice handed `shift` stages on, cyclically: a
@@ -259,8 +303,8 @@ class PipelinedScans:
         return jax.vmap(fn, spmd_axis_name=self.pipe.pipeline.axis)
 
     def _run_layers(self, one, carry, xs, reverse: bool):
-        """One stage's L/S layers: the layer function `one` (StepReplay.forward_layer or
-        backward_layer) scanned over the stage's slices of the stacks, at micro-batch shapes."""
+        """One run of layers: the layer function `one` (StepReplay.forward_layer or
+        backward_layer) scanned over the run's slices of the stacks, at micro-batch shapes."""
         self.micro = True
         try:
             return jax.lax.scan(one, tuple(carry), tuple(xs), length=self.pipe.per_stage,
@@ -277,9 +321,9 @@ class PipelinedScans:
         return out
 
     def _collected(self, cut, value: int):
-        """Zeros [S, M, <one micro-batch>] for what leaves the pipeline: each stage writes
-        its own slice (the last stage's forward results, the first's backward ones), with no
-        transfer per tick; the one slice read after the loop moves once."""
+        """Zeros [S, M, <one micro-batch>], each stage's slice its own: what leaves the
+        pipeline (written by the stage that makes it, read once after the loop) and the
+        loop-back buffers (the stage that takes micro-batches in)."""
         s = self.pipe.pipeline.stages
         zeros = jnp.zeros((s,) + cut.shape, cut.dtype)
         return self._on_stages(zeros, value, 0, 1)
@@ -287,11 +331,36 @@ class PipelinedScans:
     def _mb_shape(self, value: int) -> tuple:
         return self.split.shape(value, self.program.values[value].shape, self.count)
 
+    def _entering(self, received, fresh, back, first: int, new, index, ids):
+        """Each stage's input at a tick: stage `first` takes micro-batch `index` of `fresh`
+        where `new` (its first run), else from its loop-back buffer `back`; the others what
+        the stage before handed on (`received`)."""
+        idx = self._stage_index
+        out = []
+        for x, x0, lb, v in zip(received, fresh, back, ids):
+            at = index % self.count
+            incoming = jnp.where(new, jax.lax.dynamic_index_in_dim(x0, at, 0, keepdims=True),
+                                 jax.lax.dynamic_index_in_dim(lb, at, 1, keepdims=False))
+            out.append(self._on_stages(jnp.where(_per_stage(idx == first, x), incoming, x),
+                                       v, 0))
+        return out
+
+    def _chunk(self, stacks, run):
+        """Each stage's run `run` [S] of the stacks [S, chunks, n, ...]: [S, n, ...]."""
+        if self.pipe.pipeline.chunks == 1:
+            return [x[:, 0] for x in stacks]
+        pick = jax.vmap(lambda x, r: jax.lax.dynamic_index_in_dim(x, r, 0, keepdims=False))
+        return [pick(x, run) for x in stacks]
+
+    def _ticks(self) -> int:
+        return self.pipe.pipeline.chunks * self.count + self.pipe.pipeline.stages - 1
+
     # --- F: the forward loop --------------------------------------------------------------
 
     def _pipeline_forward(self, env: dict, op, args) -> list:
         sp, prog, m_count = self.pipe, self.program, self.count
-        s_count = sp.pipeline.stages
+        s_count, runs = sp.pipeline.stages, sp.pipeline.chunks
+        items = runs * m_count
         nc, nk, n_in = op.params["num_consts"], op.params["num_carry"], len(op.operands)
         remat = self.remat.scans.get(op.id)
         f_out = op.body[n_in:]
@@ -300,7 +369,7 @@ class PipelinedScans:
         shared = {p: args[p] for p in sp.f_shared_consts}
         layers = [self._layers(op.operands[p], args[p]) for p in range(nc + nk, n_in)]
         with jax.named_scope(STAGE_SCOPE):
-            idx = jnp.arange(s_count)
+            idx = self._stage_index = jnp.arange(s_count)
         carry_ids = op.operands[nc:nc + nk]
         # the buffers: the kept per-layer results, then what remat emits for its recompute
         kept = [j for j in self.kept_results(op, remat) if j >= nk]
@@ -315,33 +384,37 @@ class PipelinedScans:
         staged = self._staged(stage)
 
         def tick(state, t):
-            h, bufs, outs = state
-            m = t - idx
-            valid = (m >= 0) & (m < m_count)
-            take = jnp.clip(m, 0, m_count - 1)
-            entering = jnp.minimum(t, m_count - 1)
-            h_in = [self._on_stages(
-                jnp.where(_per_stage(idx == 0, x),
-                          jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
-                          self._hand_on(x, 1)), v, 0)
-                    for x, x0, v in zip(h, first, carry_ids)]
-            consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
-            h_out, ys = staged(h_in, consts_b, layers)
-            pos = t % m_count
-            bufs = [_put(buf, y, valid, pos, 1) for buf, y in zip(bufs, ys)]
-            done = t - (s_count - 1)
-            outs = [_put(o, x, (idx == s_count - 1) & (done >= 0),
-                         jnp.clip(done, 0, m_count - 1), 1) for o, x in zip(outs, h_out)]
-            return (list(h_out), bufs, outs), None
+            h, back, bufs, outs = state
+            w = t - idx                      # each stage's item
+            valid = (w >= 0) & (w < items)
+            run = jnp.clip(w, 0, items - 1) // m_count
+            m = jnp.clip(w, 0, items - 1) % m_count
+            h_in = self._entering(h, first, back, 0, t < m_count, t, carry_ids)
+            h_out, ys = staged(h_in, [jnp.take(c, m, axis=0) for c in cut_consts],
+                               self._chunk(layers, run))
+            handed = [self._hand_on(x, 1) for x in h_out]
+            bufs = [_put(buf, y, valid, t % items, 1) for buf, y in zip(bufs, ys)]
+            last = idx == s_count - 1
+            done = jnp.clip(t - (s_count - 1), 0, items - 1) % m_count  # the last stage's
+            outs = [_put(o, x, last & valid & (run == runs - 1), done, 1)
+                    for o, x in zip(outs, h_out)]
+            # stage 0 keeps what comes round from the last stage (its item t - S + 1) for
+            # that micro-batch's next run
+            came = t - s_count + 1
+            back = [_put(b, x, (idx == 0) & (came >= 0) & (came < items - m_count),
+                         came % m_count, 1) for b, x in zip(back, handed)] if runs > 1 else back
+            return (handed, back, bufs, outs), None
 
         h0 = [self._on_stages(jnp.broadcast_to(x[:1], (s_count,) + x.shape[1:]), v, 0)
               for x, v in zip(first, carry_ids)]
-        bufs0 = [self._on_stages(jnp.zeros((s_count, m_count, sp.per_stage)
+        bufs0 = [self._on_stages(jnp.zeros((s_count, items, sp.per_stage)
                                            + self._mb_shape(y), prog.values[y].dtype), y, 0, 2)
                  for y in ys_ids]
         outs0 = [self._collected(x, v) for x, v in zip(first, carry_ids)]
-        (_, bufs, outs), _ = jax.lax.scan(tick, (h0, bufs0, outs0),
-                                          jnp.arange(m_count + s_count - 1, dtype=np.int32))
+        back0 = [self._collected(x, v) for x, v in zip(first, carry_ids)] if runs > 1 \
+            else outs0
+        (_, _, bufs, outs), _ = jax.lax.scan(tick, (h0, back0, bufs0, outs0),
+                                             jnp.arange(self._ticks(), dtype=np.int32))
         env[("pipeline", op.id)] = (dict(zip(kept, bufs)), bufs[len(kept):], cut_consts)
         return [self._uncut(r, o[s_count - 1]) for r, o in zip(op.results[:nk], outs)] + \
             [None] * (len(op.results) - nk)
@@ -350,7 +423,8 @@ class PipelinedScans:
 
     def _pipeline_backward(self, env: dict, op, args) -> list:
         sp, prog, m_count = self.pipe, self.program, self.count
-        s_count = sp.pipeline.stages
+        s_count, runs = sp.pipeline.stages, sp.pipeline.chunks
+        items = runs * m_count
         nc, nk = op.params["num_consts"], op.params["num_carry"]
         remat = self.remat.scans.get(op.id)
         fwd = prog.ops[sp.forward]
@@ -370,7 +444,7 @@ class PipelinedScans:
         fwd_shared = {i: env[fwd.operands[i]] for i in fwd_consts_at
                       if i in sp.f_shared_consts}
         with jax.named_scope(STAGE_SCOPE):
-            idx = jnp.arange(s_count)
+            idx = self._stage_index = jnp.arange(s_count)
         carry_ids = [op.operands[nc + k] for k in sp.g_carry_batch]
         acc_ids = [op.operands[nc + k] for k in sp.g_carry_acc]
 
@@ -394,49 +468,56 @@ class PipelinedScans:
         staged = self._staged(stage)
 
         def tick(state, u):
-            h, acc, grads, outs = state
-            m = m_count + s_count - 2 - u - idx
-            valid = (m >= 0) & (m < m_count)
-            take = jnp.clip(m, 0, m_count - 1)
-            entering = jnp.clip(m_count - 1 - u, 0, m_count - 1)
-            last = idx == s_count - 1
-            h_in = [self._on_stages(
-                jnp.where(_per_stage(last, x),
-                          jax.lax.dynamic_index_in_dim(x0, entering, 0, keepdims=True),
-                          self._hand_on(x, -1)), v, 0)
-                    for x, x0, v in zip(h, first, carry_ids)]
-            consts_b = [jnp.take(c, take, axis=0) for c in cut_consts]
-            fwd_b = [jnp.take(c, take, axis=0) for c in fwd_cut] if fwd_consts_at else []
-            pos = (m_count + s_count - 2 - u) % m_count
+            h, back, acc, grads, outs = state
+            w = items - 1 - (u - (s_count - 1 - idx))  # each stage's item, in reverse
+            valid = (w >= 0) & (w < items)
+            run = jnp.clip(w, 0, items - 1) // m_count
+            m = jnp.clip(w, 0, items - 1) % m_count
+            top = items - 1 - u                      # the last stage's item
+            h_in = self._entering(h, first, back, s_count - 1, u < m_count, top, carry_ids)
+            take = [jnp.take(c, m, axis=0) for c in cut_consts]
+            fwd_b = [jnp.take(c, m, axis=0) for c in fwd_cut] if fwd_consts_at else []
+            pos = (items + s_count - 2 - u) % items
             here = lambda buf: jax.lax.dynamic_index_in_dim(buf, pos, 1,  # noqa: E731
                                                             keepdims=False)
             res = [here(kept[f_nk + sp.g_xs_residual[p]]) for p in residual_at]
-            h_out, a_out, ys = staged(h_in, acc, consts_b, fwd_b, list(layers.values()), res,
-                                      [here(b) for b in emitted], fwd_stacks)
+            h_out, a_out, ys = staged(h_in, acc, take, fwd_b,
+                                      self._chunk(list(layers.values()), run), res,
+                                      [here(b) for b in emitted], self._chunk(fwd_stacks, run))
             acc = [jnp.where(_per_stage(valid, a), n, a) for a, n in zip(acc, a_out)]
-            grads = [g + jnp.where(_per_stage(valid, y), y, 0).astype(g.dtype)
-                     for g, y in zip(grads, ys)]
-            m0 = m_count + s_count - 2 - u
-            outs = [_put(o, x, (idx == 0) & (m0 < m_count), jnp.clip(m0, 0, m_count - 1), 1)
+            into = (jnp.arange(runs)[None, :] == run[:, None]) & valid[:, None]  # [S, chunks]
+            grads = [g + jnp.where(into.reshape(into.shape + (1,) * (y.ndim - 1)),
+                                   y[:, None], 0).astype(g.dtype) for g, y in zip(grads, ys)]
+            done = jnp.clip(items - 1 - (u - (s_count - 1)), 0, items - 1) % m_count
+            outs = [_put(o, x, (idx == 0) & valid & (run == 0), done, 1)
                     for o, x in zip(outs, h_out)]
-            return (list(h_out), acc, grads, outs), None
+            handed = [self._hand_on(x, -1) for x in h_out]
+            # the last stage keeps what comes round from stage 0 (its item this tick) for
+            # that micro-batch's next run, which is an earlier one
+            came = items - 1 - (u - (s_count - 1))
+            back = [_put(b, x, (idx == s_count - 1) & (came >= m_count) & (came < items),
+                         came % m_count, 1) for b, x in zip(back, handed)] if runs > 1 else back
+            return (handed, back, acc, grads, outs), None
 
         h0 = [self._on_stages(jnp.broadcast_to(x[-1:], (s_count,) + x.shape[1:]), v, 0)
               for x, v in zip(first, carry_ids)]
         acc0 = [self._on_stages(jnp.zeros((s_count,) + prog.values[v].shape,
                                           prog.values[v].dtype), v, 0) for v in acc_ids]
-        grads0 = [self._on_stages(jnp.zeros((s_count, sp.per_stage) + prog.values[r].shape[1:],
-                                            _sum_dtype(prog.values[r].dtype)), r, 1, 1)
+        grads0 = [self._on_stages(jnp.zeros((s_count, runs, sp.per_stage)
+                                            + prog.values[r].shape[1:],
+                                            _sum_dtype(prog.values[r].dtype)), r, 1, 2)
                   for r in op.results[nk:]]
         outs0 = [self._collected(x, v) for x, v in zip(first, carry_ids)]
-        (_, acc, grads, outs), _ = jax.lax.scan(
-            tick, (h0, acc0, grads0, outs0), jnp.arange(m_count + s_count - 1, dtype=np.int32))
+        back0 = [self._collected(x, v) for x, v in zip(first, carry_ids)] if runs > 1 \
+            else outs0
+        (_, _, acc, grads, outs), _ = jax.lax.scan(
+            tick, (h0, back0, acc0, grads0, outs0), jnp.arange(self._ticks(), dtype=np.int32))
         carry_out = dict(zip(sp.g_carry_batch,
                              [self._uncut(op.results[k], o[0])
                               for k, o in zip(sp.g_carry_batch, outs)]))
         carry_out.update((k, args[nc + k] + a.sum(axis=0).astype(args[nc + k].dtype))
                          for k, a in zip(sp.g_carry_acc, acc))
-        ys = [g.reshape(prog.values[r].shape).astype(prog.values[r].dtype)
+        ys = [self._unlayered(g, prog.values[r].shape).astype(prog.values[r].dtype)
               for g, r in zip(grads, op.results[nk:])]
         return [carry_out[k] for k in range(nk)] + ys
 

@@ -247,12 +247,15 @@ class Plan:
         return replace(self, step=self.step.with_micro_batches(count), pinned=pinned)
 
     def with_pipeline(self, group: str, axis: str, stages: int, schedule: str = "gpipe",
-                      pin: bool = False) -> "Plan":
+                      pin: bool = False, chunks: int | None = None) -> "Plan":
         """A new plan that cuts scanned layer group `group` into `stages` pipeline stages over
         mesh axis `axis` (see _pipeline.py), the micro-batches (`with_micro_batches`) flowing
-        through them. The axis holds the stages and nothing else: the stack's layer class is
+        through them: schedule "gpipe", or "circular" with `chunks` runs of layers per stage
+        (default 2). The axis holds the stages and nothing else: the stack's layer class is
         sharded over it, and every other class and override loses it."""
-        pipeline = Pipeline(group, axis, stages, schedule)
+        if chunks is None:
+            chunks = 2 if schedule == "circular" else 1
+        pipeline = Pipeline(group, axis, stages, schedule, chunks)
         try:
             sp = stack_pipeline(self.analysis, pipeline)
         except PipelineRefused as err:
@@ -590,6 +593,10 @@ class Plan:
         if p.axis not in mesh.axis_names or mesh.axis_size(p.axis) != p.stages:
             raise PlanError(f"pipeline@{p.group}: {p.stages} stages over mesh axis {p.axis!r} "
                             f"need an axis of that size; the mesh is {mesh}")
+        if p.chunks > 1 and self.step.micro_batches < p.stages:
+            raise PlanError(f"pipeline@{p.group}: a circular schedule sends each micro-batch "
+                            f"round the {p.stages} stages again, so it needs at least "
+                            f"{p.stages} micro-batches; the plan has {self.step.micro_batches}")
         layer = an.classes[sp.layer_class]
         if self.axes_of(layer.id) != (p.axis,):
             raise PlanError(f"pipeline@{p.group}: the stages hold the layers of class "

@@ -13,7 +13,8 @@ program, and carries the program's fingerprint so a plan for another program fai
      "conflicts": {"seq@block0/attn/...": "keep_dim2"},
      "overrides": {"embed": {"parameters": ["fsdp"]}},              # only when there are any
      "step": {"remat": {"block*": "full"}, "micro_batches": 4,      # v3, only when not as written
-              "pipeline": {"group": "block", "axis": "stage", "stages": 4, "schedule": "gpipe"}},
+              "pipeline": {"group": "block", "axis": "stage", "stages": 4, "schedule": "gpipe",
+                           "chunks": 1}},
      "pinned": ["batch"],
      "estimate": {...},                                             # optional, informative
      "experts": [{"name": "dp", "step_time_s": ..., ...}],          # v2, optional, informative
@@ -302,7 +303,7 @@ def step_section(step) -> dict[str, Any]:
     if step.pipeline is not None:
         p = step.pipeline
         out["pipeline"] = {"group": p.group, "axis": p.axis, "stages": p.stages,
-                           "schedule": p.schedule}
+                           "schedule": p.schedule, "chunks": p.chunks}
     return out
 
 
@@ -347,21 +348,22 @@ def _pipeline(section, fail):
     """The Pipeline of a "pipeline" field (None where there is none)."""
     if section is None:
         return None
-    fields = {"group": str, "axis": str, "stages": int, "schedule": str}
+    fields = {"group": str, "axis": str, "stages": int, "schedule": str, "chunks": int}
     words = {str: "a string", int: "an integer"}
     if not isinstance(section, dict) or set(section) - set(fields) or \
             not {"group", "axis", "stages"} <= set(section):
         fail(f"\"pipeline\" must be an object like {{\"group\": \"block\", \"axis\": "
              f"\"stage\", \"stages\": 4, \"schedule\": \"gpipe\"}}, got {echo(section)}")
+    defaults = {"schedule": "gpipe", "chunks": 1}
     for name, kind in fields.items():
-        value = section.get(name, "gpipe")
+        value = section.get(name, defaults.get(name))
         if isinstance(value, bool) or not isinstance(value, kind):
             fail(f"\"pipeline\" field {echo(name)} must be {words[kind]}, got "
                  f"{echo(value)}")
     if section["stages"] < 2:
         fail(f"\"pipeline\" needs at least 2 stages, got {echo(section['stages'])}")
     return Pipeline(section["group"], section["axis"], section["stages"],
-                    section.get("schedule", "gpipe"))
+                    section.get("schedule", "gpipe"), section.get("chunks", 1))
 
 
 def decisions(doc, program, source: str = "<dict>", check_fingerprint: bool = True,

@@ -310,7 +310,7 @@ class Space:
         step = self.step_of(choices)
         if step.pipeline is not None:
             p = step.pipeline
-            plan = plan.with_pipeline(p.group, p.axis, p.stages, p.schedule)
+            plan = plan.with_pipeline(p.group, p.axis, p.stages, p.schedule, chunks=p.chunks)
         plan = replace(plan, step=step)
         pinned = [d.name for d in self.decisions if d.pinned >= 0]
         return plan.pin(*pinned) if pinned else plan
