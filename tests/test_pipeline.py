@@ -133,7 +133,7 @@ def test_remat_inside_the_stages(policy):
 
 def test_the_search_takes_stages_as_a_decision():
     """pipeline@<group> is a decision of the search's space (none, or a mesh axis whose size
-    divides the layers); pinned, the search's plan pipelines on that axis, holds the stack's
+    divides the layers, GPipe or circular with two runs per stage); pinned, the search's plan pipelines on that axis, holds the stack's
     layer class there and nothing else, and compiles to the step as written."""
     from toast_lab.plan_search import STEP, Space
 
@@ -142,7 +142,7 @@ def test_the_search_takes_stages_as_a_decision():
     stages = [d for d in Space(an, mesh).decisions if d.kind == STEP
               and d.name == f"pipeline@{_stack(an)}"]
     assert [stages[0].label(i) for i in range(len(stages[0].choices))] == \
-        ["none", "stage:2", "data:2", "model:2"]
+        ["none", "stage:2", "stage:2x2", "data:2", "data:2x2", "model:2", "model:2x2"]
     result = tl.search(an, mesh, pins={f"pipeline@{_stack(an)}": "stage:2", "micro_batches": 4},
                        budget_s=None, simulations=60, seed=0)
     plan = result.plan

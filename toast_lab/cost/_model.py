@@ -190,7 +190,11 @@ class CostModel:
 
     def for_step(self, step) -> "StepCostModel":
         """The estimates of plans with StepDecisions `step` (remat policies, micro-batches):
-        the rewritten step's own cost model (_step_models.py), built once per step."""
+        the rewritten step's own cost model (_step_models.py), built once per step; a
+        ValueError for decisions that cannot run together (`StepDecisions.refusal`)."""
+        if step.refusal:
+            raise ValueError(step.refusal)
+
         def build():
             rewrite = rewritten(self.analysis, step)
             return StepCostModel(rewrite, cost_model(rewrite.analysis, self.mesh, self.donate,

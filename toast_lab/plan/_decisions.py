@@ -73,6 +73,17 @@ class StepDecisions:
         return (not self.remat and self.micro_batches == 1 and not self.override
                 and self.pipeline is None)
 
+    @property
+    def refusal(self) -> str:
+        """Why these decisions cannot run together, whatever the sharding ("" where they
+        can): a circular pipeline with fewer micro-batches than stages."""
+        p = self.pipeline
+        if p is not None and p.chunks > 1 and self.micro_batches < p.stages:
+            return (f"pipeline@{p.group}: a circular schedule sends each micro-batch round "
+                    f"the {p.stages} stages again, so it needs at least {p.stages} "
+                    f"micro-batches; the plan has {self.micro_batches}")
+        return ""
+
     def policy_of(self, group: str) -> str:
         return dict(self.remat).get(group, EVERYTHING)
 

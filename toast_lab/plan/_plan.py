@@ -593,10 +593,8 @@ class Plan:
         if p.axis not in mesh.axis_names or mesh.axis_size(p.axis) != p.stages:
             raise PlanError(f"pipeline@{p.group}: {p.stages} stages over mesh axis {p.axis!r} "
                             f"need an axis of that size; the mesh is {mesh}")
-        if p.chunks > 1 and self.step.micro_batches < p.stages:
-            raise PlanError(f"pipeline@{p.group}: a circular schedule sends each micro-batch "
-                            f"round the {p.stages} stages again, so it needs at least "
-                            f"{p.stages} micro-batches; the plan has {self.step.micro_batches}")
+        if self.step.refusal:
+            raise PlanError(self.step.refusal)
         layer = an.classes[sp.layer_class]
         if self.axes_of(layer.id) != (p.axis,):
             raise PlanError(f"pipeline@{p.group}: the stages hold the layers of class "

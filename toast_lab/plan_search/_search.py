@@ -52,6 +52,8 @@ class StepModels:
         step = space.step_of(choices)
         if step.is_default:
             return self.model.step_and_peak(*space.arrays(choices))
+        if step.refusal:
+            return math.inf, math.inf
         priced = self.built.get(step)
         if priced is None:
             now = time.perf_counter()

@@ -20,7 +20,8 @@ policy per repeated layer group (`Analysis.layer_groups` of kind "layers" or "sc
 scanned stack the user checkpoints keeps its own policy), the micro-batch count (the legal
 ones up to MAX_MICRO_BATCHES, or MICRO_BATCHES_PER_STAGE per stage where stages are offered)
 and, per scanned stack, pipeline stages (`pipeline@<group>`: none, or one mesh axis whose
-size divides its layers; the axis then holds the stages and nothing else, so a plan with
+size divides its layers, with a GPipe schedule or a circular one of two runs per stage; the
+axis then holds the stages and nothing else, so a plan with
 stages has the stack's layer class on that axis and every other class without it, in its
 plan and its price). A plan with any of them is priced by the cost model of the step they
 rewrite (`CostModel.for_step`; `price`). The search and the baselines leave them as written
@@ -39,6 +40,7 @@ the batch before the weights' embed for FSDP).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
@@ -46,9 +48,9 @@ import numpy as np
 
 from ..analysis import DOMAINS, OPTIMIZER, PARAMETERS, SCANNED, SCOPE, domains
 from ..cost import PlanArrays, live_axis_bits, plan_arrays
-from ..plan import (MICRO_BATCHES, MICRO_BATCHES_PER_STAGE, PIPELINE_PREFIX, REMAT_POLICIES,
-                    REMAT_PREFIX, Pipeline, PipelineRefused, Plan, PlanError, StepDecisions,
-                    stack_pipeline)
+from ..plan import (CIRCULAR, MICRO_BATCHES, MICRO_BATCHES_PER_STAGE, PIPELINE_PREFIX,
+                    REMAT_POLICIES, REMAT_PREFIX, Pipeline, PipelineRefused, Plan, PlanError,
+                    StepDecisions, stack_pipeline)
 from ..plan import override_name
 
 CLASS, CONFLICT, OVERRIDE, STEP = "class", "conflict", "override", "step"
@@ -288,6 +290,8 @@ class Space:
         step = self.step_of(choices)
         if step.is_default:
             return model.step_and_peak(*self.arrays(choices))
+        if step.refusal:
+            return math.inf, math.inf
         return model.for_step(step).step_and_peak(*self.decision_lists(choices))
 
     def plan(self, choices) -> Plan:
@@ -368,11 +372,12 @@ def _stage_decisions(an, pins: Mapping, mesh) -> list[Decision]:
             continue
         stages = []
         for a in (a for a in mesh.axis_names if bit[a]):
-            try:
-                stages.append(stack_pipeline(an, Pipeline(g.name, a, mesh.axis_size(a)))
-                              .pipeline)
-            except PipelineRefused:
-                continue
+            n = mesh.axis_size(a)
+            for pipeline in (Pipeline(g.name, a, n), Pipeline(g.name, a, n, CIRCULAR, 2)):
+                try:
+                    stages.append(stack_pipeline(an, pipeline).pipeline)
+                except PipelineRefused:
+                    continue
         if stages:
             out.append(_step_decision(f"{PIPELINE_PREFIX}{g.name}", (None, *stages), pins))
     return out
