@@ -53,6 +53,13 @@ CASES = [
     ("gpt", dict(_GPT_128B, batch=512), {"data": 4, "fsdp": 16, "tensor": 4}, "tpu-v5p"),
     ("gpt", dict(_GPT_128B, batch=512), {"dcn": 2, "fsdp": 32, "tensor": 4}, "tpu-v5p", None,
      ("dcn",)),
+    # The scanned GPT (64 layers, GPT-3's width) on 4 nodes of 8 H100s, whose `node` axis
+    # crosses InfiniBand: the mesh the pipelined recipes (dp+pp, tp+pp+dp, fsdp+tp+pp) cut
+    # into stages across nodes; and 8 layers of it on 8 simulated devices, compiled.
+    ("gpt_scan", dict(_GPT_128B, layers=64, batch=256), {"node": 4, "data": 2, "model": 8},
+     "h100"),
+    ("gpt_scan", dict(size="gpt2-small", layers=8, batch=16), {"stage": 2, "data": 2,
+                                                               "model": 2}, "h100"),
 ]
 QUICK = {0, 4, 5}
 
