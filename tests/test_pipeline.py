@@ -98,19 +98,23 @@ def test_plan_files_carry_the_pipeline(tmp_path):
 def test_the_estimate_prices_the_stages_as_xla_compiles_them():
     """The cost model traces the pipelined step: each stage's weights on its own devices
     (argument bytes as XLA's), one collective-permute over the stage axis per hand-off (a
-    tick of each loop), and no gather of the stage dim inside the loops."""
-    fn, args, an = analysed("llama")
-    stages, count = 4, 4
-    mesh = tl.Mesh({"stage": stages, "data": 1, "model": 2}, device="cpu")
+    tick of each loop) of one device's shard of the micro-batch (the batch's data-parallel
+    split divides it, as XLA moves it), and no gather of the stage dim inside the loops."""
+    fn, args, an = analysed("gpt_scan")
+    stages, count = 2, 4
+    mesh = tl.Mesh({"stage": stages, "data": 2, "model": 2}, device="cpu")
     plan = _pipelined(an, mesh, stages, count)
     estimate = tl.CostModel(an, mesh).estimate(plan)
     report = tl.verify(fn, args, plan, mesh, estimate=estimate)
     assert report.numerics_ok
     assert estimate.argument_bytes == report.stats.argument_bytes
     ticks = count + stages - 1
-    permutes = estimate.collectives[("collective-permute", ("stage",))]
-    assert permutes.count == 2 * ticks
-    assert _permutes(report)[("stage",)].count >= 2 * ticks
+    hands = estimate.collectives[("collective-permute", ("stage",))]
+    assert hands.count == 2 * ticks
+    each = hands.bytes / hands.count
+    xla = [c for c in report.stats.collectives
+           if c.kind == "collective-permute" and c.axes == ("stage",) and c.bytes == each]
+    assert sum(c.multiplier for c in xla) == 2 * ticks  # the same hand-offs, byte for byte
     gathers = estimate.collectives.get(("all-gather", ("stage",)))
     assert gathers is None or gathers.count <= 2  # the loops' results, read once each
     flat = tl.CostModel(an, mesh).estimate(

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._kernel._charge import a2a_time, gather_time, permute_time
+from ..rules import permutes_shards
 from ._tables import FIXED, SPAN
 
 # primitive -> (collective kind, the parameter naming its mesh axes, priced by its result)
@@ -43,13 +44,17 @@ _MANUAL_COLLECTIVES = {
 class ManualCollective(NamedTuple):
     """One collective of a shard_map body: the program op it runs in, its kind (one of
     COLLECTIVE_KINDS), its mesh axes (as the body names them), how often per step and the
-    bytes one run moves per device."""
+    bytes one run moves per device. sharded_by: for a body that only permutes shards (a ring
+    shift, a pipeline's hand-off; rules.permutes_shards), the operand it moves, whose sharding
+    over the axes the shard_map leaves to the partitioner divides the bytes under each plan
+    (-1 for any other body, whose shapes the body fixes)."""
 
     op: int
     kind: str
     axes: tuple
     count: float
     nbytes: float
+    sharded_by: int = -1
 
 
 def _nbytes(avals) -> float:
@@ -131,9 +136,22 @@ def manual_collectives(prog) -> list[ManualCollective]:
         if op.primitive != "shard_map" or op.id not in live:
             continue
         used = [v in outputs or any(u in live for u in prog.users(v)) for v in op.results]
-        out.extend(ManualCollective(op.id, kind, axes, count * op.trip_count, nbytes)
-                   for kind, axes, count, nbytes in body_collectives(op.params["jaxpr"], used))
+        moved = _moved_operands(op)
+        out.extend(ManualCollective(op.id, kind, axes, count * op.trip_count, nbytes,
+                                    moved[k] if moved else -1)
+                   for k, (kind, axes, count, nbytes)
+                   in enumerate(body_collectives(op.params["jaxpr"], used)))
     return out
+
+
+def _moved_operands(op) -> list[int]:
+    """For a shard_map whose body only permutes shards, the operand each of its collectives
+    moves, in body order; [] otherwise."""
+    if not permutes_shards(op.params):
+        return []
+    jaxpr = getattr(op.params["jaxpr"], "jaxpr", op.params["jaxpr"])
+    position = {id(v): i for i, v in enumerate(jaxpr.invars)}
+    return [op.operands[position[id(eqn.invars[0])]] for eqn in jaxpr.eqns]
 
 
 class FixedCharges(NamedTuple):
@@ -161,9 +179,11 @@ def _one_run(kind, nbytes, mask, mesh_table) -> float:
     return 2.0 * one if kind == "all-reduce" else one  # (a reduce-scatter and an all-gather)
 
 
-def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCharges:
+def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types,
+                  value_type) -> FixedCharges:
     """The FixedCharges of `prog`'s shard_map bodies on a mesh (`axis_bit` {axis: its bit},
-    its MESH table), per op type (`op_type` [N]). A collective over axes the mesh lacks, or of
+    its MESH table), per op type (`op_type` [N]; `value_type` [V] for the operands a
+    permute moves, ManualCollective.sharded_by). A collective over axes the mesh lacks, or of
     one device, is none (XLA drops a one-device group)."""
     rows = []
     for c in manual_collectives(prog):
@@ -171,8 +191,10 @@ def fixed_charges(prog, axis_bit, mesh_table, op_type, num_op_types) -> FixedCha
         cost = mesh_table[mask]
         if mask == 0 or cost["ways"] <= 1.0 or c.nbytes <= 0:
             continue
+        scale = int(value_type[c.sharded_by]) if c.sharded_by >= 0 else -1
         rows.append((c.op, (int(op_type[c.op]), _KERNEL_KINDS[c.kind], mask, c.count,
-                            c.nbytes, _one_run(c.kind, float(c.nbytes), mask, mesh_table))))
+                            c.nbytes, _one_run(c.kind, float(c.nbytes), mask, mesh_table),
+                            scale)))
     rows.sort(key=lambda r: r[1][0])  # (stable: each op type's in program order)
     records = np.array([r for _, r in rows], FIXED)
     by_op = np.zeros(num_op_types if rows else 0, SPAN)  # (none: the kernel skips the lookup)

@@ -136,7 +136,7 @@ class CostModel:
             self._compress()
         tables = self.ty.tables
         self.fixed = fixed_charges(prog, self.axis_bit, self.mesh_table, self.ty.op_type,
-                                   len(tables.ops))
+                                   len(tables.ops), self.ty.value_type)
         self.ty = self.ty._replace(tables=tables._replace(fixed=self.fixed.records,
                                                           fixed_by_op=self.fixed.by_op))
         self.state = self.new_state()

@@ -121,7 +121,7 @@ SHARED_READ = record(operand_type=_I, op_type=_I, position=_I, trip=_F, nbytes=_
 OPERAND_READ = record(position=_I, ready=_I, member=_I)
 # A collective a shard_map body runs whatever the plan (_manual.py): the op type it runs in,
 # its kind, mesh-axis mask, how many per step, and the bytes and seconds of one.
-FIXED = record(op_type=_I, kind=_I, mask=_I, count=_F, nbytes=_F, seconds=_F)
+FIXED = record(op_type=_I, kind=_I, mask=_I, count=_F, nbytes=_F, seconds=_F, scale_type=_I)
 
 
 class TypeTables(NamedTuple):

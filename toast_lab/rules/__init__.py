@@ -17,11 +17,12 @@ from . import (_attention, _control, _elementwise, _equinox, _identity,  # noqa:
                _indexing, _linalg, _opaque, _random, _reduce, _shape)
 from ._attention import is_causal, qkv_axes  # noqa: E402
 from ._elementwise import NARY, UNARY  # noqa: E402
+from ._opaque import permutes_shards  # noqa: E402
 from ._resize import SHAPE_FREE, ResizeError, Shapes, resized_params  # noqa: E402
 
 __all__ = [
     "FactorKind", "OpRule", "RuleBuilder", "PASS_THROUGH", "REDUCTION", "NEED_REPLICATION",
     "RULES", "register", "rule_for", "has_rule",
     "conservative_rule", "factor_letter", "UNARY", "NARY", "qkv_axes", "is_causal",
-    "resized_params", "ResizeError", "Shapes", "SHAPE_FREE",
+    "resized_params", "ResizeError", "Shapes", "SHAPE_FREE", "permutes_shards",
 ]

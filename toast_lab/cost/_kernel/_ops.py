@@ -19,7 +19,7 @@ import numpy as np
 from ._jit import inline, jit
 from .._fusion import KERNEL_ATTENTION, KERNEL_INSIDE, KERNEL_MANUAL
 from .._op_facts import DIM_BATCH, DIM_M
-from ._charge import A2A, AG, a2a_time, charge, gather_time
+from ._charge import A2A, AG, CP, a2a_time, charge, gather_time, permute_time
 from ._halo import halo_exchange
 from ._indexing import batched_indexing
 from ._ledger import OP_BATCHED_OPERAND, OP_ROWS, OP_SCATTER_UPDATES
@@ -104,7 +104,7 @@ def op_costs(tables, mesh, dev, ws, coll, ledger, layout, only):
         ps.compute = compute
         ptime += after
         inline = _shard_map_body(p, tables.fixed, tables.fixed_by_op, coll, ledger,
-                                 layout.fixed)
+                                 layout.fixed, vmask, mesh)
         ps.inline = inline / w if w > 0.0 else 0.0
         ps.own_comm = (gtime + ptime) * w + inline
         ps.post = ptime
@@ -128,17 +128,24 @@ def op_totals(tables, ws, totals):
 
 
 @inline
-def _shard_map_body(p, fixed, fixed_by_op, coll, ledger, first):
-    """Charges the collectives the shard_map bodies of op type p run whatever the plan (FIXED
-    records, ledger rows from `first`); returns their seconds per step."""
+def _shard_map_body(p, fixed, fixed_by_op, coll, ledger, first, vmask, mesh):
+    """Charges the collectives the shard_map bodies of op type p run (FIXED records, ledger
+    rows from `first`); returns their seconds per step. Each is what its body fixes, whatever
+    the plan, but a permute of shards (scale_type >= 0): the plan's sharding of what it moves
+    over the other axes divides its bytes."""
     if fixed.shape[0] == 0:
         return 0.0
     seconds = 0.0
     for i in range(fixed_by_op[p].start, fixed_by_op[p].end):
         f = fixed[i]
-        charge(coll, f.kind, f.mask, f.count, f.nbytes, f.seconds, ledger, first + i,
+        nbytes = f.nbytes
+        once = f.seconds
+        if f.scale_type >= 0 and f.kind == CP:
+            nbytes = f.nbytes / mesh[vmask[f.scale_type] & ~f.mask].ways
+            once = permute_time(nbytes, f.mask, mesh)
+        charge(coll, f.kind, f.mask, f.count, nbytes, once, ledger, first + i,
                SHARD_MAP_BODY)
-        seconds += f.count * f.seconds
+        seconds += f.count * once
     return seconds
 
 
