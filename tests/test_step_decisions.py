@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 import toast_lab as tl
 from tests.cli_support import usage_error
@@ -170,6 +171,27 @@ def test_a_loss_normalised_by_a_count_over_the_batch_is_refused():
         return optax.apply_updates(w, updates), opt_state, loss
 
     assert tl.analyze(tl.trace(plain, w, opt.init(w), batch)).micro_batching.legal
+
+
+def test_activations_named_for_a_remat_policy_split_into_micro_batches():
+    """`checkpoint_name` (haliax and MaxText name their layers' activations so a remat policy
+    can pick them) names no size: it runs on a micro-batch as it is."""
+    opt = optax.sgd(0.1)
+
+    def step(w, opt_state, batch):
+        def loss_fn(w):
+            h = checkpoint_name(jnp.tanh(batch["x"] @ w), "hidden")
+            return jnp.mean((h - batch["y"]) ** 2)
+
+        loss, g = jax.value_and_grad(loss_fn)(w)
+        updates, opt_state = opt.update(g, opt_state, w)
+        return optax.apply_updates(w, updates), opt_state, loss
+
+    w = jnp.zeros((12, 4))
+    batch = {"x": jnp.zeros((8, 12)), "y": jnp.zeros((8, 4))}
+    an = tl.analyze(tl.trace(step, w, opt.init(w), batch))
+    assert an.micro_batching.legal, an.micro_batching.reason
+    assert tl.Plan.replicated(an).with_micro_batches(4).micro_batches == 4
 
 
 # --- the plan's record -----------------------------------------------------------------------

@@ -44,6 +44,7 @@ SHAPE_FREE = frozenset(UNARY + NARY) | frozenset({
     "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min", "scatter-max",
     "scatter_max", "random_wrap", "random_unwrap", "random_seed", "random_fold_in",
     "threefry2x32", "custom_jvp_call", "custom_vjp_call",
+    "name",  # jax.ad_checkpoint.checkpoint_name: its param is the name a remat policy reads
 })
 
 Resizer = Callable[[Mapping[str, Any], Shapes, Shapes], dict]
