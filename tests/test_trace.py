@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import toast_lab as tl
-from toast_lab.program import BODY_INPUT, INPUT, NO_OP
+from toast_lab.program import BODY_INPUT, INPUT, NO_OP, replay
 from toast_lab.program import clean_scope
 
 
@@ -99,6 +99,33 @@ def test_scan_is_a_region_with_its_body_walked_once():
     shapes = [prog.values[v].shape for v in scan.body]
     assert shapes == [(2, 4), (4, 4), (2, 4), ()]
     assert prog.values[scan.body[0]].origin == BODY_INPUT
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_a_scan_output_that_passes_its_xs_through_is_read_from_the_xs(jitted):
+    """A checkpointed layer that returns its weights (as flax.nnx's scan returns the layers'
+    state): after JAX's partial evaluation the forward scan copies the weights out as ys.
+    The trace reads them from the scan's operand, so the update below reads the argument."""
+    def step(w, x):
+        def loss(w):
+            def layer(c, wi):
+                return jnp.tanh(c @ wi), wi
+            c, ws = jax.lax.scan(jax.checkpoint(layer), x, w)
+            return jnp.mean(c ** 2), ws
+        (value, ws), g = jax.value_and_grad(loss, has_aux=True)(w)
+        return ws - 0.1 * g, value
+
+    fn = jax.jit(step) if jitted else step
+    prog = tl.trace(fn, jnp.ones((4, 3, 3)), jnp.ones((8, 3)))
+    forward = next(op for op in prog.ops if op.primitive == "scan" and op.region == NO_OP)
+    update = prog.ops[prog.values[prog.outputs[0]].producer]
+    assert update.primitive == "sub" and update.operands[0] == prog.inputs[0]
+    assert [prog.values[r].shape for r in forward.results] == [(8, 3), (4, 8, 3)]
+    # the program, replayed op by op, is still the step
+    w, x = jnp.arange(36.0).reshape(4, 3, 3) / 36, jnp.linspace(-1.0, 1.0, 24).reshape(8, 3)
+    expected = jax.tree.leaves(step(w, x))
+    for got, want in zip(replay(prog, [w, x]), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_while_and_cond_regions():

@@ -34,7 +34,7 @@ def trace(fn: Callable, *args, dim_names=None, **kwargs) -> Program:
     argument paths.
     """
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
-    closed = _dead_code_eliminated(closed)
+    closed = _dead_code_eliminated(_scan_xs_forwarded(closed))
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     input_names = [_path_name(path, _arg_names(fn, len(args))) for path, _ in leaves_with_path]
     if dim_names is None:
@@ -245,6 +245,44 @@ def clean_scope(name_stack: str) -> str:
         if p and p != _RECOMPUTED and (not parts or parts[-1] != p):
             parts.append(p)
     return "/".join(parts)
+
+
+def _scan_xs_forwarded(closed):
+    """The jaxpr with each scan output that is one of the scan's xs passed through unchanged
+    (ys[i] = xs[i] in every iteration) read from that xs instead; `_dead_code_eliminated`
+    then drops the output. Inside `jit` calls too.
+
+    flax.nnx's `nnx.scan` returns the stacked layers' state as ys, and under `nnx.remat` JAX's
+    partial evaluation leaves those ys as copies of the weights the scan reads: the optimizer
+    would read the layers' weights from the forward scan, tying a batch-independent value to
+    the scan of the examples (which micro-batching and pipeline stages must run per
+    micro-batch). A reverse scan stacks ys[i] at i too, so the forwarding holds for both.
+    """
+    jaxpr = closed.jaxpr
+    subst: dict = {}
+    read = lambda v: subst.get(v, v) if isinstance(v, jex_core.Var) else v  # noqa: E731
+    eqns, changed = [], False
+    for eqn in jaxpr.eqns:
+        eqn = eqn.replace(invars=[read(v) for v in eqn.invars])
+        name = eqn.primitive.name
+        call = eqn.params.get("jaxpr")
+        if name in ("jit", "pjit", "closed_call") and isinstance(call, jex_core.ClosedJaxpr):
+            inner = _scan_xs_forwarded(call)
+            if inner is not call:
+                eqn, changed = eqn.replace(params={**eqn.params, "jaxpr": inner}), True
+        elif name == "scan":
+            params = region_params(eqn)
+            nc, nk = params["num_consts"], params["num_carry"]
+            body = eqn.params["jaxpr"].jaxpr
+            xs = body.invars[nc + nk:]
+            for out, y in zip(eqn.outvars[nk:], body.outvars[nk:]):
+                if isinstance(y, jex_core.Var) and y in xs:
+                    subst[out] = eqn.invars[nc + nk + xs.index(y)]
+        eqns.append(eqn)
+    if not (subst or changed):
+        return closed
+    return closed.replace(jaxpr=jaxpr.replace(eqns=eqns,
+                                              outvars=[read(v) for v in jaxpr.outvars]))
 
 
 def _dead_code_eliminated(closed):
