@@ -1,9 +1,10 @@
 """Pipeline stages on third-party layer stacks (tests/third_party/stacked.py): flax.linen's
-`nn.scan` (with and without `nn.remat`), flax.nnx's `nnx.vmap`-made layers under `nnx.scan`,
-penzai's `LayerStack` and haliax's `Stacked`. Each gets the fsdp+tp expert plan on the mesh's
-other axes with its stack cut into stages; `plan.jit` compiles it with the stages' hand-offs
-(collective-permutes over the stage axis) and `tl.verify` checks it against the step as
-written on 8 simulated devices. What a pipeline cannot run stays refused, saying why."""
+`nn.scan` (with and without `nn.remat`), flax.nnx's `nnx.vmap`-made layers under `nnx.scan`
+(with and without `nnx.remat`), penzai's `LayerStack` and haliax's `Stacked`. Each gets the
+fsdp+tp expert plan on the mesh's other axes with its stack cut into stages; `plan.jit`
+compiles it with the stages' hand-offs (collective-permutes over the stage axis) and
+`tl.verify` checks it against the step as written on 8 simulated devices. What a pipeline
+cannot run stays refused, saying why."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def _pipelined(an, stages: int) -> tl.Plan:
 
 
 @pytest.mark.parametrize("name,stages", [
-    ("linen-scan", 2), ("linen-scan-remat", 2), ("nnx-scan", 2), ("nnx-scan-shared-norm", 2),
+    ("linen-scan", 2), ("linen-scan-remat", 2), ("nnx-scan", 2), ("nnx-scan-remat", 2),
+    ("nnx-scan-shared-norm", 2),
     ("penzai-stack", 2), ("haliax-stacked", 2), ("haliax-stacked-remat", 2),
     ("haliax-stacked-nested", 2), ("nnx-scan", 4), ("penzai-stack", 4),
 ])

@@ -59,13 +59,14 @@ def linen_stack(remat: bool = False):
     return step, (params, tx.init(params), tokens)
 
 
-def nnx_stack(dropout: float = 0.0, shared_norm: bool = False):
+def nnx_stack(dropout: float = 0.0, shared_norm: bool = False, remat: bool = False):
     """flax.nnx: four MLP blocks created by `nnx.vmap` over split `nnx.Rngs` and applied by
     `nnx.scan` with the activations as `nnx.Carry` (flax's "scan over layers" guide), between
     an embedding and a head; nnx.Optimizer with Adam. With `dropout`, each block drops its
     MLP's output with its own key (the guide's `nnx.Dropout` in the stacked block). With
     `shared_norm`, one LayerNorm is broadcast to every block (`in_axes=None`), so the
-    backward scan sums its gradient over the layers."""
+    backward scan sums its gradient over the layers. With `remat`, the scanned function is
+    under `nnx.remat` (each block's input kept, the rest recomputed)."""
     from flax import nnx
 
     class Block(nnx.Module):
@@ -92,10 +93,11 @@ def nnx_stack(dropout: float = 0.0, shared_norm: bool = False):
             self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
 
         def __call__(self, tokens):
-            @nnx.scan(in_axes=(nnx.Carry, 0, None), out_axes=nnx.Carry)
             def forward(x, block, shared):
                 return block(x, shared if shared_norm else block.norm)
 
+            forward = nnx.remat(forward) if remat else forward
+            forward = nnx.scan(forward, in_axes=(nnx.Carry, 0, None), out_axes=nnx.Carry)
             return self.head(forward(self.embed(tokens), self.blocks, self.norm))
 
     net = Model(nnx.Rngs(0, dropout=1))
@@ -209,6 +211,7 @@ STACKED = {
     "linen-scan": (linen_stack, "flax"),
     "linen-scan-remat": (lambda: linen_stack(remat=True), "flax"),
     "nnx-scan": (nnx_stack, "flax"),
+    "nnx-scan-remat": (lambda: nnx_stack(remat=True), "flax"),
     "nnx-scan-shared-norm": (lambda: nnx_stack(shared_norm=True), "flax"),
     "nnx-scan-dropout": (lambda: nnx_stack(dropout=0.1), "flax"),
     "penzai-stack": (penzai_stack, "penzai"),
