@@ -1,10 +1,11 @@
 """Pipeline stages on third-party layer stacks (tests/third_party/stacked.py): flax.linen's
 `nn.scan` (with and without `nn.remat`), flax.nnx's `nnx.vmap`-made layers under `nnx.scan`
 (with and without `nnx.remat`), penzai's `LayerStack` and haliax's `Stacked`. Each gets the
-fsdp+tp expert plan on the mesh's other axes with its stack cut into stages; `plan.jit`
-compiles it with the stages' hand-offs (collective-permutes over the stage axis) and
-`tl.verify` checks it against the step as written on 8 simulated devices. What a pipeline
-cannot run stays refused, saying why."""
+fsdp+tp+pp expert plan (fsdp+tp on the mesh's other axes, its stack cut into stages over the
+stage axis, micro-batches flowing through them); `plan.jit` compiles it with the stages'
+hand-offs (collective-permutes over the stage axis) and `tl.verify` checks it against the
+step as written on 8 simulated devices. What a pipeline cannot run stays refused, saying
+why."""
 
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ import pytest
 
 import toast_lab as tl
 from tests.third_party.stacked import STACKED
+from toast_lab.plan import MICRO_BATCHES_PER_STAGE
 
-MICRO_BATCHES = 4
+# haliax's own uses of APIs its dependencies deprecate
+pytestmark = [pytest.mark.filterwarnings("ignore:`equinox.static_field` is deprecated"),
+              pytest.mark.filterwarnings("ignore:jax.core.is_constant_dim is deprecated")]
 
 
 @functools.cache
 def built(name: str):
     builder, module = STACKED[name]
     pytest.importorskip(module)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # haliax's own, at import
-        warnings.filterwarnings("ignore", "`equinox.static_field` is deprecated")
-        fn, args = builder()
+    fn, args = builder()
     with warnings.catch_warnings():
         warnings.simplefilter("error", tl.ToastWarning)  # every op has a rule that maps it
         an = tl.analyze(tl.trace(fn, *args))
@@ -39,26 +40,20 @@ def _stack(an) -> str:
     return group
 
 
-def _pipelined(an, stages: int) -> tl.Plan:
-    """The fsdp+tp expert plan on the mesh's other axes, the stack cut into `stages` over
-    "stage", MICRO_BATCHES micro-batches flowing through them."""
-    others = tl.Mesh({"data": 8 // stages // 2, "model": 2}, device="cpu")
-    base = tl.strategies.expert(an, others)["fsdp+tp"]
-    plan = tl.Plan.from_decisions(an, [(an.classes[k].name, axes)
-                                       for k, axes in base.assignments])
-    return plan.with_micro_batches(MICRO_BATCHES).with_pipeline(_stack(an), "stage", stages)
-
-
 @pytest.mark.parametrize("name,stages", [
     ("linen-scan", 2), ("linen-scan-remat", 2), ("nnx-scan", 2), ("nnx-scan-remat", 2),
-    ("nnx-scan-shared-norm", 2),
-    ("penzai-stack", 2), ("haliax-stacked", 2), ("haliax-stacked-remat", 2),
-    ("haliax-stacked-nested", 2), ("nnx-scan", 4), ("penzai-stack", 4),
+    ("nnx-scan-shared-norm", 2), ("penzai-stack", 2), ("haliax-stacked", 2),
+    ("haliax-stacked-remat", 2), ("haliax-stacked-nested", 2), ("nnx-scan", 4),
+    ("penzai-stack", 4),
 ])
-def test_pipelined_third_party_step_matches_the_step_as_written(name, stages):
+def test_pipelined_expert_plan_matches_the_step_as_written(name, stages):
     fn, args, an = built(name)
     mesh = tl.Mesh({"stage": stages, "data": 8 // stages // 2, "model": 2}, device="cpu")
-    plan = _pipelined(an, stages)
+    plan = tl.strategies.expert(an, mesh)["fsdp+tp+pp"]
+    assert plan.step.pipeline == tl.plan.Pipeline(_stack(an), "stage", stages)
+    # as many micro-batches as divide the batch over "data", up to a few per stage
+    count = plan.micro_batches
+    assert count == min(MICRO_BATCHES_PER_STAGE * stages, 8 // mesh.axis_size("data"))
     report = tl.verify(fn, args, plan, mesh)
     assert report.numerics_ok, report
     # each tick of each loop hands the micro-batches on: collective-permutes over the stage
@@ -66,7 +61,7 @@ def test_pipelined_third_party_step_matches_the_step_as_written(name, stages):
     permutes = {axes: total for (kind, axes), total in report.stats.collective_summary().items()
                 if kind == "collective-permute"}
     assert ("stage",) in permutes, permutes
-    assert permutes[("stage",)].count >= 2 * (MICRO_BATCHES + stages - 1)
+    assert permutes[("stage",)].count >= 2 * (count + stages - 1)
 
 
 def test_dropout_in_the_stack_is_refused_naming_its_line():
@@ -74,10 +69,14 @@ def test_dropout_in_the_stack_is_refused_naming_its_line():
     no pipeline (which runs micro-batches) matches the step as written."""
     _, _, an = built("nnx-scan-dropout")
     line = _source_line("self.drop(self.down(")
-    with pytest.raises(tl.PlanError, match=re.compile(
-            rf"pipeline runs micro-batches through the stages.*stacked\.py:{line}:.*"
-            r"Dropout.*random numbers in the batch's shape", re.S)):
+    why = re.compile(rf"pipeline runs micro-batches through the stages.*stacked\.py:{line}:.*"
+                     r"Dropout.*random numbers in the batch's shape", re.S)
+    with pytest.raises(tl.PlanError, match=why):
         tl.Plan(an).with_pipeline(_stack(an), "stage", 2)
+    experts = tl.strategies.expert(an, tl.Mesh({"stage": 2, "data": 2, "model": 2},
+                                               device="cpu"))
+    assert "fsdp+tp" in experts and "fsdp+tp+pp" not in experts
+    assert why.search(experts.skipped["fsdp+tp+pp"])
 
 
 def test_a_nested_remat_stack_is_cut_between_its_blocks():
@@ -87,7 +86,7 @@ def test_a_nested_remat_stack_is_cut_between_its_blocks():
     (group,) = [g for g in an.layer_groups if g.kind == "scanned"]
     assert group.layers == 2
     with pytest.raises(tl.PlanError, match="4 stages do not divide its 2 layers"):
-        tl.Plan(an).with_micro_batches(MICRO_BATCHES).with_pipeline(group.name, "stage", 4)
+        tl.Plan(an).with_micro_batches(4).with_pipeline(group.name, "stage", 4)
 
 
 def _source_line(text: str) -> int:
