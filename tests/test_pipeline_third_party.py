@@ -2,10 +2,10 @@
 `nn.scan` (with and without `nn.remat`), flax.nnx's `nnx.vmap`-made layers under `nnx.scan`
 (with and without `nnx.remat`), penzai's `LayerStack` and haliax's `Stacked`. Each gets the
 fsdp+tp+pp expert plan (fsdp+tp on the mesh's other axes, its stack cut into stages over the
-stage axis, micro-batches flowing through them); `plan.jit` compiles it with the stages'
-hand-offs (collective-permutes over the stage axis) and `tl.verify` checks it against the
-step as written on 8 simulated devices. What a pipeline cannot run stays refused, saying
-why."""
+stage axis, micro-batches flowing through them), and one stack per library the circular
+schedule too; `plan.jit` compiles it with the stages' hand-offs (collective-permutes over the
+stage axis) and `tl.verify` checks it against the step as written on 8 simulated devices.
+What a pipeline cannot run stays refused, saying why."""
 
 from __future__ import annotations
 
@@ -52,16 +52,33 @@ def test_pipelined_expert_plan_matches_the_step_as_written(name, stages):
     plan = tl.strategies.expert(an, mesh)["fsdp+tp+pp"]
     assert plan.step.pipeline == tl.plan.Pipeline(_stack(an), "stage", stages)
     # as many micro-batches as divide the batch over "data", up to a few per stage
-    count = plan.micro_batches
-    assert count == min(MICRO_BATCHES_PER_STAGE * stages, 8 // mesh.axis_size("data"))
+    assert plan.micro_batches == min(MICRO_BATCHES_PER_STAGE * stages,
+                                     8 // mesh.axis_size("data"))
+    _check(fn, args, plan, mesh, ticks=plan.micro_batches + stages - 1)
+
+
+@pytest.mark.parametrize("name", ["linen-scan-remat", "nnx-scan-remat", "penzai-stack",
+                                  "haliax-stacked-remat"])
+def test_circular_schedule_on_third_party_stacks(name):
+    """Two runs of layers per stage, each micro-batch going round the stages twice."""
+    fn, args, an = built(name)
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plan = tl.strategies.expert(an, mesh)["fsdp+tp+pp"].with_pipeline(
+        _stack(an), "stage", 2, "circular")
+    assert str(plan.step.pipeline) == "stage:2x2"
+    _check(fn, args, plan, mesh, ticks=2 * plan.micro_batches + 2 - 1)
+
+
+def _check(fn, args, plan, mesh, ticks: int) -> None:
+    """plan.jit's step matches the step as written, and each tick of each loop hands the
+    micro-batches on: collective-permutes over the stage axis alone (the stage dim is the only
+    sharded dim of what they move)."""
     report = tl.verify(fn, args, plan, mesh)
     assert report.numerics_ok, report
-    # each tick of each loop hands the micro-batches on: collective-permutes over the stage
-    # axis alone (the stage dim is the only sharded dim of what they move)
     permutes = {axes: total for (kind, axes), total in report.stats.collective_summary().items()
                 if kind == "collective-permute"}
     assert ("stage",) in permutes, permutes
-    assert permutes[("stage",)].count >= 2 * (count + stages - 1)
+    assert permutes[("stage",)].count >= 2 * ticks
 
 
 def test_dropout_in_the_stack_is_refused_naming_its_line():
