@@ -43,10 +43,12 @@ def render(vm) -> str:
     if vm.notice:
         lines.append(f"notice: {vm.notice}")
     if vm.steps:
-        lines.append("step (remat, micro-batches):")
+        lines.append("step (remat, micro-batches, pipeline stages):")
     for d in vm.steps:
         lines.append(f"  {d.name} ({d.label}): {d.value}{' pinned' if d.pinned else ''}")
         lines.append("      " + " | ".join(_choice(ch) for ch in d.choices))
+    if vm.schedule is not None:
+        lines += schedule_lines(vm.schedule)
     lines.append(f"classes ({AT_STAKE}):")
     for c in vm.classes:
         pin = " pinned" if c.pinned else ""
@@ -102,6 +104,31 @@ def render(vm) -> str:
     if vm.explained:
         lines += _explained(vm.explained)
     return "\n".join(lines)
+
+
+def schedule_lines(sc) -> list[str]:
+    """A pipeline's schedule as text: a row of cells per stage (F<m> / B<m>: the forward /
+    backward of micro-batch m; "·": idle, the bubble), then the bubble and the hand-offs."""
+    width = len(f"B{sc.micro_batches - 1}")
+
+    def cell(phase: str, m: int) -> str:
+        return (f"{phase}{m}" if m >= 0 else "·").ljust(width)
+
+    each = sc.layers // sc.stages
+    lines = [f"schedule ({sc.name}, {sc.schedule}): {sc.micro_batches} micro-batches through "
+             f"{sc.stages} stages over {sc.axis}, {sc.ticks} ticks per loop"]
+    for s in range(sc.stages):
+        lo = s * each
+        fwd = " ".join(cell("F", m) for m in sc.forward[s])
+        bwd = " ".join(cell("B", m) for m in sc.backward[s])
+        lines.append(f"  stage {s} (layers {lo}-{lo + each - 1}): {fwd} | {bwd}")
+    idle = sc.stages - 1
+    lines.append(f"  bubble {idle}/{sc.ticks} = {sc.bubble:.0%} of each stage's ticks")
+    if sc.handoff_bytes is not None:
+        lines.append(f"  hand-off per tick: {_bytes(sc.handoff_bytes)}, "
+                     f"{sc.handoff_s * 1e6:.1f} µs (collective-permute over {sc.axis}; "
+                     f"{sc.handoffs} per step)")
+    return lines
 
 
 def _memory(m) -> str:

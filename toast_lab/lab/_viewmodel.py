@@ -81,6 +81,44 @@ class StepDecisionView:
 
 
 @dataclass(frozen=True)
+class ScheduleView:
+    """A pipelined plan's schedule (_schedule.py): which micro-batch each stage runs at each
+    tick of the step's two loops, the bubble, and the hand-offs between stages.
+
+    name: the decision ("pipeline@block"); group: the scanned stack; scope: the scope-tree
+    group the graph draws it as (None where no one group holds its layers); axis / stages /
+    layers: S stages over mesh axis `axis`, layers // stages layers each; micro_batches: M;
+    schedule: "gpipe"; ticks: T = M + S - 1 per loop; forward / backward: [S][T], the
+    micro-batch stage s runs at tick t of each loop, -1 where it idles (the bubble);
+    bubble: the idle share of each stage's ticks, (S - 1) / T; handoff_bytes /
+    handoff_s: one hand-off (a collective-permute over `axis`, per device), the estimate's
+    bytes and seconds over its count; handoffs: that count per step (one per tick, both
+    loops); None where no estimate prices them (no mesh)."""
+
+    name: str
+    group: str
+    scope: str | None
+    axis: str
+    stages: int
+    layers: int
+    micro_batches: int
+    schedule: str
+    ticks: int
+    bubble: float
+    forward: tuple[tuple[int, ...], ...]
+    backward: tuple[tuple[int, ...], ...]
+    handoff_bytes: float | None = None
+    handoff_s: float | None = None
+    handoffs: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The graph's words for the stack: "stages: 2 over stage, 2 layers each"."""
+        return (f"stages: {self.stages} over {self.axis}, {self.layers // self.stages} "
+                f"layer{'s' if self.layers // self.stages > 1 else ''} each")
+
+
+@dataclass(frozen=True)
 class ClassView:
     """A class and its choices. bytes: at stake — the bytes of the values whose layout
     deciding it changes, summed over the step (not memory held at once). minor: under
@@ -362,7 +400,8 @@ class ViewModel:
     start: StartView | None = None        # the plan the session started on
     explained: ExplainedView | None = None  # the selected op's or edge's collectives
     memory: MemoryView | None = None      # live bytes over the step (None: no mesh)
-    steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches
+    steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches, stages
+    schedule: ScheduleView | None = None  # the pipeline's ticks (None: no stages)
     format: str = FORMAT
     version: int = VERSION
 
@@ -492,7 +531,8 @@ def _build(tp, data):
     return data
 
 
-__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "StepDecisionView", "GroupView", "GraphView",
+__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "StepDecisionView",
+           "ScheduleView", "GroupView", "GraphView",
            "NodeView", "EdgeView", "ExpertRow", "StartView", "SearchView", "DetailsView",
            "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "MemoryView",
            "Selection",
