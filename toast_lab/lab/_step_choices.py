@@ -174,7 +174,6 @@ def _words(analysis, plan, name: str, value) -> tuple[str, str]:
     s, m = int(stages), plan.step.micro_batches
     each = next((g.layers for g in analysis.layer_groups if g.name == group), s) // s
     return value, (f"{s} stages over mesh axis {axis}, {each} layer{'s' if each > 1 else ''} "
-                   f"each; "
-                   f"{m} micro-batch{'es' if m > 1 else ''} in the GPipe schedule leave the "
-                   f"bubble {s - 1}/{m + s - 1} = {(s - 1) / (m + s - 1):.0%} of each loop "
-                   f"(more micro-batches shrink it); {axis} then holds the stages alone")
+                   f"each; {m} micro-batch{'es' if m > 1 else ''} leave the GPipe bubble "
+                   f"{s - 1}/{m + s - 1} = {(s - 1) / (m + s - 1):.0%} of each loop; {axis} "
+                   f"holds only the stages")
