@@ -16,8 +16,9 @@ message ``{"event": name, ...}``; `Lab._on_event` acts on it and sends a new `vi
 event shows as the view's `error`):
 
 - ``pin {name, value}``: fix a class to mesh axes (a list; [] replicated), a conflict to a
-  resolution (a string), "remat@<group>" to a remat policy (a string) or "micro_batches" to
-  a count (an integer): a choice in the Decisions tab, or a collective's remedy;
+  resolution (a string), "remat@<group>" to a remat policy (a string), "micro_batches" to
+  a count (an integer) or "pipeline@<stack>" to stages ("stage:2", "none"): a choice in the
+  Decisions tab, or a collective's remedy;
 - ``unpin {name}``: release a pinned decision (it keeps its value until a search changes it);
 - ``toggle {group}``: open a collapsed scope group, or close an open one (a click on a group);
 - ``select {kind, id}``: an op (id: its op id) or a drawn edge (id: the edge's); the view then
