@@ -188,15 +188,21 @@ def test_partition_pins_pipeline_stages(tmp_path, capsys):
     assert plan.step.pipeline is None and "pipeline@block" in plan.pinned
 
 
-@pytest.mark.parametrize("pin,says", [
-    ("pipeline@block=stage:3", "--pin pipeline@block=stage:3: pipeline@block: 3 stages do not "
-                               "divide its 4 layers evenly"),
-    ("pipeline@block=pipe:2", "--pin pipeline@block=pipe:2: the mesh has no axis 'pipe'"),
-    ("pipeline@block=stage:x", 'stages are written "<mesh axis>:<stages>" (e.g. "stage:4") or '
-                               '"none"'),
-    ("pipeline@embed=stage:2", "stages cut a scanned layer stack"),
-    ("pipeline@block", "a pipeline pin looks like pipeline@<layer group>=<mesh axis>:<stages>"),
+@pytest.mark.parametrize("flags,says", [
+    (["--pin", "pipeline@block=stage:3"], "--pin pipeline@block=stage:3: pipeline@block: 3 "
+                                          "stages do not divide its 4 layers evenly"),
+    (["--pin", "pipeline@block=pipe:2"], "--pin pipeline@block=pipe:2: the mesh has no axis "
+                                         "'pipe'"),
+    (["--pin", "pipeline@block=stage:x"], 'stages are written "<mesh axis>:<stages>" (e.g. '
+                                          '"stage:4"), "<mesh axis>:<stages>x<runs>" for a '
+                                          'circular schedule'),
+    (["--pin", "pipeline@block=stage:2x2", "--micro-batches", "1"],
+     "a circular schedule sends each micro-batch round the 2 stages again, so it needs at "
+     "least 2 micro-batches; the plan has 1"),
+    (["--pin", "pipeline@embed=stage:2"], "stages cut a scanned layer stack"),
+    (["--pin", "pipeline@block"], "a pipeline pin looks like pipeline@<layer group>=<mesh "
+                                  "axis>:<stages>"),
 ])
-def test_pipeline_pins_the_step_cannot_take_are_usage_errors(pin, says, capsys):
-    line = usage_error(["partition", *GPT_SCAN, "--budget", "1", "--pin", pin], capsys)
+def test_pipeline_pins_the_step_cannot_take_are_usage_errors(flags, says, capsys):
+    line = usage_error(["partition", *GPT_SCAN, "--budget", "1", *flags], capsys)
     assert says in line, line

@@ -9,7 +9,7 @@ import pytest
 
 import toast_lab as tl
 from toast_lab.lab import Lab, PinError, Session, ViewBuilder, ViewModel
-from toast_lab.lab._schedule import IDLE, gpipe_ticks
+from toast_lab.lab._schedule import IDLE, pipeline_ticks
 from toast_lab.plan import Pipeline
 
 MESH = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
@@ -34,7 +34,7 @@ def session(gpt_scan):
 
 @pytest.mark.parametrize("stages,micro_batches", [(2, 4), (4, 4), (4, 1), (3, 8)])
 def test_the_gpipe_schedule_idles_the_bubble(stages, micro_batches):
-    forward, backward = gpipe_ticks(stages, micro_batches)
+    forward, backward = pipeline_ticks(stages, micro_batches)
     ticks = micro_batches + stages - 1
     for loop in (forward, backward):
         assert len(loop) == stages and all(len(row) == ticks for row in loop)
@@ -49,6 +49,17 @@ def test_the_gpipe_schedule_idles_the_bubble(stages, micro_batches):
     assert [row.index(0) for row in forward] == list(range(stages))
     assert backward[-1][0] == micro_batches - 1
     assert all(backward[s][0] == IDLE for s in range(stages - 1))
+
+
+def test_the_circular_schedule_sends_each_micro_batch_round_the_stages():
+    """2 stages, 2 runs each, 2 micro-batches: stage s runs item w = r M + m at tick w + s
+    (micro-batch m in its run r), so micro-batch 0 leaves the last stage at tick 1 and is back
+    on stage 0 for its second run at tick 2; the bubble is (S - 1) / (V M + S - 1)."""
+    forward, backward = pipeline_ticks(2, 2, 2)
+    assert forward == ((0, 1, 2, 3, IDLE), (IDLE, 0, 1, 2, 3))
+    assert backward == ((IDLE, 3, 2, 1, 0), (3, 2, 1, 0, IDLE))
+    forward, _ = pipeline_ticks(4, 8, 2)
+    assert len(forward[0]) == 2 * 8 + 4 - 1 and all(r.count(IDLE) == 3 for r in forward)
 
 
 def test_two_stages_of_four_micro_batches(gpt_scan, builder, session):
@@ -68,8 +79,8 @@ def test_two_stages_of_four_micro_batches(gpt_scan, builder, session):
     assert sc.handoff_bytes > 0
     text = vm.to_text()
     assert "schedule (pipeline@block, gpipe): 4 micro-batches through 2 stages over stage" in text
-    assert "stage 0 (layers 0-0): F0 F1 F2 F3 ·  | ·  B3 B2 B1 B0" in text
-    assert "stage 1 (layers 1-1): ·  F0 F1 F2 F3 | B3 B2 B1 B0 ·" in text
+    assert "stage 0 (layer 0): F0 F1 F2 F3 ·  | ·  B3 B2 B1 B0" in text
+    assert "stage 1 (layer 1): ·  F0 F1 F2 F3 | B3 B2 B1 B0 ·" in text
     assert "bubble 1/5 = 20% of each stage's ticks" in text
     assert "(collective-permute over stage; 10 per step)" in text
     assert ViewModel.from_json(vm.to_json()).schedule == sc
@@ -119,7 +130,10 @@ def test_pin_and_unpin_stages(gpt_scan, builder, session):
 @pytest.mark.parametrize("value,reason", [
     ("stage:4", "4 stages do not divide its 2 layers evenly"),
     ("pipe:2", "the mesh has no axis 'pipe'; its axes are ['stage', 'data', 'model']"),
-    ("stage:two", 'stages are written "<mesh axis>:<stages>" (e.g. "stage:4") or "none"'),
+    ("stage:two", 'stages are written "<mesh axis>:<stages>" (e.g. "stage:4"), '
+                  '"<mesh axis>:<stages>x<runs>" for a circular schedule (e.g. "stage:4x2") '
+                  'or "none"'),
+    ("stage:2xtwo", 'stages are written "<mesh axis>:<stages>"'),
     (3, 'stages are written "<mesh axis>:<stages>"'),
 ])
 def test_stages_the_mesh_cannot_take_are_refused(session, value, reason):
@@ -216,3 +230,30 @@ def test_the_plan_viewer_draws_the_schedule_unpriced(gpt_scan):
     assert vm.schedule.forward == ((0, 1, 2, 3, -1), (-1, 0, 1, 2, 3))
     assert vm.schedule.handoff_bytes is None and vm.schedule.handoffs is None
     assert "hand-off" not in vm.to_text()
+
+
+def test_a_circular_schedule_is_pinned_drawn_and_refused_below_its_micro_batches():
+    fn, args = tl.zoo.get("gpt_scan", layers=4, batch=16, seq=64)
+    an = tl.analyze(tl.trace(fn, *args))
+    plan = tl.strategies.expert(an, MESH)["dp+tp"].without_pipeline()
+    session = Session(an, MESH, plan.with_micro_batches(1))
+    with pytest.raises(PinError, match="a circular schedule sends each micro-batch round the 2 "
+                                       "stages again, so it needs at least 2 micro-batches"):
+        session.pin("pipeline@block", "stage:2x2")
+    session.pin("micro_batches", 2)
+    session.pin("pipeline@block", "stage:2x2")
+    assert session.plan.step.pipeline == Pipeline("block", "stage", 2, "circular", 2)
+    assert session.pins["pipeline@block"] == "stage:2x2"
+    builder = ViewBuilder(an, MESH)
+    vm = builder.build(session, price=False)
+    sc = vm.schedule
+    assert (sc.schedule, sc.chunks, sc.ticks) == ("circular", 2, 5)
+    assert sc.bubble == pytest.approx(1 / 5)
+    assert sc.label == "stages: 2 over stage, 2 runs of 1 layer each"
+    text = vm.to_text()
+    assert "schedule (pipeline@block, circular, 2 runs per stage)" in text
+    assert "stage 0 (layers 0, 2): F0.0 F1.0 F0.1 F1.1 ·    | ·    B1.1 B0.1 B1.0 B0.0" in text
+    assert "stage 1 (layers 1, 3): ·    F0.0 F1.0 F0.1 F1.1 | B1.1 B0.1 B1.0 B0.0 ·" in text
+    stages = next(d for d in vm.steps if d.name == "pipeline@block")
+    circular = next(ch for ch in stages.choices if ch.value == "stage:2x2")
+    assert circular.current and "circular: 2 runs of 1 layer per stage" in circular.note

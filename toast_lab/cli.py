@@ -312,12 +312,18 @@ def _step_pins(items: list[str]) -> tuple[dict, list[str]]:
     return steps, rest
 
 
-def _with_step(plan, steps: dict, micro_batches: int, mesh) -> dict:
-    """The step pins as the search takes them ({name: value}, stages as "stage:4" or
-    "none"), each first tried on `plan`: a UsageError naming the flag where the analysis or
-    the mesh does not allow one."""
+def _with_step(plan, steps: dict, micro_batches: int | None, mesh) -> dict:
+    """The step pins as the search takes them ({name: value}, stages as "stage:4",
+    "stage:4x2" or "none"), each first tried on `plan` with `micro_batches` (None: the
+    search's to choose): a UsageError naming the flag where the analysis or the mesh does not
+    allow one."""
     from .plan import PlanError, parse_pipeline
 
+    if micro_batches is not None and micro_batches != 1:
+        try:
+            plan = plan.with_micro_batches(micro_batches, pin=True)
+        except PlanError as err:
+            raise UsageError(f"--micro-batches {micro_batches}: {err}") from None
     pins = {}
     for name, value in steps.items():
         group = name.partition("@")[2]
@@ -328,31 +334,32 @@ def _with_step(plan, steps: dict, micro_batches: int, mesh) -> dict:
                 continue
             stages = parse_pipeline(group, value, mesh)
             if stages is not None:
-                plan.with_pipeline(group, stages.axis, stages.stages).validate(mesh)
+                staged = plan.with_pipeline(group, stages.axis, stages.stages, stages.schedule,
+                                            chunks=stages.chunks)
+                # a circular schedule's micro-batches are the search's to choose if not given
+                if micro_batches is not None or not staged.step.refusal:
+                    staged.validate(mesh)
             pins[name] = "none" if stages is None else str(stages)
         except (PlanError, ValueError) as err:
             raise UsageError(f"--pin {name}={value}: {err}") from None
-    if micro_batches != 1:
-        try:
-            plan.with_micro_batches(micro_batches, pin=True)
-        except PlanError as err:
-            raise UsageError(f"--micro-batches {micro_batches}: {err}") from None
     return pins
 
 
 def _pipeline_lines(plan, estimate) -> list[str]:
-    """A pipelined plan's stages in words: how they cut the stack, the bubble of the GPipe
-    schedule and the hand-offs between stages (the estimate's collective-permutes)."""
+    """A pipelined plan's stages in words: how they cut the stack, the bubble of its schedule
+    and the hand-offs between stages (the estimate's collective-permutes)."""
     p = plan.step.pipeline
     if p is None:
         return []
     m = plan.step.micro_batches
     layers = next(g.layers for g in plan.analysis.layer_groups if g.name == p.group)
-    ticks = m + p.stages - 1
+    ticks = p.chunks * m + p.stages - 1
+    runs = (f" ({p.chunks} runs of {layers // (p.stages * p.chunks)} round the stages)"
+            if p.chunks > 1 else "")
     lines = [f"pipeline@{p.group}: {p.stages} stages over mesh axis {p.axis!r}, "
-             f"{layers // p.stages} of {layers} layers each; {m} micro-batch"
+             f"{layers // p.stages} of {layers} layers each{runs}; {m} micro-batch"
              f"{'es' if m > 1 else ''}, {p.schedule}: "
-             f"bubble {p.stages - 1}/{ticks} = {(p.stages - 1) / ticks:.0%} of each loop"]
+             f"bubble {p.stages - 1}/{ticks} = {p.bubble(m):.0%} of each loop"]
     hand = estimate.collectives.get(("collective-permute", (p.axis,)))
     if hand is not None and hand.count:
         from .plan import format_bytes
@@ -464,7 +471,7 @@ def _partition(args) -> int:
 
     # refused before the search; it decides remat, micro-batches and stages with the
     # sharding, around these pins
-    pins.update(_with_step(Plan.replicated(an), steps, args.micro_batches or 1, mesh))
+    pins.update(_with_step(Plan.replicated(an), steps, args.micro_batches, mesh))
     if args.micro_batches is not None:
         pins["micro_batches"] = args.micro_batches
     try:

@@ -1,7 +1,8 @@
 /**
  * The pipeline schedule chart: micro-batches over ticks, one row per stage, drawn with
  * BokehJS from the view model's `schedule` (ScheduleView). The forward loop's ticks, then the
- * backward loop's, each cell the micro-batch a stage runs there; the cells where a stage has
+ * backward loop's, each cell the micro-batch a stage runs there (and which of its runs of
+ * layers, in a circular schedule); the cells where a stage has
  * none are hatched: the bubble. Around it, in words: the bubble's share of each stage's ticks
  * and one hand-off between stages (the estimate's collective-permute over the stage axis).
  * Drawn again only when the schedule changes (a new pin), as the memory chart is.
@@ -21,8 +22,10 @@ const INK = '#222222';
 export const SCHEDULE_PLOT = 'toast-lab-pipeline-schedule';
 /** Columns between the two loops. */
 const GAP = 0.7;
-/** Up to this many cells per row, each cell is labelled with its micro-batch. */
+/** Up to this many cells per row, each cell is labelled with its micro-batch ("F2"; fewer for
+ * a circular schedule's longer "F2.1"). */
 const LABELLED_COLUMNS = 36;
+const LABELLED_COLUMNS_CIRCULAR = 26;
 
 interface PlotView {
   remove(): void;
@@ -33,11 +36,22 @@ export function tickX(s: ScheduleView, t: number, backward: boolean): number {
   return backward ? s.ticks + GAP + t : t;
 }
 
-/** The layers stage `stage` runs, "layers 2–3" (the stack's layers in order, L/S each). */
+/** The layers stage `stage` holds, "layers 2–3"; circular, one range per run: "layers 1, 3". */
 export function stageLayers(s: ScheduleView, stage: number): string {
-  const each = Math.floor(s.layers / s.stages);
-  const lo = stage * each;
-  return each > 1 ? `layers ${lo}–${lo + each - 1}` : `layer ${lo}`;
+  const runs = s.chunks ?? 1;
+  const each = Math.floor(s.layers / (s.stages * runs));
+  const spans = Array.from({ length: runs }, (_, r) => {
+    const lo = (r * s.stages + stage) * each;
+    return each > 1 ? `${lo}–${lo + each - 1}` : `${lo}`;
+  });
+  return `${runs > 1 || each > 1 ? 'layers' : 'layer'} ${spans.join(', ')}`;
+}
+
+/** A work item in a cell: "F2" (forward of micro-batch 2), "B2.1" (its backward in run 1). */
+export function cellText(s: ScheduleView, item: number, backward: boolean): string {
+  const m = item % s.micro_batches;
+  const run = Math.floor(item / s.micro_batches);
+  return `${backward ? 'B' : 'F'}${m}${(s.chunks ?? 1) > 1 ? `.${run}` : ''}`;
 }
 
 export class ScheduleChart {
@@ -50,7 +64,7 @@ export class ScheduleChart {
 
   /** Draws `schedule` unless it is what is drawn. Resolves once drawn (or says why not). */
   async draw(schedule: ScheduleView): Promise<void> {
-    const key = JSON.stringify([schedule.forward, schedule.backward, schedule.layers]);
+    const key = JSON.stringify([schedule.forward, schedule.backward, schedule.layers, schedule.chunks]);
     if (key === this.key) {
       return;
     }
@@ -164,9 +178,9 @@ export class ScheduleChart {
       const grid = backward ? s.backward : s.forward;
       const loop = backward ? 'backward' : 'forward';
       grid.forEach((row, stage) =>
-        row.forEach((m, t) => {
+        row.forEach((item, t) => {
           const x = tickX(s, t, backward);
-          if (m < 0) {
+          if (item < 0) {
             idle.x.push(x);
             idle.y.push(stage);
             idle.what.push(`stage ${stage}, ${loop} tick ${t + 1}: idle (the bubble)`);
@@ -176,8 +190,10 @@ export class ScheduleChart {
           runs.y.push(stage);
           runs.color.push(backward ? BACKWARD : FORWARD);
           runs.ink.push(backward ? INK : '#ffffff');
-          runs.text.push(`${backward ? 'B' : 'F'}${m}`);
-          runs.what.push(`stage ${stage}, ${loop} tick ${t + 1}: the ${loop} of micro-batch ${m}`);
+          const m = item % s.micro_batches;
+          const run = (s.chunks ?? 1) > 1 ? ` in its run ${Math.floor(item / s.micro_batches)}` : '';
+          runs.text.push(cellText(s, item, backward));
+          runs.what.push(`stage ${stage}, ${loop} tick ${t + 1}: the ${loop} of micro-batch ${m}${run}`);
         })
       );
     }
@@ -191,7 +207,7 @@ export class ScheduleChart {
       x: { field: 'x' }, y: { field: 'y' }, width: 0.92, height: 0.84, source: runSource,
       fill_color: { field: 'color' }, line_color: null
     });
-    if (2 * s.ticks <= LABELLED_COLUMNS) {
+    if (2 * s.ticks <= ((s.chunks ?? 1) > 1 ? LABELLED_COLUMNS_CIRCULAR : LABELLED_COLUMNS)) {
       fig.text({
         x: { field: 'x' }, y: { field: 'y' }, text: { field: 'text' }, source: runSource,
         text_color: { field: 'ink' }, text_align: 'center', text_baseline: 'middle', text_font_size: '10px'
@@ -220,7 +236,7 @@ export function schedulePanel(s: ScheduleView, chart: ScheduleChart): HTMLElemen
     h(
       'div',
       { className: 'tl-schedule-head' },
-      `Schedule (${s.schedule === 'gpipe' ? 'GPipe' : s.schedule}): ${s.micro_batches} micro-batch${s.micro_batches === 1 ? '' : 'es'} through ${s.stages} stages over ${s.axis}`
+      `Schedule (${s.schedule === 'gpipe' ? 'GPipe' : `${s.schedule}, ${s.chunks ?? 1} runs per stage`}): ${s.micro_batches} micro-batch${s.micro_batches === 1 ? '' : 'es'} through ${s.stages} stages over ${s.axis}`
     ),
     h(
       'div',
@@ -232,8 +248,8 @@ export function schedulePanel(s: ScheduleView, chart: ScheduleChart): HTMLElemen
     h(
       'div',
       { className: 'tl-bar-legend tl-schedule-legend' },
-      h('span', null, h('span', { className: 'tl-swatch', style: `background:${FORWARD}` }), 'F m: forward of micro-batch m'),
-      h('span', null, h('span', { className: 'tl-swatch', style: `background:${BACKWARD}` }), 'B m: its backward'),
+      h('span', null, h('span', { className: 'tl-swatch', style: `background:${FORWARD}` }), (s.chunks ?? 1) > 1 ? 'F m.r: forward of micro-batch m, run r' : 'F m: forward of micro-batch m'),
+      h('span', null, h('span', { className: 'tl-swatch', style: `background:${BACKWARD}` }), (s.chunks ?? 1) > 1 ? 'B m.r: its backward' : 'B m: its backward'),
       h('span', null, h('span', { className: 'tl-swatch tl-swatch-idle' }), 'idle: the bubble')
     )
   );

@@ -93,8 +93,9 @@ export interface StepDecisionView {
 }
 
 /**
- * A pipelined plan's schedule (toast_lab/lab/_schedule.py): which micro-batch each stage runs
- * at each tick of the step's forward and backward loops (GPipe), -1 where it idles (the
+ * A pipelined plan's schedule (toast_lab/lab/_schedule.py): which work item each stage runs
+ * at each tick of the step's forward and backward loops (r * micro_batches + m: micro-batch m
+ * in its run r of the stage's `chunks` runs; m itself for GPipe), -1 where it idles (the
  * bubble), and one hand-off between stages (a collective-permute over `axis`; null unpriced).
  */
 export interface ScheduleView {
@@ -107,12 +108,15 @@ export interface ScheduleView {
   stages: number;
   layers: number;
   micro_batches: number;
+  /** "gpipe" or "circular". */
   schedule: string;
-  /** Per loop: micro_batches + stages - 1. */
+  /** Runs of layers per stage (1 for GPipe); run r of stage s holds layer chunk r * stages + s. */
+  chunks?: number;
+  /** Per loop: chunks * micro_batches + stages - 1. */
   ticks: number;
   /** The idle share of each stage's ticks, (stages - 1) / ticks. */
   bubble: number;
-  /** [stage][tick]: the micro-batch run, -1 idle. */
+  /** [stage][tick]: the work item run, -1 idle. */
   forward: number[][];
   backward: number[][];
   /** One hand-off per device: bytes and seconds; how many per step. */

@@ -30,7 +30,10 @@ SCHEDULE_CHART = '''() => {
   const plot = views.find(v => v.model?.name === 'toast-lab-pipeline-schedule');
   if (!plot) { return null; }
   const rects = plot.model.renderers.filter(r => r.glyph?.type === 'Rect');
-  const size = r => { const d = r.data_source.data; return (d instanceof Map ? d.get('x') : d.x).length; };
+  const size = r => {
+    const d = r.data_source.data;
+    return (d instanceof Map ? d.get('x') : d.x).length;
+  };
   const box = plot.canvas_view.el.getBoundingClientRect();
   return {
     cells: rects.map(size), hatched: rects.map(r => r.glyph.hatch_pattern?.value ?? null),
@@ -62,7 +65,10 @@ def test_stages_are_priced_pinned_and_their_schedule_drawn(browser_context, lab_
         expect(stages.locator(".tl-decision-name")).to_have_text(
             "pipeline stages: block (scanned ×4)")
         expect(stages.locator(".tl-axes")).to_have_text("none")
-        expect(stages.locator(".tl-choice")).to_have_count(4)  # none, stage, data, model
+        # none, then GPipe and circular (2 runs per stage) over stage, data and model
+        expect(stages.locator(".tl-choice")).to_have_count(7)
+        expect(stages.locator('.tl-choice-note[data-label="stage:2x2"]')).to_contain_text(
+            "circular: 2 runs of 1 layer per stage")
         expect(stages.locator('.tl-choice-note[data-label="stage:2"]')).to_contain_text(
             "bubble 1/5 = 20% of each loop")
         expect(lab.locator(".tl-schedule")).to_have_count(0)

@@ -185,7 +185,8 @@ class Session:
         """Fixes a decision: a class to mesh axes (a name, a tuple; () or None: replicated), a
         conflict to one of its resolutions, "remat@<layer group>" to a remat policy,
         "micro_batches" to a count, "pipeline@<scanned stack>" to stages over a mesh axis
-        ("stage:4"; "none": no stages). Raises PinError (and sets `error`) when refused.
+        ("stage:4"; "stage:4x2": circular, 2 runs of layers per stage; "none": no stages).
+        Raises PinError (and sets `error`) when refused.
         A running search is stopped first (its best plan kept): pins change what it explores."""
         if _is_step(self.analysis, name):
             return self._pin_step(name, value)
@@ -550,8 +551,9 @@ class Session:
 
     def _pin_pipeline(self, group: str, value) -> Plan:
         """The plan with "pipeline@<group>" pinned to `value` (a Pipeline, "<axis>:<stages>",
-        "<axis>" or "none"). The stage axis holds the stages alone: a class pinned to it is a
-        contradiction, named; classes the person left to the search lose it."""
+        "<axis>:<stages>x<runs>" for a circular schedule, "<axis>" or "none"). The stage axis
+        holds the stages alone: a class pinned to it is a contradiction, named; classes the
+        person left to the search lose it."""
         name = f"{PIPELINE_PREFIX}{group}"
         try:
             pipeline = parse_pipeline(group, value, self.mesh)
@@ -576,7 +578,7 @@ class Session:
                            f"and {', '.join(held)} {'is' if len(held) == 1 else 'are'} pinned "
                            f"otherwise; unpin {'it' if len(held) == 1 else 'them'} first")
         return self._plan.with_pipeline(group, pipeline.axis, pipeline.stages,
-                                        pipeline.schedule, pin=True)
+                                        pipeline.schedule, pin=True, chunks=pipeline.chunks)
 
     def _pin_class(self, cls: DimClass, value):
         axes = _pins.pin_axes(cls, value, self.mesh)

@@ -84,7 +84,7 @@ def with_step(plan, name: str, value, mesh=None):
             raise PlanError(str(err)) from None
         if p is None:
             return plan.without_pipeline()
-        return plan.with_pipeline(group, p.axis, p.stages, p.schedule)
+        return plan.with_pipeline(group, p.axis, p.stages, p.schedule, chunks=p.chunks)
     return plan.with_remat(name[len(REMAT_PREFIX):], value)
 
 
@@ -170,10 +170,14 @@ def _words(analysis, plan, name: str, value) -> tuple[str, str]:
     group = name[len(PIPELINE_PREFIX):]
     if value == "none":
         return "none", f"no stages: every device runs all of {group}'s layers"
-    axis, _, stages = value.rpartition(":")
-    s, m = int(stages), plan.step.micro_batches
-    each = next((g.layers for g in analysis.layer_groups if g.name == group), s) // s
-    return value, (f"{s} stages over mesh axis {axis}, {each} layer{'s' if each > 1 else ''} "
-                   f"each; {m} micro-batch{'es' if m > 1 else ''} leave the GPipe bubble "
-                   f"{s - 1}/{m + s - 1} = {(s - 1) / (m + s - 1):.0%} of each loop; {axis} "
-                   f"holds only the stages")
+    p = parse_pipeline(group, value)
+    s, v, m = p.stages, p.chunks, plan.step.micro_batches
+    each = next((g.layers for g in analysis.layer_groups if g.name == group), s * v) // (s * v)
+    layers = f"{each} layer{'s' if each > 1 else ''}"
+    how = (f"{layers} each" if v == 1 else
+           f"circular: {v} runs of {layers} per stage, each micro-batch going round the "
+           f"stages {v} times (at least {s} micro-batches)")
+    return value, (f"{s} stages over mesh axis {p.axis}, {how}; {m} micro-batch"
+                   f"{'es' if m > 1 else ''} leave the {'GPipe ' if v == 1 else ''}bubble "
+                   f"{s - 1}/{v * m + s - 1} = {p.bubble(m):.0%} of each loop; {p.axis} holds "
+                   f"only the stages")

@@ -108,22 +108,24 @@ def render(vm) -> str:
 
 def schedule_lines(sc) -> list[str]:
     """A pipeline's schedule as text: a row of cells per stage (F<m> / B<m>: the forward /
-    backward of micro-batch m; "·": idle, the bubble), then the bubble and the hand-offs."""
-    width = len(f"B{sc.micro_batches - 1}")
+    backward of micro-batch m, F<m>.<r> in its run r of a circular schedule; "·": idle, the
+    bubble), then the bubble and the hand-offs."""
+    m_count = sc.micro_batches
 
-    def cell(phase: str, m: int) -> str:
-        return (f"{phase}{m}" if m >= 0 else "·").ljust(width)
+    def cell(phase: str, w: int) -> str:
+        if w < 0:
+            return "·"
+        return f"{phase}{w % m_count}" + (f".{w // m_count}" if sc.chunks > 1 else "")
 
-    each = sc.layers // sc.stages
-    lines = [f"schedule ({sc.name}, {sc.schedule}): {sc.micro_batches} micro-batches through "
+    width = len(cell("B", sc.chunks * m_count - 1))
+    runs = f", {sc.chunks} runs per stage" if sc.chunks > 1 else ""
+    lines = [f"schedule ({sc.name}, {sc.schedule}{runs}): {m_count} micro-batches through "
              f"{sc.stages} stages over {sc.axis}, {sc.ticks} ticks per loop"]
     for s in range(sc.stages):
-        lo = s * each
-        fwd = " ".join(cell("F", m) for m in sc.forward[s])
-        bwd = " ".join(cell("B", m) for m in sc.backward[s])
-        lines.append(f"  stage {s} (layers {lo}-{lo + each - 1}): {fwd} | {bwd}")
-    idle = sc.stages - 1
-    lines.append(f"  bubble {idle}/{sc.ticks} = {sc.bubble:.0%} of each stage's ticks")
+        fwd = " ".join(cell("F", w).ljust(width) for w in sc.forward[s])
+        bwd = " ".join(cell("B", w).ljust(width) for w in sc.backward[s])
+        lines.append(f"  stage {s} ({sc.stage_layers(s)}): {fwd} | {bwd}")
+    lines.append(f"  bubble {sc.stages - 1}/{sc.ticks} = {sc.bubble:.0%} of each stage's ticks")
     if sc.handoff_bytes is not None:
         lines.append(f"  hand-off per tick: {_bytes(sc.handoff_bytes)}, "
                      f"{sc.handoff_s * 1e6:.1f} µs (collective-permute over {sc.axis}; "

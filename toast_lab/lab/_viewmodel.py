@@ -88,10 +88,12 @@ class ScheduleView:
 
     name: the decision ("pipeline@block"); group: the scanned stack; scope: the scope-tree
     group the graph draws it as (None where no one group holds its layers); axis / stages /
-    layers: S stages over mesh axis `axis`, layers // stages layers each; micro_batches: M;
-    schedule: "gpipe"; ticks: T = M + S - 1 per loop; forward / backward: [S][T], the
-    micro-batch stage s runs at tick t of each loop, -1 where it idles (the bubble);
-    bubble: the idle share of each stage's ticks, (S - 1) / T; handoff_bytes /
+    layers: S stages over mesh axis `axis`; schedule: "gpipe" or "circular"; chunks: V, the
+    runs of layers each stage holds (1 for GPipe; stage s's run r holds layer chunk r S + s
+    of the stack's S V, layers // (S V) layers each); micro_batches: M; ticks: T = V M + S - 1
+    per loop; forward / backward: [S][T], the work item stage s runs at tick t of each loop,
+    r M + m for micro-batch m in its run r (m itself for GPipe), -1 where it idles (the
+    bubble); bubble: the idle share of each stage's ticks, (S - 1) / T; handoff_bytes /
     handoff_s: one hand-off (a collective-permute over `axis`, per device), the estimate's
     bytes and seconds over its count; handoffs: that count per step (one per tick, both
     loops); None where no estimate prices them (no mesh)."""
@@ -111,12 +113,27 @@ class ScheduleView:
     handoff_bytes: float | None = None
     handoff_s: float | None = None
     handoffs: int | None = None
+    chunks: int = 1
 
     @property
     def label(self) -> str:
-        """The graph's words for the stack: "stages: 2 over stage, 2 layers each"."""
-        return (f"stages: {self.stages} over {self.axis}, {self.layers // self.stages} "
-                f"layer{'s' if self.layers // self.stages > 1 else ''} each")
+        """The graph's words for the stack: "stages: 2 over stage, 2 layers each" (circular:
+        "stages: 2 over stage, 2 runs of 1 layer each")."""
+        each = self.layers // (self.stages * self.chunks)
+        runs = f"{self.chunks} runs of " if self.chunks > 1 else ""
+        return (f"stages: {self.stages} over {self.axis}, {runs}{each} "
+                f"layer{'s' if each > 1 else ''} each")
+
+    def stage_layers(self, stage: int) -> str:
+        """The layers stage `stage` holds: "layers 2-3"; circular "layers 1, 3" (one range
+        per run)."""
+        each = self.layers // (self.stages * self.chunks)
+        spans = []
+        for r in range(self.chunks):
+            lo = (r * self.stages + stage) * each
+            spans.append(f"{lo}" if each == 1 else f"{lo}-{lo + each - 1}")
+        many = self.chunks > 1 or each > 1
+        return f"layer{'s' if many else ''} {', '.join(spans)}"
 
 
 @dataclass(frozen=True)
