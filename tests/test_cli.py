@@ -161,3 +161,48 @@ def test_strict_and_no_group_do_what_they_say(tmp_path, monkeypatch, capsys):
     assert main(["analyze", "gpt", "-c", "layers=2", "--no-group"]) == 0
     ungrouped = capsys.readouterr().out
     assert "(layers grouped)" in grouped and "(layers grouped)" not in ungrouped
+
+
+GPT_SCAN = ["gpt_scan", "-c", "layers=4", "-c", "batch=16", "-c", "seq=64",
+            "--mesh", "stage=2,data=2,model=2", "--device", "h100"]
+
+
+def test_partition_pins_pipeline_stages(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code = main(["partition", *GPT_SCAN, "--budget", "1", "--pin", "pipeline@block=stage:2",
+                 "--micro-batches", "4", "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert ("pipeline@block: 2 stages over mesh axis 'stage', 2 of 4 layers each; 4 "
+            "micro-batches, gpipe: bubble 1/5 = 20% of each loop") in text
+    assert "hand-offs: 10 collective-permutes over 'stage' per step" in text
+    fn, args = tl.zoo.get("gpt_scan", layers=4, batch=16, seq=64)
+    plan = tl.Plan.load(out, tl.analyze(tl.trace(fn, *args)))
+    assert plan.step.pipeline == tl.plan.Pipeline("block", "stage", 2)
+    assert {"pipeline@block", "micro_batches"} <= plan.pinned
+    # "none" keeps the stack whole, whatever the search would prefer
+    assert main(["partition", *GPT_SCAN, "--budget", "0.5", "--pin", "pipeline@block=none",
+                 "--out", str(out)]) == 0
+    assert "pipeline@block" not in capsys.readouterr().out
+    plan = tl.Plan.load(out, plan.analysis)
+    assert plan.step.pipeline is None and "pipeline@block" in plan.pinned
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--pin", "pipeline@block=stage:3"], "--pin pipeline@block=stage:3: pipeline@block: 3 "
+                                          "stages do not divide its 4 layers evenly"),
+    (["--pin", "pipeline@block=pipe:2"], "--pin pipeline@block=pipe:2: the mesh has no axis "
+                                         "'pipe'"),
+    (["--pin", "pipeline@block=stage:x"], 'stages are written "<mesh axis>:<stages>" (e.g. '
+                                          '"stage:4"), "<mesh axis>:<stages>x<runs>" for a '
+                                          'circular schedule'),
+    (["--pin", "pipeline@block=stage:2x2", "--micro-batches", "1"],
+     "a circular schedule sends each micro-batch round the 2 stages again, so it needs at "
+     "least 2 micro-batches; the plan has 1"),
+    (["--pin", "pipeline@embed=stage:2"], "stages cut a scanned layer stack"),
+    (["--pin", "pipeline@block"], "a pipeline pin looks like pipeline@<layer group>=<mesh "
+                                  "axis>:<stages>"),
+])
+def test_pipeline_pins_the_step_cannot_take_are_usage_errors(flags, says, capsys):
+    line = usage_error(["partition", *GPT_SCAN, "--budget", "1", *flags], capsys)
+    assert says in line, line

@@ -117,3 +117,24 @@ def test_diff_output_carries_both_plans_views(gpt):
         assert {c.name: c.axes for c in vm.classes if c.axes} == plan.class_axes
         assert data[side]["plan"]["classes"] == {k: list(v) for k, v in plan.class_axes.items()}
     assert bundle["text/plain"] == str(d)
+
+
+def test_pipeline_stages_are_a_step_decision_that_differs():
+    fn, args = tl.zoo.get("gpt_scan", layers=2, batch=16, seq=64)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    flat = tl.strategies.expert(an, mesh)["dp+tp"].with_micro_batches(4)
+    staged = flat.with_pipeline("block", "stage", 2)
+    d = tl.diff(flat, staged, mesh, names=("flat", "staged"))
+    assert [(c.name, c.before, c.after) for c in d.steps] == [
+        ("pipeline@block", "none", "stage:2")]
+    assert any(c.name == "layers" and c.after == ("stage",) for c in d.classes)
+    hand = [c for c in d.collectives if (c.kind, c.axes) == ("collective-permute", ("stage",))]
+    assert len(hand) == 1 and hand[0].count == (0.0, 10.0)  # a hand-off per tick, both loops
+    text = str(d)
+    assert "pipeline@block: none → stage:2" in text and "collective-permute" in text
+    assert "remat, micro-batches and stages rewrite it" in d.note
+    assert d.to_dict()["steps"] == [{"name": "pipeline@block", "before": "none",
+                                     "after": "stage:2"}]
+    assert [(c.name, c.before, c.after) for c in tl.diff(staged, flat, mesh).steps] == [
+        ("pipeline@block", "stage:2", "none")]

@@ -1,4 +1,5 @@
-"""The Lab's decisions beyond sharding: remat per layer group and the micro-batch count, shown
+"""The Lab's decisions beyond sharding: remat per layer group, the micro-batch count and
+pipeline stages (tests/test_lab_pipeline.py has the stages' own tests), shown
 with their prices (exactly the cost model's for the plan with that one choice changed) and
 pinned from the widget's events."""
 
@@ -27,6 +28,9 @@ def builder(gpt_scan):
 def _changed(plan, name, value):
     if name == "micro_batches":
         return plan.with_micro_batches(value)
+    if name.startswith("pipeline@"):
+        axis, stages = value.split(":")
+        return plan.with_pipeline(name.split("@", 1)[1], axis, int(stages))
     return plan.with_remat(name.split("@", 1)[1], value)
 
 
@@ -35,11 +39,13 @@ def test_remat_and_micro_batches_are_offered_priced_as_the_cost_model_prices_the
     an, plan = gpt_scan
     session = Session(an, MESH, plan)
     vm = builder.build(session)
-    assert [d.name for d in vm.steps] == ["remat@block", "micro_batches"]
-    remat, micro = vm.steps
+    assert [d.name for d in vm.steps] == ["remat@block", "micro_batches", "pipeline@block"]
+    remat, micro, stages = vm.steps
     assert remat.label == "remat: block (scanned ×2)" and micro.label == "micro-batches"
     assert (remat.value, micro.value, remat.pinned, micro.pinned) == ("everything", 1, False,
                                                                       False)
+    # stages over an axis whose size divides the 2 layers (data; not model's 4)
+    assert [ch.value for ch in stages.choices] == ["none", "data:2"]
     assert [ch.value for ch in remat.choices] == ["everything", "dots_with_no_batch_dims",
                                                   "full"]
     assert [ch.value for ch in micro.choices] == [1, 2, 4, 8]

@@ -247,6 +247,16 @@ def test_concepts(execute):
     assert re.search(r"x @ x\.T:\s*\n\s+'batch' twice in float32\[\d+, \d+\]", conflicts), conflicts
     sp = ex.tagged("check-sequence-parallel")
     assert "keep_dim2" in sp and "all-gather" in sp
+    # pipeline stages: the GPipe schedule with its bubble, the pipelined plan's estimate (the
+    # stack's state halved, a hand-off per tick of each loop), XLA's compile of it
+    pipeline = ex.tagged("check-pipeline")
+    assert "stage 1:  · F0 F1 F2 F3 | B3 B2 B1 B0  ·" in pipeline, pipeline
+    assert "bubble: 1 of 5 ticks idle per stage and loop = 20%" in pipeline, pipeline
+    assert "pipeline@block=stage:2" in pipeline and "10 hand-offs of" in pipeline, pipeline
+    state = [float(m) for m in re.findall(r"AdamW state ([\d.]+) MiB", pipeline)]
+    assert len(state) == 2 and state[1] < state[0], pipeline
+    xla = ex.tagged("check-pipeline-xla")
+    assert "pipelined GPT: numerics ok" in xla and "'stage':" in xla, xla
     # the exercises' checks passed (a failing check raises, so getting here means they did;
     # the printed lines show they ran)
     checks = ex.tagged("check-exercise")

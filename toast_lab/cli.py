@@ -291,39 +291,83 @@ def _parse_pins(items: list[str], mesh_axes=()) -> dict:
     return pins
 
 
-def _step_pins(items: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(the remat pins, 'remat@<group>=<policy>', as (group, policy); the other pins)."""
-    remat, rest = [], []
+def _step_pins(items: list[str]) -> tuple[dict, list[str]]:
+    """({"remat@<group>" or "pipeline@<group>": its value}, the other pins) from --pin items:
+    remat@<layer group>=<policy>, pipeline@<scanned stack>=<mesh axis>:<stages> (or none)."""
+    steps, rest = {}, []
     for item in items:
-        name, sep, value = item.rpartition("=")
-        if not name.startswith("remat@"):
+        name, sep, value = item.partition("=")
+        kind = next((k for k in ("remat@", "pipeline@") if name.startswith(k)), None)
+        if kind is None:
             rest.append(item)
             continue
-        if not sep or not value or name == "remat@":
-            raise UsageError(f"--pin {item}: a remat pin looks like remat@<layer group>=<policy>, "
-                             f"e.g. remat@block*=full")
-        if name[len("remat@"):] in [g for g, _ in remat]:
+        if not sep or not value or name == kind:
+            example = "remat@block*=full" if kind == "remat@" else "pipeline@block=stage:4"
+            raise UsageError(f"--pin {item}: a {kind[:-1]} pin looks like {kind}<layer group>="
+                             f"<{'policy' if kind == 'remat@' else 'mesh axis>:<stages'}>, "
+                             f"e.g. {example}")
+        if name in steps:
             raise UsageError(f"--pin {name}=... is given twice; pin each decision once")
-        remat.append((name[len("remat@"):], value))
-    return remat, rest
+        steps[name] = value
+    return steps, rest
 
 
-def _with_step(plan, remat: list[tuple[str, str]], micro_batches: int):
-    """`plan` with the remat pins and the micro-batch count, pinned; a UsageError naming the
-    flag where the analysis does not allow one."""
-    from .plan import PlanError
+def _with_step(plan, steps: dict, micro_batches: int | None, mesh) -> dict:
+    """The step pins as the search takes them ({name: value}, stages as "stage:4",
+    "stage:4x2" or "none"), each first tried on `plan` with `micro_batches` (None: the
+    search's to choose): a UsageError naming the flag where the analysis or the mesh does not
+    allow one."""
+    from .plan import PlanError, parse_pipeline
 
-    for group, policy in remat:
-        try:
-            plan = plan.with_remat(group, policy, pin=True)
-        except PlanError as err:
-            raise UsageError(f"--pin remat@{group}={policy}: {err}") from None
-    if micro_batches != 1:
+    if micro_batches is not None and micro_batches != 1:
         try:
             plan = plan.with_micro_batches(micro_batches, pin=True)
         except PlanError as err:
             raise UsageError(f"--micro-batches {micro_batches}: {err}") from None
-    return plan
+    pins = {}
+    for name, value in steps.items():
+        group = name.partition("@")[2]
+        try:
+            if name.startswith("remat@"):
+                plan = plan.with_remat(group, value, pin=True)
+                pins[name] = value
+                continue
+            stages = parse_pipeline(group, value, mesh)
+            if stages is not None:
+                staged = plan.with_pipeline(group, stages.axis, stages.stages, stages.schedule,
+                                            chunks=stages.chunks)
+                # a circular schedule's micro-batches are the search's to choose if not given
+                if micro_batches is not None or not staged.step.refusal:
+                    staged.validate(mesh)
+            pins[name] = "none" if stages is None else str(stages)
+        except (PlanError, ValueError) as err:
+            raise UsageError(f"--pin {name}={value}: {err}") from None
+    return pins
+
+
+def _pipeline_lines(plan, estimate) -> list[str]:
+    """A pipelined plan's stages in words: how they cut the stack, the bubble of its schedule
+    and the hand-offs between stages (the estimate's collective-permutes)."""
+    p = plan.step.pipeline
+    if p is None:
+        return []
+    m = plan.step.micro_batches
+    layers = next(g.layers for g in plan.analysis.layer_groups if g.name == p.group)
+    ticks = p.chunks * m + p.stages - 1
+    runs = (f" ({p.chunks} runs of {layers // (p.stages * p.chunks)} round the stages)"
+            if p.chunks > 1 else "")
+    lines = [f"pipeline@{p.group}: {p.stages} stages over mesh axis {p.axis!r}, "
+             f"{layers // p.stages} of {layers} layers each{runs}; {m} micro-batch"
+             f"{'es' if m > 1 else ''}, {p.schedule}: "
+             f"bubble {p.stages - 1}/{ticks} = {p.bubble(m):.0%} of each loop"]
+    hand = estimate.collectives.get(("collective-permute", (p.axis,)))
+    if hand is not None and hand.count:
+        from .plan import format_bytes
+
+        lines.append(f"  hand-offs: {hand.count:.0f} collective-permutes over {p.axis!r} per "
+                     f"step, {format_bytes(hand.bytes / hand.count)} and "
+                     f"{hand.time_s / hand.count * 1e6:.1f} us each")
+    return lines
 
 
 def _check_out(path: str | None, force: bool = False) -> None:
@@ -406,7 +450,7 @@ def _partition(args) -> int:
     from .plan import PlanError
 
     mesh = _mesh(args)
-    remat, class_pins = _step_pins(args.pin)
+    steps, class_pins = _step_pins(args.pin)
     pins = _parse_pins(class_pins, mesh.axis_names)
     _check_out(args.out, args.force)
     # argparse's float() takes 'inf', 'nan' and 1e400 (inf): the search needs finite numbers
@@ -425,9 +469,9 @@ def _partition(args) -> int:
           f"{len(an.conflicts)} conflicts (analysed in {trace_s + analyze_s:.2f} s); mesh {mesh}")
     from .plan import Plan
 
-    _with_step(Plan.replicated(an), remat, args.micro_batches or 1)  # refused before it
-    # the search decides remat and micro-batches with the sharding, around these pins
-    pins.update((f"remat@{group}", policy) for group, policy in remat)
+    # refused before the search; it decides remat, micro-batches and stages with the
+    # sharding, around these pins
+    pins.update(_with_step(Plan.replicated(an), steps, args.micro_batches, mesh))
     if args.micro_batches is not None:
         pins["micro_batches"] = args.micro_batches
     try:
@@ -449,6 +493,8 @@ def _partition(args) -> int:
     if not plan.step.is_default:
         print(f"decisions beyond sharding: {plan.step} (plan.jit rewrites the step so; "
               f"tl.verify measures it)")
+        for line in _pipeline_lines(plan, result.estimate):
+            print(line)
     if args.out:
         try:
             path = plan.save(args.out, mesh=mesh, estimate=result.estimate.to_dict(),
@@ -641,8 +687,9 @@ def main(argv: list[str] | None = None) -> int:
                            help="fix a decision: batch=data, mlp=data+model, batch= (or none, "
                                 "replicated) for replicated, <conflict>=keep_dim2, "
                                 "<class>@optimizer=data, remat@<layer group>=full (or "
-                                "dots_with_no_batch_dims, everything); '[...]' is always axis "
-                                "names: 'batch=[none]' pins an axis called none")
+                                "dots_with_no_batch_dims, everything), pipeline@<scanned "
+                                "stack>=stage:4 (stages over a mesh axis) or =none; '[...]' is "
+                                "always axis names: 'batch=[none]' pins an axis called none")
             p.add_argument("--micro-batches", type=int, default=None, metavar="K",
                            help="split the batch into K micro-batches, accumulating the "
                                 "gradients before one update (where the step allows it); "

@@ -85,3 +85,12 @@ export function loadBokehPlotting(): Promise<BokehPlotting> {
   }
   return loadingApi;
 }
+
+/** Forgets a chart's document: BokehJS keeps every document it has shown in `documents`. */
+export function dropDocument(bokeh: BokehPlotting, doc: unknown): void {
+  const docs = bokeh.documents as unknown[];
+  const i = doc === null ? -1 : docs.indexOf(doc);
+  if (i >= 0) {
+    docs.splice(i, 1);
+  }
+}

@@ -1,8 +1,9 @@
 /**
  * Two plans side by side: a MIME renderer for `application/vnd.toast-lab.plan-diff+json`, what
  * `tl.diff(a, b)` emits — data `{"diff": PlanDiff.to_dict(), "a": {plan, view}, "b": {plan,
- * view}}`. On top, what differs (classes, conflicts, decision order) and what it costs (step
- * time, memory, collectives); below, each plan in the Lab's graph view, read-only, with the
+ * view}}`. On top, what differs (classes, conflicts, decisions beyond sharding such as remat,
+ * micro-batches and pipeline stages, decision order) and what it costs (step time, memory,
+ * collectives); below, each plan in the Lab's graph view, read-only, with the
  * differing classes marked in its legend and decisions, and the nodes and edges whose
  * collectives differ outlined in its graph (where the change costs communication; a class such
  * as the embedding touches nearly every node, so outlining every node it colours says nothing).
@@ -29,6 +30,8 @@ export interface PlanDiffDoc {
   classes: { id: number; name: string; before: string[]; after: string[] }[];
   conflicts: { id: number; name: string; class_name: string; before: string | null; after: string | null }[];
   order: Pair<string[]> | null;
+  /** Decisions beyond sharding: "remat@<group>", "micro_batches", "pipeline@<stack>". */
+  steps?: { name: string; before: string | number; after: string | number }[];
   step_time_s: Pair<number> | null;
   compute_s: Pair<number> | null;
   communication_s: Pair<number> | null;
@@ -131,7 +134,13 @@ function meshText(m: PlanDiffDoc['meshes'][number]): string {
 function header(diff: PlanDiffDoc, view: ViewModel | null): HTMLElement {
   const [ma, mb] = diff.meshes;
   const mesh = meshText(ma) === meshText(mb) ? meshText(ma) : `${meshText(ma)} and ${meshText(mb)}`;
-  const changed = diff.classes.length + diff.conflicts.length + (diff.order ? 1 : 0);
+  const steps = diff.steps ?? [];
+  const changed = diff.classes.length + diff.conflicts.length + steps.length + (diff.order ? 1 : 0);
+  const counts = [
+    diff.classes.length ? plural(diff.classes.length, 'class', 'classes') : '',
+    diff.conflicts.length ? plural(diff.conflicts.length, 'conflict', 'conflicts') : '',
+    steps.length ? plural(steps.length, 'step decision', 'step decisions') : ''
+  ].filter(Boolean);
   return h(
     'div',
     { className: 'tl-header' },
@@ -149,7 +158,7 @@ function header(diff: PlanDiffDoc, view: ViewModel | null): HTMLElement {
       h(
         'div',
         { className: 'tl-figure' },
-        h('div', { className: 'tl-figure-value' }, changed === 0 ? 'none' : plural(diff.classes.length, 'class', 'classes') + (diff.conflicts.length ? ` · ${plural(diff.conflicts.length, 'conflict', 'conflicts')}` : '')),
+        h('div', { className: 'tl-figure-value' }, changed === 0 ? 'none' : counts.length ? counts.join(' · ') : plural(0, 'class', 'classes')),
         h('div', { className: 'tl-figure-label' }, changed === 0 ? 'decisions differ' : diff.order && changed === 1 ? 'decision order differs' : 'decided differently')
       )
     )
@@ -199,7 +208,10 @@ function decisionsTable(diff: PlanDiffDoc, view: ViewModel | null): HTMLElement 
         h('td', null, '→'),
         h('td', null, c.after ?? 'inactive')
       );
-    })
+    }),
+    ...(diff.steps ?? []).map(c =>
+      h('tr', { 'data-diff-step': c.name }, h('td', null, c.name), h('td', null, String(c.before)), h('td', null, '→'), h('td', null, String(c.after)))
+    )
   ];
   return h(
     'div',

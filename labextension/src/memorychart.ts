@@ -7,7 +7,7 @@
  */
 import { h, fill } from './dom';
 import * as fmt from './format';
-import { BokehPlotting, loadBokehPlotting } from './bokeh';
+import { BokehPlotting, dropDocument, loadBokehPlotting } from './bokeh';
 import { MemoryView } from './viewmodel';
 
 /** Okabe–Ito, the bottom of the stack first (as the Estimate tab's memory bar). */
@@ -316,13 +316,4 @@ export class MemoryChart {
 /** Whether the capacity is drawn as a line (near enough the peak not to flatten the stack). */
 function capacityDrawn(m: MemoryView, capacity: number): boolean {
   return capacity > 0 && capacity <= CAPACITY_IN_VIEW * m.peak_bytes;
-}
-
-/** Forgets a chart's document: BokehJS keeps every document it has shown in `documents`. */
-function dropDocument(bokeh: BokehPlotting, doc: unknown): void {
-  const docs = bokeh.documents as unknown[];
-  const i = doc === null ? -1 : docs.indexOf(doc);
-  if (i >= 0) {
-    docs.splice(i, 1);
-  }
 }

@@ -9,6 +9,7 @@ import * as fmt from './format';
 import { explainedPanel, meshGrids } from './explained';
 import { MemoryPoint } from './memorychart';
 import { memoryPointCard } from './memorypanel';
+import { ScheduleChart, schedulePanel } from './schedulechart';
 import {
   ChoiceView,
   ClassView,
@@ -44,7 +45,8 @@ export const CATEGORY_COLORS = [
 
 // Decisions -----------------------------------------------------------------------------------
 
-export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
+/** `schedule` draws a pipelined plan's schedule under its stages (none: not drawn). */
+export function decisionsPanel(view: ViewModel, host: PanelHost, schedule: ScheduleChart | null = null): HTMLElement {
   const est = view.estimate;
   const classes = [...view.classes].sort((a, b) => b.bytes - a.bytes);
   // Minor classes (almost nothing at stake) under one entry, unless the plan shards them.
@@ -62,7 +64,7 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
       est ? ` (${fmt.seconds(est.step_time_s)}, ${fmt.bytes(est.peak_memory_bytes)}).` : '.',
       host.interactive ? ' Click one to pin it.' : ''
     ),
-    stepSection(view, host),
+    stepSection(view, host, schedule),
     h('div', { className: 'tl-section-note tl-at-stake-note' }, `${AT_STAKE}.`),
     h('h4', null, `Classes (${view.classes.length})`),
     major.map(c => classRow(c, view, host)),
@@ -92,17 +94,20 @@ export function decisionsPanel(view: ViewModel, host: PanelHost): HTMLElement {
   );
 }
 
-/** Remat per layer group and the micro-batch count, above the classes: they move the peak most. */
-function stepSection(view: ViewModel, host: PanelHost): HTMLElement | null {
+/** Remat per layer group, the micro-batch count and pipeline stages, above the classes: they
+ * move the peak most. A pipelined plan's schedule sits under its stages. */
+function stepSection(view: ViewModel, host: PanelHost, schedule: ScheduleChart | null): HTMLElement | null {
   const steps = view.steps ?? [];
   if (steps.length === 0) {
     return null;
   }
+  const staged = steps.some(d => d.name.startsWith('pipeline@'));
+  const drawn = view.schedule && schedule ? view.schedule : null;
   return h(
     'div',
     { className: 'tl-steps' },
-    h('h4', null, `Remat & micro-batches (${steps.length})`),
-    steps.map(d => stepRow(d, view, host))
+    h('h4', null, `${staged ? 'Remat, micro-batches & stages' : 'Remat & micro-batches'} (${steps.length})`),
+    steps.flatMap(d => [stepRow(d, view, host), drawn && d.name === drawn.name ? schedulePanel(drawn, schedule!) : null])
   );
 }
 

@@ -8,6 +8,7 @@ import { GraphPane } from './graph';
 import { sharedLayout } from './layout';
 import { legendEntries } from './legend';
 import { MemoryChart, MemoryPoint, pointAt } from './memorychart';
+import { ScheduleChart } from './schedulechart';
 import { MemoryHost, memoryPanel } from './memorypanel';
 import { AT_STAKE, decisionsPanel, detailsPanel, estimatePanel, exportPanel, infoIcon, PanelHost, scopesPanel } from './panels';
 import { EdgeView, EstimateView, GroupView, LabEvent, LabEventSink, NodeView, ViewModel } from './viewmodel';
@@ -45,6 +46,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   /** Read-only mode: the point of the memory chart last clicked. */
   private localPoint: MemoryPoint | null = null;
   private memoryChart = new MemoryChart(point => this.pickMemory(point));
+  private scheduleChart = new ScheduleChart();
   private budget = h('input', { className: 'tl-input tl-budget', type: 'number', min: 1, step: 1, value: 30, title: 'Search budget in seconds' });
   private exportPath = h('input', { className: 'tl-input tl-path', type: 'text', value: 'plan.json', spellcheck: 'false' });
   private titleBox = h('div', { className: 'tl-title' });
@@ -126,6 +128,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   dispose(): void {
     this.graph.dispose();
     this.memoryChart.dispose();
+    this.scheduleChart.dispose();
   }
 
   // PanelHost -----------------------------------------------------------------------------
@@ -461,7 +464,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
     let body: HTMLElement;
     switch (this.tab) {
       case 'decisions':
-        body = decisionsPanel(v, this);
+        body = decisionsPanel(v, this, this.scheduleChart);
         break;
       case 'estimate':
         body = estimatePanel(v);
@@ -492,7 +495,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   private tabInputs(v: ViewModel): unknown {
     switch (this.tab) {
       case 'decisions':
-        return [v.classes, v.conflicts, v.steps ?? [], v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
+        return [v.classes, v.conflicts, v.steps ?? [], v.schedule ?? null, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
       case 'estimate':
         return [v.estimate, v.experts, v.classes.map(c => c.axes)];
       case 'memory':

@@ -30,9 +30,11 @@ export interface ViewModel {
   /** Live bytes per device over the step, for the memory chart (null: no mesh to price it;
    * absent: a view saved before the chart). */
   memory?: MemoryView | null;
-  /** The decisions beyond sharding: a remat policy per layer group, the micro-batch count
-   * (absent: a view saved before they were offered). */
+  /** The decisions beyond sharding: a remat policy per layer group, the micro-batch count,
+   * pipeline stages per scanned stack (absent: a view saved before they were offered). */
   steps?: StepDecisionView[];
+  /** A pipelined plan's schedule (null: no stages; absent: a view saved before it). */
+  schedule?: ScheduleView | null;
 }
 
 export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';
@@ -78,15 +80,49 @@ export interface ConflictView {
   labels?: string[];
 }
 
-/** A decision beyond sharding ("remat@block", "micro_batches") and its priced choices. */
+/** A decision beyond sharding ("remat@block", "micro_batches", "pipeline@block") and its
+ * priced choices. */
 export interface StepDecisionView {
   name: string;
-  /** In words: "remat: block (scanned ×4)", "micro-batches". */
+  /** In words: "remat: block (scanned ×4)", "micro-batches", "pipeline stages: block (scanned ×4)". */
   label: string;
-  /** A remat policy, or a micro-batch count. */
+  /** A remat policy, a micro-batch count, or stages ("stage:4", "none"). */
   value: string | number;
   pinned: boolean;
   choices: ChoiceView[];
+}
+
+/**
+ * A pipelined plan's schedule (toast_lab/lab/_schedule.py): which work item each stage runs
+ * at each tick of the step's forward and backward loops (r * micro_batches + m: micro-batch m
+ * in its run r of the stage's `chunks` runs; m itself for GPipe), -1 where it idles (the
+ * bubble), and one hand-off between stages (a collective-permute over `axis`; null unpriced).
+ */
+export interface ScheduleView {
+  /** The decision, "pipeline@block". */
+  name: string;
+  group: string;
+  /** The scope-tree group the graph draws the stack as. */
+  scope: string | null;
+  axis: string;
+  stages: number;
+  layers: number;
+  micro_batches: number;
+  /** "gpipe" or "circular". */
+  schedule: string;
+  /** Runs of layers per stage (1 for GPipe); run r of stage s holds layer chunk r * stages + s. */
+  chunks?: number;
+  /** Per loop: chunks * micro_batches + stages - 1. */
+  ticks: number;
+  /** The idle share of each stage's ticks, (stages - 1) / ticks. */
+  bubble: number;
+  /** [stage][tick]: the work item run, -1 idle. */
+  forward: number[][];
+  backward: number[][];
+  /** One hand-off per device: bytes and seconds; how many per step. */
+  handoff_bytes: number | null;
+  handoff_s: number | null;
+  handoffs: number | null;
 }
 
 export interface ChoiceView {

@@ -8,8 +8,10 @@ Three layers, each usable alone:
 - `ViewBuilder` -> `ViewModel`: a frozen, JSON-ready description of what to draw (the scope
   tree with repeated layers folded, the quotient graph coloured by class with collective
   badges and conflict marks, DOT for the browser's Graphviz, counterfactual prices of every
-  choice — remat per layer group and the micro-batch count among them —, op details, the
-  export snippet, expert rows, the live bytes over the step), with a text rendering.
+  choice — remat per layer group, the micro-batch count and pipeline stages among them —, a
+  pipelined plan's schedule (`ScheduleView`: micro-batches over ticks per stage, the bubble,
+  the hand-offs), op details, the export snippet, expert rows, the live bytes over the step),
+  with a text rendering.
 - `diff(a, b)` -> `PlanDiff`: which classes and conflicts two plans decide differently and
   what that does to step time, memory and collectives; drawn as the two plans side by side.
 - `Lab`: both plus the notebook widget (`LabView`, TypeScript in labextension/), fed on every
@@ -29,7 +31,7 @@ from ._session import Change, PinError, SearchState, Session
 from ._start import Start
 from ._viewmodel import (ChoiceView, ClassView, CollectiveView, ConflictView, DetailsView,
                          EdgeView, ExpertRow, ExplainedView, GraphView, GroupView, MemoryView,
-                         NodeView, RemedyView, SearchView, Selection, StartView,
+                         NodeView, RemedyView, ScheduleView, SearchView, Selection, StartView,
                          StepDecisionView, TensorView, ViewModel)
 
 __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder", "ViewModel",
@@ -38,7 +40,7 @@ __all__ = ["Lab", "Session", "PinError", "SearchState", "Change", "ViewBuilder",
            "ScopeTree", "Group", "build_scope_tree", "ROOT", "estimate_view", "op_costs_buffer",
            "diff", "PlanDiff", "ClassChange", "ConflictChange", "CollectiveChange", "StepChange",
            "Start", "StartView", "CollectiveView", "ExplainedView", "RemedyView", "MemoryView",
-           "StepDecisionView"]
+           "StepDecisionView", "ScheduleView"]
 
 # Plan files and display(plan) (stage 4) draw plans with this stage's view builder.
 register_display(plan_display)

@@ -22,6 +22,7 @@ from ._graph import ProgramIndex, VisibleGraph
 from ._memory import memory_view
 from ._palette import class_colors, legend_classes
 from ._resolutions import resolution_words
+from ._schedule import schedule_view
 from ._scopes import ROOT, build_scope_tree
 from ._start import ruled_out
 from ._step_choices import offered, step_choices, step_view
@@ -144,7 +145,9 @@ class ViewBuilder:
                             for c in self.analysis.classes)
             conflicts = tuple(self._conflict_view(plan, c, conflict_choice[c.id])
                               for c in self.analysis.conflicts)
-            nodes, edges = self._decorate(graph, plan, compute, comm, colls, conflicts)
+            schedule = schedule_view(self.analysis, plan, est, self.tree)
+            nodes, edges = self._decorate(graph, plan, compute, comm, colls, conflicts,
+                                          schedule)
             groups = self._group_views(graph, compute, comm)
             details = None
             if selected is not None and selected.kind == "op":
@@ -157,7 +160,8 @@ class ViewBuilder:
             pinned = tuple(sorted(plan.pinned))
             snip = snippet(plan, self.mesh)
             start = session.start
-        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree)
+        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree,
+                     _stage_notes(schedule))
         return ViewModel(
             program=dict(self.program), mesh=dict(self.mesh_view), classes=classes,
             conflicts=conflicts, groups=groups, graph=GraphView(dot, nodes, edges),
@@ -165,7 +169,7 @@ class ViewBuilder:
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
             notice=notice, start=StartView(start.name, start.how, start.step_time_s,
                                            start.peak_memory_bytes, start.note, start.label),
-            explained=explained, memory=memory, steps=steps)
+            explained=explained, memory=memory, steps=steps, schedule=schedule)
 
     def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
         """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
@@ -180,14 +184,16 @@ class ViewBuilder:
         conflicts = tuple(self._conflict_view(plan, c, tuple(
             unpriced_choice(r, r == plan.resolution_of(c.id), self.words[c.id][r].label)
             for r in c.resolutions)) for c in self.analysis.conflicts)
-        nodes, edges = self._decorate(graph, plan, zeros, zeros, {}, conflicts)
-        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree)
+        schedule = schedule_view(self.analysis, plan, None, self.tree)
+        nodes, edges = self._decorate(graph, plan, zeros, zeros, {}, conflicts, schedule)
+        dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree,
+                     _stage_notes(schedule))
         return ViewModel(
             program=dict(self.program), mesh=None, classes=classes, conflicts=conflicts,
             groups=self._group_views(graph, zeros, zeros), graph=GraphView(dot, nodes, edges),
             estimate=None, experts=(), search=SearchView(False, 0, 0.0, 0.0, None, ()),
             snippet=snippet(plan, None), error=None, selected=None, details=None,
-            pinned=tuple(sorted(plan.pinned)), notice=notice)
+            pinned=tuple(sorted(plan.pinned)), notice=notice, schedule=schedule)
 
     def op_collectives(self, model, plan) -> dict:
         """{op id: its OpCollectives} under `plan`, as the cost model charges them
@@ -293,8 +299,9 @@ class ViewBuilder:
         self._explained = (key, view)
         return view
 
-    def _decorate(self, graph, plan, compute, comm, colls, conflicts):
-        """NodeViews and EdgeViews of `graph` under `plan`: costs, colours, collectives."""
+    def _decorate(self, graph, plan, compute, comm, colls, conflicts, schedule=None):
+        """NodeViews and EdgeViews of `graph` under `plan`: costs, colours, collectives; the
+        pipelined stack's node (collapsed) says how `schedule`'s stages cut it."""
         index, tree, prog = self.index, self.tree, self.analysis.program
         n = len(graph.nodes)
         node_compute = np.bincount(graph.node_of_op, weights=compute, minlength=n)
@@ -322,6 +329,8 @@ class ViewBuilder:
             else:
                 classes, marks, sharded = (), (), ()
             label = spec.title + (f"\n{spec.subtitle}" if spec.subtitle else "")
+            if schedule is not None and spec.kind == "group" and spec.group == schedule.scope:
+                label += f"\n{schedule.label}"
             coll = tuple(f"{k} ×{v}" if v > 1 else k for k, v in node_colls[i].most_common())
             nodes.append(NodeView(
                 id=spec.id, kind=spec.kind, group=spec.group, label=label, op=spec.op,
@@ -362,6 +371,11 @@ class ViewBuilder:
                 classes=index.group_classes[i], conflicts=index.group_conflicts[i],
                 expanded=gid == ROOT or gid in graph.expanded))
         return tuple(out)
+
+
+def _stage_notes(schedule) -> dict[str, str]:
+    """{scope-tree group: its cluster's second line}: the pipelined stack's stages."""
+    return {} if schedule is None or schedule.scope is None else {schedule.scope: schedule.label}
 
 
 def _sharded_on(plan, analysis, values) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from itertools import combinations
 
 import numpy as np
 
+from ..plan import PIPELINE_PREFIX, stack_pipeline
 from ._viewmodel import ChoiceView
 
 
@@ -41,8 +42,9 @@ def shared_values(analysis) -> Counter:
     return out
 
 
-def refusal(analysis, mesh, cls, axes) -> str | None:
-    """Why `cls` (a DimClass) cannot be sharded over `axes`, or None."""
+def refusal(analysis, mesh, cls, axes, plan=None, domain: str | None = None) -> str | None:
+    """Why `cls` (a DimClass) cannot be sharded over `axes` (in `domain`: its override there),
+    or None; under `plan`, also where its pipeline holds a mesh axis (stage_refusal)."""
     names = set(mesh.axis_names)
     unknown = [a for a in axes if a not in names]
     if unknown:
@@ -54,6 +56,25 @@ def refusal(analysis, mesh, cls, axes) -> str | None:
     if cls.size % ways:
         return (f"{cls.name} has size {cls.size}, not divisible by the {ways} devices of "
                 f"{axes_label(axes)}")
+    return None if plan is None else stage_refusal(plan, cls, axes, domain)
+
+
+def stage_refusal(plan, cls, axes, domain: str | None = None) -> str | None:
+    """Why `plan`'s pipeline stages forbid `cls` on `axes`, or None: the stage axis holds the
+    stack's layer class and nothing else (Plan.validate)."""
+    p = plan.step.pipeline
+    if p is None:
+        return None
+    an = plan.analysis
+    layer = an.derived(("lab.stage_layer_class", p),
+                       lambda: stack_pipeline(an, p).layer_class)
+    name = f"{PIPELINE_PREFIX}{p.group}"
+    if cls.id == layer and domain is None and tuple(axes) != (p.axis,):
+        return (f"the stages of {name} hold {cls.name}, the stack's layer dim, on {p.axis} "
+                f"alone; pin {name} to none first")
+    if p.axis in axes and (cls.id != layer or domain is not None):
+        return (f"mesh axis {p.axis} holds the stages of {name} and nothing else; pin {name} "
+                f"to none first")
     return None
 
 
@@ -106,7 +127,8 @@ def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, pr
     now = plan.axes_of(cls.id)
     options = class_options(mesh)
     priced: dict[tuple, tuple[float, float]] = {now: current}
-    valid = {axes: refusal(analysis, mesh, cls, axes) is None for axes in options}
+    reasons = {axes: refusal(analysis, mesh, cls, axes, plan) for axes in options}
+    valid = {axes: reasons[axes] is None for axes in options}
     if price:
         decided_replicated = any(k == cls.id and not v for k, v in plan.assignments)
         todo = [a for a in options if valid[a] and a != now]
@@ -125,7 +147,7 @@ def class_choices(analysis, mesh, model, plan, current, cls, shared: Counter, pr
         step, peak = priced.get(axes, (None, None))
         out.append(ChoiceView(
             label=axes_label(axes), value=tuple(axes), current=axes == now, valid=valid[axes],
-            reason=refusal(analysis, mesh, cls, axes), step_time_s=step,
+            reason=reasons[axes], step_time_s=step,
             peak_memory_bytes=peak,
             note=first_decision_note(analysis, plan, cls, axes, shared) if valid[axes] else None))
     return tuple(out)

@@ -7,7 +7,8 @@
 
 Decisions are compared by class and conflict name (names are deterministic for a program, so
 two analyses of the same program compare too), and the decisions beyond sharding by their
-names: "remat@<layer group>" (its policy) and "micro_batches" (the count). Costs come from
+names: "remat@<layer group>" (its policy), "micro_batches" (the count) and
+"pipeline@<scanned stack>" (its stages, "stage:4", or "none"). Costs come from
 the cost model on the mesh given, else each plan's own mesh (a plan from search, the experts,
 the Lab or a plan file remembers it); with no mesh at all the diff has the decisions and no
 costs, and says so.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost import cost_model
-from ..plan import PLAN_MIME, Plan
+from ..plan import PIPELINE_PREFIX, PLAN_MIME, Plan
 from ..plan import check_mesh, echo
 
 DIFF_MIME = "application/vnd.toast-lab.plan-diff+json"
@@ -50,8 +51,8 @@ class ConflictChange:
 @dataclass(frozen=True)
 class StepChange:
     """A decision beyond sharding made differently: "remat@<group>" (its policy, with
-    " overriding jax.checkpoint" where the plan replaces the group's own) or "micro_batches"
-    (the count)."""
+    " overriding jax.checkpoint" where the plan replaces the group's own), "micro_batches"
+    (the count) or "pipeline@<stack>" (stages over a mesh axis, "stage:4"; "none")."""
 
     name: str
     before: str | int
@@ -86,12 +87,12 @@ class PlanDiff:
     """Two plans of one program compared (a: before, b: after). Pairs are (a, b).
 
     classes / conflicts: the decisions that differ. steps: the decisions beyond sharding that
-    differ (remat policies, micro-batches). order: the classes sharded in both plans, in each
-    plan's decision order, when that order differs (where two classes meet on a tensor and
-    want one mesh axis, the class decided first keeps it), else None. step_time_s, compute_s,
-    communication_s, peak_memory_bytes: None without a mesh. collectives: the (kind, axes)
-    whose count or bytes differ. memory_breakdown: {category: (a bytes, b bytes)} at each
-    plan's peak. note: what the comparison could not do, or None.
+    differ (remat policies, micro-batches, pipeline stages). order: the classes sharded in
+    both plans, in each plan's decision order, when that order differs (where two classes
+    meet on a tensor and want one mesh axis, the class decided first keeps it), else None.
+    step_time_s, compute_s, communication_s, peak_memory_bytes: None without a mesh.
+    collectives: the (kind, axes) whose count or bytes differ. memory_breakdown: {category:
+    (a bytes, b bytes)} at each plan's peak. note: what the comparison could not do, or None.
     """
 
     program: str
@@ -267,8 +268,8 @@ def diff(a, b, mesh=None, names: tuple[str, str] = ("a", "b")) -> PlanDiff:
     if mesh_a != mesh_b:
         notes.append("each plan is priced on its own mesh")
     if steps:
-        notes.append("the estimates price the step as remat and micro-batches rewrite it "
-                     "(plan.jit's rewrite; tl.verify measures it)")
+        notes.append("the estimates price the step as remat, micro-batches and stages "
+                     "rewrite it (plan.jit's rewrite; tl.verify measures it)")
     note = "; ".join(notes) or None
     return PlanDiff(**out, step_time_s=pair("step_time_s"), compute_s=pair("compute_s"),
                     communication_s=pair("communication_s"),
@@ -293,7 +294,17 @@ def _step_changes(a, b) -> tuple[StepChange, ...]:
             out.append(StepChange(f"remat@{group}", before, after))
     if a.micro_batches != b.micro_batches:
         out.append(StepChange("micro_batches", a.micro_batches, b.micro_batches))
+    for group in dict.fromkeys(p.group for p in (a.pipeline, b.pipeline) if p is not None):
+        before, after = _stages(a, group), _stages(b, group)
+        if before != after:
+            out.append(StepChange(f"{PIPELINE_PREFIX}{group}", before, after))
     return tuple(out)
+
+
+def _stages(step, group: str) -> str:
+    """The stages of scanned stack `group` under StepDecisions `step`: "stage:4", "none"."""
+    p = step.pipeline
+    return str(p) if p is not None and p.group == group else "none"
 
 
 def _order(a, b) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

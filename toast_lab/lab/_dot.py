@@ -29,9 +29,12 @@ NODE_ATTRS = {"shape": "box", "style": "rounded,filled", "fillcolor": "white",
 EDGE_ATTRS = {"color": NEUTRAL, "arrowsize": "0.6", "fontname": "Helvetica", "fontsize": "12"}
 
 
-def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree) -> str:
+def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree,
+           notes: dict | None = None) -> str:
     """DOT source of `graph` (a VisibleGraph) drawn as `nodes` / `edges` (NodeView, EdgeView
-    in the same order as the graph's), with class `colors` and ConflictViews `conflicts`."""
+    in the same order as the graph's), with class `colors` and ConflictViews `conflicts`;
+    `notes` ({open group: text}) are second lines of their clusters' labels (a pipelined
+    stack's stages)."""
     dot = graphviz.Digraph(_safe(name), graph_attr=GRAPH_ATTRS, node_attr=NODE_ATTRS,
                            edge_attr=EDGE_ATTRS)
     bodies = {ROOT: dot}
@@ -39,8 +42,11 @@ def to_dot(name: str, graph, nodes, edges, colors, conflicts, tree) -> str:
     for gid, parent in graph.clusters:
         g = tree.groups[gid]
         times = f" ×{g.repeat}" if g.repeat > 1 else ""
+        note = (notes or {}).get(gid)
+        # "\l": each line left-justified, like the cluster's label (labeljust only places it)
+        label = f"{g.label}{times}\\l{note}\\l" if note else f"{g.label}{times}"
         sub = graphviz.Digraph(f"cluster_{len(subgraphs)}", graph_attr={
-            "label": f"{g.label}{times}", "id": f"cluster:{gid}", "class": "tl-cluster",
+            "label": label, "id": f"cluster:{gid}", "class": "tl-cluster",
             "style": "rounded,dashed", "color": "#5B6570", "fontcolor": "#3C4043",
             "labeljust": "l"})
         bodies[gid] = sub

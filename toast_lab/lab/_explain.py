@@ -185,7 +185,8 @@ class Explainer:
             cls = an.classes[k]
             now = tuple(plan.axes_of(k))
             for option in class_options(self.mesh):
-                if option == now or set(option) & axes or refusal(an, self.mesh, cls, option):
+                if (option == now or set(option) & axes
+                        or refusal(an, self.mesh, cls, option, plan)):
                     continue
                 changed = plan.with_axes(k, option)
                 yield (self._price(("class", k, option), changed), cls.name, option,

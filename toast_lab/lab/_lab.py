@@ -161,8 +161,10 @@ class Lab:
         return frozenset(self._expanded)
 
     def pin(self, name: str, value):
-        """Pins a class to mesh axes (() replicated) or a conflict to a resolution; raises
-        PinError with the reason when refused (the widget shows it too)."""
+        """Pins a class to mesh axes (() replicated), a conflict to a resolution, or a
+        decision beyond sharding ("remat@block" to "full", "micro_batches" to 4,
+        "pipeline@block" to "stage:2" or "none"); raises PinError with the reason when
+        refused (the widget shows it too)."""
         return self.session.pin(name, value)
 
     def unpin(self, name: str):

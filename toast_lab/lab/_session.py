@@ -29,7 +29,8 @@ from typing import Callable
 
 from ..analysis import Conflict, DimClass
 from ..cost import cost_model
-from ..plan import (MICRO_BATCHES, REMAT_PREFIX, Plan, PlanError, check_analysis, check_mesh,
+from ..plan import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_PREFIX, Plan, PlanError,
+                    check_analysis, check_mesh, parse_pipeline, stack_pipeline,
                     write_plan_file)
 from ..plan_search import search as run_search
 from ..progress import stage
@@ -37,6 +38,7 @@ from ..strategies import expert as expert_strategies
 from . import _pins, _start
 from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
 from ._pins import PinError
+from ._step_choices import step_value
 from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
@@ -182,7 +184,9 @@ class Session:
     def pin(self, name: str, value) -> Plan:
         """Fixes a decision: a class to mesh axes (a name, a tuple; () or None: replicated), a
         conflict to one of its resolutions, "remat@<layer group>" to a remat policy,
-        "micro_batches" to a count. Raises PinError (and sets `error`) when refused.
+        "micro_batches" to a count, "pipeline@<scanned stack>" to stages over a mesh axis
+        ("stage:4"; "stage:4x2": circular, 2 runs of layers per stage; "none": no stages).
+        Raises PinError (and sets `error`) when refused.
         A running search is stopped first (its best plan kept): pins change what it explores."""
         if _is_step(self.analysis, name):
             return self._pin_step(name, value)
@@ -371,6 +375,9 @@ class Session:
         """`plan` with each of `pins` pinned, in order, as `pin` would (PinError if refused)."""
         self._plan = plan
         for name, value in pins.items():
+            if _is_step(self.analysis, name):
+                self._plan = self._step_plan(name, value)
+                continue
             override = _pins.override(self.analysis, name)
             decision = override[0] if override else _pins.decision(self.analysis, name)
             if override:
@@ -505,23 +512,20 @@ class Session:
         if not isinstance(cls, DimClass):
             raise PinError(f"{cls.name!r} is a conflict: only a class takes axes per domain")
         axes = _pins.pin_axes(cls, value, self.mesh)
-        why = refusal(self.analysis, self.mesh, cls, axes)
+        why = refusal(self.analysis, self.mesh, cls, axes, self._plan, domain)
         if why:
             raise PinError(f"cannot pin {cls.name}@{domain} to {axes_label(axes)}: {why}")
         return self._plan.with_axes(cls.id, axes, pin=True, domain=domain), None
 
     def _pin_step(self, name: str, value) -> Plan:
         """Pins a decision beyond sharding: "remat@<group>" to a policy, "micro_batches" to
-        a count (see pin)."""
+        a count, "pipeline@<group>" to stages (see pin)."""
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                if name == MICRO_BATCHES:
-                    plan = self._plan.with_micro_batches(value, pin=True)
-                else:
-                    plan = self._plan.with_remat(name[len(REMAT_PREFIX):], value, pin=True)
-            except PlanError as err:
-                self.error, self.notice = f"cannot pin {name} to {value!r}: {err}", None
+                plan = self._step_plan(name, value)
+            except PinError as err:
+                self.error, self.notice = str(err), None
             else:
                 self._set_plan(plan)
                 self.error, self.notice = None, stopped
@@ -531,9 +535,54 @@ class Session:
             raise PinError(self.error)
         return plan
 
+    def _step_plan(self, name: str, value) -> Plan:
+        """The current plan with step decision `name` pinned to `value`; PinError if refused."""
+        try:
+            if name == MICRO_BATCHES:
+                plan = self._plan.with_micro_batches(value, pin=True)
+            elif name.startswith(PIPELINE_PREFIX):
+                plan = self._pin_pipeline(name[len(PIPELINE_PREFIX):], value)
+            else:
+                plan = self._plan.with_remat(name[len(REMAT_PREFIX):], value, pin=True)
+            plan.validate(self.mesh)
+        except PlanError as err:
+            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
+        return plan
+
+    def _pin_pipeline(self, group: str, value) -> Plan:
+        """The plan with "pipeline@<group>" pinned to `value` (a Pipeline, "<axis>:<stages>",
+        "<axis>:<stages>x<runs>" for a circular schedule, "<axis>" or "none"). The stage axis
+        holds the stages alone: a class pinned to it is a contradiction, named; classes the
+        person left to the search lose it."""
+        name = f"{PIPELINE_PREFIX}{group}"
+        try:
+            pipeline = parse_pipeline(group, value, self.mesh)
+        except ValueError as err:
+            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
+        if pipeline is None:
+            plan = self._plan.without_pipeline()
+            return dataclasses.replace(plan, pinned=plan.pinned | {name})
+        try:
+            layer = self.analysis.classes[stack_pipeline(self.analysis, pipeline).layer_class]
+        except ValueError as err:
+            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
+        size = self.mesh.axis_size(pipeline.axis)
+        if size != pipeline.stages:  # (before the layers' class is put on it)
+            raise PinError(f"cannot pin {name} to {value!r}: {pipeline.stages} stages over mesh "
+                           f"axis {pipeline.axis!r} need an axis of that size; it has {size} "
+                           f"devices")
+        held = _stage_pins(self._plan, pipeline.axis, layer)
+        if held:
+            raise PinError(f"contradictory pins: {name}={pipeline} puts the stages alone on mesh "
+                           f"axis {pipeline.axis!r} (with class {layer.name!r}, the layers), "
+                           f"and {', '.join(held)} {'is' if len(held) == 1 else 'are'} pinned "
+                           f"otherwise; unpin {'it' if len(held) == 1 else 'them'} first")
+        return self._plan.with_pipeline(group, pipeline.axis, pipeline.stages,
+                                        pipeline.schedule, pin=True, chunks=pipeline.chunks)
+
     def _pin_class(self, cls: DimClass, value):
         axes = _pins.pin_axes(cls, value, self.mesh)
-        why = refusal(self.analysis, self.mesh, cls, axes)
+        why = refusal(self.analysis, self.mesh, cls, axes, self._plan)
         if why:
             raise PinError(f"cannot pin {cls.name} to {axes_label(axes)}: {why}")
         if not axes:
@@ -598,8 +647,7 @@ def _pins_of(plan: Plan) -> dict:
     out = {}
     for name in ranked + sorted(plan.pinned - set(ranked)):
         if _is_step(an, name):
-            out[name] = (plan.step.micro_batches if name == MICRO_BATCHES
-                         else plan.step.policy_of(name[len(REMAT_PREFIX):]))
+            out[name] = step_value(plan, name)
             continue
         try:
             out[name] = plan.axes_of(name)
@@ -609,11 +657,30 @@ def _pins_of(plan: Plan) -> dict:
 
 
 def _is_step(an, name) -> bool:
-    """`name` names a decision beyond sharding ("remat@<group>", "micro_batches"), not a
-    class or conflict called so."""
+    """`name` names a decision beyond sharding ("remat@<group>", "micro_batches",
+    "pipeline@<group>"), not a class or conflict called so."""
     if not isinstance(name, str) or _pins.named(an, name) is not None:
         return False
-    return name == MICRO_BATCHES or name.startswith(REMAT_PREFIX)
+    return name == MICRO_BATCHES or name.startswith((REMAT_PREFIX, PIPELINE_PREFIX))
+
+
+def _stage_pins(plan: Plan, axis: str, layer: DimClass) -> list[str]:
+    """The pins of `plan` that stages over `axis` would break ("batch=data×stage"): a class
+    or override pinned to axes with `axis` in them, or the layers' class `layer` pinned to
+    anything but `axis` alone."""
+    an = plan.analysis
+    out = []
+    for c in an.classes:
+        if c.name not in plan.pinned:
+            continue
+        axes = tuple(plan.axes_of(c.id))
+        if (axes != (axis,)) if c.id == layer.id else (axis in axes):
+            out.append(f"{c.name}={'×'.join(axes) or 'replicated'}")
+    for k, domain, axes in plan.overrides:
+        name = f"{an.classes[k].name}@{domain}"
+        if name in plan.pinned and axis in axes:
+            out.append(f"{name}={'×'.join(axes)}")
+    return out
 
 
 def _value_of(plan: Plan, decision):

@@ -43,10 +43,12 @@ def render(vm) -> str:
     if vm.notice:
         lines.append(f"notice: {vm.notice}")
     if vm.steps:
-        lines.append("step (remat, micro-batches):")
+        lines.append("step (remat, micro-batches, pipeline stages):")
     for d in vm.steps:
         lines.append(f"  {d.name} ({d.label}): {d.value}{' pinned' if d.pinned else ''}")
         lines.append("      " + " | ".join(_choice(ch) for ch in d.choices))
+    if vm.schedule is not None:
+        lines += schedule_lines(vm.schedule)
     lines.append(f"classes ({AT_STAKE}):")
     for c in vm.classes:
         pin = " pinned" if c.pinned else ""
@@ -102,6 +104,33 @@ def render(vm) -> str:
     if vm.explained:
         lines += _explained(vm.explained)
     return "\n".join(lines)
+
+
+def schedule_lines(sc) -> list[str]:
+    """A pipeline's schedule as text: a row of cells per stage (F<m> / B<m>: the forward /
+    backward of micro-batch m, F<m>.<r> in its run r of a circular schedule; "·": idle, the
+    bubble), then the bubble and the hand-offs."""
+    m_count = sc.micro_batches
+
+    def cell(phase: str, w: int) -> str:
+        if w < 0:
+            return "·"
+        return f"{phase}{w % m_count}" + (f".{w // m_count}" if sc.chunks > 1 else "")
+
+    width = len(cell("B", sc.chunks * m_count - 1))
+    runs = f", {sc.chunks} runs per stage" if sc.chunks > 1 else ""
+    lines = [f"schedule ({sc.name}, {sc.schedule}{runs}): {m_count} micro-batches through "
+             f"{sc.stages} stages over {sc.axis}, {sc.ticks} ticks per loop"]
+    for s in range(sc.stages):
+        fwd = " ".join(cell("F", w).ljust(width) for w in sc.forward[s])
+        bwd = " ".join(cell("B", w).ljust(width) for w in sc.backward[s])
+        lines.append(f"  stage {s} ({sc.stage_layers(s)}): {fwd} | {bwd}")
+    lines.append(f"  bubble {sc.stages - 1}/{sc.ticks} = {sc.bubble:.0%} of each stage's ticks")
+    if sc.handoff_bytes is not None:
+        lines.append(f"  hand-off per tick: {_bytes(sc.handoff_bytes)}, "
+                     f"{sc.handoff_s * 1e6:.1f} µs (collective-permute over {sc.axis}; "
+                     f"{sc.handoffs} per step)")
+    return lines
 
 
 def _memory(m) -> str:

@@ -16,8 +16,9 @@ message ``{"event": name, ...}``; `Lab._on_event` acts on it and sends a new `vi
 event shows as the view's `error`):
 
 - ``pin {name, value}``: fix a class to mesh axes (a list; [] replicated), a conflict to a
-  resolution (a string), "remat@<group>" to a remat policy (a string) or "micro_batches" to
-  a count (an integer): a choice in the Decisions tab, or a collective's remedy;
+  resolution (a string), "remat@<group>" to a remat policy (a string), "micro_batches" to
+  a count (an integer) or "pipeline@<stack>" to stages ("stage:2", "none"): a choice in the
+  Decisions tab, or a collective's remedy;
 - ``unpin {name}``: release a pinned decision (it keeps its value until a search changes it);
 - ``toggle {group}``: open a collapsed scope group, or close an open one (a click on a group);
 - ``select {kind, id}``: an op (id: its op id) or a drawn edge (id: the edge's); the view then
@@ -78,6 +79,61 @@ class StepDecisionView:
     value: str | int
     pinned: bool
     choices: tuple[ChoiceView, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    """A pipelined plan's schedule (_schedule.py): which micro-batch each stage runs at each
+    tick of the step's two loops, the bubble, and the hand-offs between stages.
+
+    name: the decision ("pipeline@block"); group: the scanned stack; scope: the scope-tree
+    group the graph draws it as (None where no one group holds its layers); axis / stages /
+    layers: S stages over mesh axis `axis`; schedule: "gpipe" or "circular"; chunks: V, the
+    runs of layers each stage holds (1 for GPipe; stage s's run r holds layer chunk r S + s
+    of the stack's S V, layers // (S V) layers each); micro_batches: M; ticks: T = V M + S - 1
+    per loop; forward / backward: [S][T], the work item stage s runs at tick t of each loop,
+    r M + m for micro-batch m in its run r (m itself for GPipe), -1 where it idles (the
+    bubble); bubble: the idle share of each stage's ticks, (S - 1) / T; handoff_bytes /
+    handoff_s: one hand-off (a collective-permute over `axis`, per device), the estimate's
+    bytes and seconds over its count; handoffs: that count per step (one per tick, both
+    loops); None where no estimate prices them (no mesh)."""
+
+    name: str
+    group: str
+    scope: str | None
+    axis: str
+    stages: int
+    layers: int
+    micro_batches: int
+    schedule: str
+    ticks: int
+    bubble: float
+    forward: tuple[tuple[int, ...], ...]
+    backward: tuple[tuple[int, ...], ...]
+    handoff_bytes: float | None = None
+    handoff_s: float | None = None
+    handoffs: int | None = None
+    chunks: int = 1
+
+    @property
+    def label(self) -> str:
+        """The graph's words for the stack: "stages: 2 over stage, 2 layers each" (circular:
+        "stages: 2 over stage, 2 runs of 1 layer each")."""
+        each = self.layers // (self.stages * self.chunks)
+        runs = f"{self.chunks} runs of " if self.chunks > 1 else ""
+        return (f"stages: {self.stages} over {self.axis}, {runs}{each} "
+                f"layer{'s' if each > 1 else ''} each")
+
+    def stage_layers(self, stage: int) -> str:
+        """The layers stage `stage` holds: "layers 2-3"; circular "layers 1, 3" (one range
+        per run)."""
+        each = self.layers // (self.stages * self.chunks)
+        spans = []
+        for r in range(self.chunks):
+            lo = (r * self.stages + stage) * each
+            spans.append(f"{lo}" if each == 1 else f"{lo}-{lo + each - 1}")
+        many = self.chunks > 1 or each > 1
+        return f"layer{'s' if many else ''} {', '.join(spans)}"
 
 
 @dataclass(frozen=True)
@@ -362,7 +418,8 @@ class ViewModel:
     start: StartView | None = None        # the plan the session started on
     explained: ExplainedView | None = None  # the selected op's or edge's collectives
     memory: MemoryView | None = None      # live bytes over the step (None: no mesh)
-    steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches
+    steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches, stages
+    schedule: ScheduleView | None = None  # the pipeline's ticks (None: no stages)
     format: str = FORMAT
     version: int = VERSION
 
@@ -492,7 +549,8 @@ def _build(tp, data):
     return data
 
 
-__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "StepDecisionView", "GroupView", "GraphView",
+__all__ = ["ViewModel", "ClassView", "ConflictView", "ChoiceView", "StepDecisionView",
+           "ScheduleView", "GroupView", "GraphView",
            "NodeView", "EdgeView", "ExpertRow", "StartView", "SearchView", "DetailsView",
            "TensorView", "RemedyView", "CollectiveView", "ExplainedView", "MemoryView",
            "Selection",

@@ -24,7 +24,7 @@
 """
 
 from ._decisions import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_POLICIES, REMAT_PREFIX,
-                         StepDecisions)
+                         StepDecisions, parse_pipeline)
 from ._display import PLAN_MIME, PlanDisplay, register_display
 from ._export import CONSTRAINT_POLICIES, donated_arguments, spec_of
 from ._files import ExistingFileError, replace_refusal, write_file
@@ -48,4 +48,4 @@ __all__ = ["Mesh", "DeviceSpec", "Efficiency", "Link", "devices", "get_device", 
            "UnitRemat",
            "ScanRemat", "rewritten_step", "OP_SCOPE", "Pipeline", "PipelineRefused",
            "StackPipeline", "stack_pipeline", "PIPELINE_PREFIX", "STAGE_SCOPE",
-           "MICRO_BATCHES_PER_STAGE", "GPIPE", "CIRCULAR"]
+           "MICRO_BATCHES_PER_STAGE", "GPIPE", "CIRCULAR", "parse_pipeline"]

@@ -22,8 +22,10 @@ overrides it (`override`; an unrolled group's only: a scanned stack's checkpoint
 scan's bodies, which the rewrite does not undo). `micro_batches`: k splits the batch class
 into k micro-batches whose gradients (and other sums over the batch) are accumulated before
 one optimizer update; legal only where `Analysis.micro_batching` says so, and only for
-counts that divide the batch. Plans name these decisions "remat@<group>" and
-"micro_batches" (pins, plan files, tl.diff).
+counts that divide the batch. `pipeline` cuts a scanned stack into stages over a mesh axis
+(_pipeline.py). Plans name these decisions "remat@<group>", "micro_batches" and
+"pipeline@<group>" (pins, plan files, tl.diff; a pipeline's value reads "<mesh axis>:<stages>"
+or "none", `parse_pipeline`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from ._pipeline import Pipeline, PipelineRefused, stack_pipeline
+from ._pipeline import CIRCULAR, Pipeline, PipelineRefused, stack_pipeline
 
 EVERYTHING = "everything"
 DOTS = "dots_with_no_batch_dims"
@@ -187,6 +189,38 @@ def check_sharded_micro_batches(plan, mesh) -> None:
             f"{mb.batch!r} per micro-batch, which its {ways} devices over mesh axes "
             f"{tuple(axes)} cannot split evenly; use fewer micro-batches or shard "
             f"{mb.batch!r} over fewer devices")
+
+
+def parse_pipeline(group: str, value, mesh=None) -> Pipeline | None:
+    """The pipeline a pin of "pipeline@<group>" names, in the words of `str(Pipeline)`: None
+    for "none" (or None); a Pipeline as given; "<mesh axis>:<stages>" ("stage:4", GPipe);
+    "<mesh axis>:<stages>x<runs>" ("stage:4x2", circular, that many runs of layers per
+    stage); "<mesh axis>" alone, given `mesh`, for GPipe over all the axis's devices. A
+    StepDecisionError naming the forms otherwise (whether the stack and the mesh take it is
+    for `Plan.with_pipeline` and `validate`)."""
+    if value is None or value == "none":
+        return None
+    if isinstance(value, Pipeline):
+        return value
+    forms = ('stages are written "<mesh axis>:<stages>" (e.g. "stage:4"), '
+             '"<mesh axis>:<stages>x<runs>" for a circular schedule (e.g. "stage:4x2") or "none"')
+    if not isinstance(value, str) or not value:
+        raise StepDecisionError(f"{forms}, got {value!r}")
+    axis, sep, count = value.rpartition(":")
+    if not sep:
+        if mesh is None or value not in mesh.axis_names:
+            known = f"; mesh axes: {list(mesh.axis_names)}" if mesh is not None else ""
+            raise StepDecisionError(f"{forms}, got {value!r}{known}")
+        return Pipeline(group, value, mesh.axis_size(value))
+    stages, x, runs = count.partition("x")
+    if not axis or not stages.isdigit() or (x and not runs.isdigit()):
+        raise StepDecisionError(f"{forms}, got {value!r}")
+    if mesh is not None and axis not in mesh.axis_names:
+        raise StepDecisionError(f"the mesh has no axis {axis!r}; its axes are "
+                                f"{list(mesh.axis_names)}")
+    if x and int(runs) > 1:
+        return Pipeline(group, axis, int(stages), CIRCULAR, int(runs))
+    return Pipeline(group, axis, int(stages))
 
 
 def check_decisions(analysis, step: StepDecisions) -> StepDecisions:
