@@ -208,7 +208,7 @@ def without_remat(rows, budget_s: float) -> None:
         print(f"| {r.name} | {recipe.step_time_s:.3f} | {recipe.peak_memory_bytes / 2**30:.1f} "
               f"| {smallest / 2**30:.1f} | {expert_cells} | {step} | {est.step_time_s:.3f} "
               f"| {est.peak_memory_bytes / 2**30:.1f} | {'yes' if res.feasible else 'NO'} "
-              f"| {est.step_time_s / recipe.step_time_s:.2f} ({took:.0f} s) |", flush=True)
+              f"| {est.step_time_s / recipe.step_time_s:.3f} ({took:.0f} s) |", flush=True)
 
 
 def _efficiency(spec, m, n, k) -> float:

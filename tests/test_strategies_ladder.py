@@ -184,3 +184,23 @@ def test_a_strategys_remat_variant_compiles_and_computes_the_step_as_written():
         report = tl.verify(fn, sample, plan, MESH)
         assert report.numerics_ok, str(report)
         assert report.stats.peak_bytes < _compiled_peak(fn, args, base), name
+
+
+def test_the_search_tries_remat_where_it_makes_the_fastest_expert_faster():
+    """Every strategy fits as written, and the fastest of them is faster still with its
+    recipe's remat (on this memory-bound step the recomputed values are never written and
+    read back): the search, held to that plan's sharding, takes the remat too."""
+    _, _, an = analysed()
+    model = tl.cost_model(an, MESH)
+    plans = tl.strategies.expert(an, MESH)
+    assert plans.variant_of == {}
+    fastest = min(plans.values(), key=lambda p: model.price(p)[0])
+    faster = tl.strategies.faster_with_remat(fastest, MESH, MESH.device.memory_bytes, model)
+    assert faster is not None and faster.assignments == fastest.assignments
+    assert model.price(faster)[0] < model.price(fastest)[0]
+    pins = {c.name: fastest.axes_of(c.id) for c in an.classes}
+    pins.update(fastest.override_axes)
+    pins.update(fastest.conflict_resolutions)
+    result = tl.search(an, MESH, pins=pins, simulations=50, seed=0)
+    assert not result.plan.step.is_default
+    assert result.estimate.step_time_s <= model.price(faster)[0] * (1 + 1e-9)

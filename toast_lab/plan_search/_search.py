@@ -15,7 +15,7 @@ from ..strategies import expert
 from . import _mcts
 from ._space import OVERRIDE_CLASSES, plan_order
 from ._tracker import (SearchResult, Tracker, budget_left, check_budget, model_and_cap, setup,
-                       warm_start_plans)
+                       warm_start_plans, with_faster_remat)
 from ._tree import Tree
 
 # Rewards: log(reference step / step). A plan over the memory cap loses INFEASIBLE_PENALTY
@@ -120,10 +120,12 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     model, cap = model_and_cap(analysis, mesh, memory_cap, cost_model)
     experts = expert(analysis, mesh, memory_cap=cap, cost_model=model)
     warm = warm_start_plans(experts if warm_start is None else warm_start, analysis, mesh)
+    # (a faster remat of the fastest plan that fits as written is a start too)
+    references = with_faster_remat([*experts.values(), *warm], mesh, cap, model)
+    warm += references[len(experts) + len(warm):]
     model, space, cap = setup(analysis, mesh, pins, cap, model,
                               overrides=[(k, d) for p in warm for k, d, _ in p.overrides],
-                              override_classes=OVERRIDE_CLASSES,
-                              references=[*experts.values(), *warm])
+                              override_classes=OVERRIDE_CLASSES, references=references)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
     reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)

@@ -13,7 +13,7 @@ import numpy as np
 from ..cost import CostModel, Estimate, cost_model
 from ..plan import Plan, PlanError, format_bytes
 from ..plan import check_analysis, check_mesh
-from ..strategies import expert
+from ..strategies import expert, faster_with_remat
 from ._space import STEP, Space
 
 
@@ -146,7 +146,8 @@ def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, over
     model, cap = model_and_cap(analysis, mesh, memory_cap, model)
     space = Space(analysis, mesh, pins, overrides, override_classes=override_classes)
     if references is None:
-        references = expert(analysis, mesh, memory_cap=cap, cost_model=model).values()
+        references = with_faster_remat(
+            expert(analysis, mesh, memory_cap=cap, cost_model=model).values(), mesh, cap, model)
     held = as_written(space, model, cap, references)
     if held:
         space = Space(analysis, mesh, {**dict(pins or {}), **held}, overrides,
@@ -154,15 +155,33 @@ def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, over
     return model, space, cap
 
 
+def with_faster_remat(plans, mesh, cap: float, model) -> list:
+    """`plans`, and where the fastest of them that fits under `cap` is the step as written,
+    that plan with the remat of its recipe that makes it faster still, where one does
+    (tl.strategies.faster_with_remat: two rewritten steps priced, shared by every search of
+    the analysis on the mesh)."""
+    plans = list(plans)
+    fitting = []
+    for i, plan in enumerate(plans):
+        step, peak = model.price(plan)
+        if peak <= cap:
+            fitting.append((step, not plan.step.is_default, i))
+    if fitting and not min(fitting)[1]:
+        faster = faster_with_remat(plans[min(fitting)[2]], mesh, cap, model)
+        if faster is not None:
+            plans.append(faster)
+    return plans
+
+
 def as_written(space, model, cap, references) -> dict:
     """{decision: its as-written choice} for the remat, micro-batch and pipeline decisions
     the search leaves as written: all of them where the fastest of `references` (the expert
-    strategies, each with its recipe's remat where it needs that to fit, and the plans the
-    search starts from) that fits under `cap` is the step as written, and no pin asks for
-    another (each step priced is a rewritten step with a cost model of its own, about a
-    second to build); none where the fastest that fits recomputes, accumulates or pipelines,
-    which the search must then be able to reach, or where none fits, which is when published
-    runs reach for them."""
+    strategies, each with its recipe's remat where it needs that to fit, the plans the search
+    starts from, and with_faster_remat's) that fits under `cap` is the step as written, and
+    no pin asks for another (each step priced is a rewritten step with a cost model of its
+    own, about a second to build); none where the fastest that fits recomputes, accumulates
+    or pipelines, which the search must then be able to reach, or where none fits, which is
+    when published runs reach for them."""
     free = [d for d in space.decisions if d.kind == STEP and d.pinned < 0]
     if not free or any(d.kind == STEP and d.pinned > 0 for d in space.decisions):
         return {}

@@ -13,13 +13,14 @@ Where a strategy's plan does not fit in memory as written, the strategies also o
 its recipe's remat and micro-batches, as MaxText and torchtitan climb them
 (`remat_ladder(an)`: "minimal" remat, "full" remat, then gradient accumulation), the first
 rung that fits, named after the strategy: "fsdp (remat minimal)",
-"megatron (remat full, 4 micro-batches)".
+"megatron (remat full, 4 micro-batches)". `faster_with_remat(plan, mesh, cap, model)`: a plan
+that fits as written with the remat rung that makes it faster, where one does.
 """
 
 from __future__ import annotations
 
 from ..analysis import Roles, find_roles
 from ._expert import Strategies, expert
-from ._ladder import remat_ladder
+from ._ladder import faster_with_remat, remat_ladder
 
-__all__ = ["expert", "Strategies", "Roles", "find_roles", "remat_ladder"]
+__all__ = ["expert", "Strategies", "Roles", "find_roles", "remat_ladder", "faster_with_remat"]

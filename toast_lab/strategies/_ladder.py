@@ -89,6 +89,24 @@ def climb(plan: Plan, mesh, cap: float, model, ladder) -> Plan | None:
     return closest
 
 
+def faster_with_remat(plan: Plan, mesh, cap: float, model) -> Plan | None:
+    """`plan` (one that fits as written) with the remat rung of its recipe's ladder that makes
+    it fastest, where one fits under `cap` and is faster than as written, else None. It can
+    be: what is recomputed is never written and read back, and the recomputation gives the
+    communication of the backward pass compute to hide behind. Prices the ladder's remat
+    rungs only (micro-batches add a loop and save memory alone)."""
+    step_s, _ = model.price(plan)
+    fastest = None
+    for step in remat_ladder(plan.analysis):
+        if step.micro_batches > 1:
+            continue
+        candidate = _with_step(plan, step)
+        s, peak = model.price(candidate)
+        if peak <= cap and s < step_s:
+            fastest, step_s = candidate, s
+    return fastest
+
+
 def _with_step(plan: Plan, step: StepDecisions) -> Plan:
     for group, policy in step.remat:
         plan = plan.with_remat(group, policy)
