@@ -7,7 +7,9 @@ with the same budget, and exhaustive enumeration where the space holds at most 1
 step time, peak memory per device, whether it fits, and when the search reached its answer.
 Beside MCTS: analysis + search-to-best time, and the XLA compile time of the chosen plan on
 simulated CPU devices (where the mesh has at most 8 devices). A second table compares every
-expert strategy with the search's plan. "plans" is the size of the classic space (one decision
+expert strategy with the search's plan; where a strategy does not fit under the row's cap as
+written, the experts include it with its recipe's remat and micro-batches ("fsdp (remat
+full)", tl.strategies.expert). "plans" is the size of the classic space (one decision
 per class and conflict), which exhaustive and random search draw from; MCTS also decides
 per-domain overrides. Goals: MCTS at least as good as every expert strategy on every row
 (within the default budget) and feasible where data parallel is not; analysis + search faster
@@ -94,7 +96,8 @@ def run_case(name, config, shape, device, budget, compile_plan, cap_gib=None, dc
     mesh = tl.Mesh(shape, device=spec, links={a: spec.inter_node for a in dcn})
     cap = None if cap_gib is None else cap_gib * 2**30
     space = Space(an, mesh)
-    experts = {k: tl.estimate(an, p, mesh) for k, p in tl.strategies.expert(an, mesh).items()}
+    experts = {k: tl.estimate(an, p, mesh)
+               for k, p in tl.strategies.expert(an, mesh, memory_cap=cap).items()}
     limit = mesh.device.memory_bytes if cap is None else cap
     fits = lambda e: e is not None and e.peak_memory_bytes <= limit  # noqa: E731
     feasible = {k: e for k, e in experts.items() if fits(e)}

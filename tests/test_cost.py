@@ -1330,3 +1330,40 @@ def test_no_kernel_runs_under_the_devices_floor():
                        ).compute_s < 0.2 * est.compute_s
     with pytest.raises(ValueError, match="launch_s"):
         tl.Efficiency(launch_s=-1.0)
+
+
+def test_an_optimization_barrier_copies_nothing():
+    """XLA forwards the values through an opt-barrier (it only orders them): the step with one
+    costs what the step without it does."""
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+
+    def barred(x, w):
+        h, w = jax.lax.optimization_barrier((jnp.tanh(x), w))
+        return h @ w
+
+    def plain(x, w):
+        return jnp.tanh(x) @ w
+
+    mesh = tl.Mesh({"data": 1}, device="h100")
+    costs = []
+    for f in (barred, plain):
+        an = tl.analyze(tl.trace(f, x, x))
+        costs.append(tl.estimate(an, tl.Plan.replicated(an), mesh).compute_s)
+    assert costs[0] == pytest.approx(costs[1], rel=1e-9)
+
+
+def test_a_causal_mask_moved_out_of_the_layer_loop_still_makes_attention_causal():
+    """Without jax.checkpoint, JAX's partial evaluation of the layers' scan moves the causal
+    mask, which no layer changes, out of the loop: the fused attention inside the loop skips
+    the masked half all the same (on a TPU), as it does with the mask made inside."""
+    from toast_lab.cost._fusion import KERNEL_ATTENTION, attention_kernels
+
+    for remat in (True, False):
+        fn, args = tl.zoo.get("llama", remat=remat, layers=2, seq=64)
+        prog = tl.trace(fn, *args)
+        masks = [v for op in prog.ops if op.primitive == "scan" for v in op.operands
+                 if prog.values[v].dtype == jnp.bool_]
+        assert remat or masks  # (without remat the mask is an operand of the loops)
+        _, _, kernel, flop_scale = attention_kernels(prog)
+        dots = kernel == KERNEL_ATTENTION
+        assert dots.any() and (flop_scale[dots] == 0.5).all(), remat

@@ -279,11 +279,24 @@ def test_a_given_plan_is_the_start_with_the_pins_on_top(gpt):
     assert s.pins == {"batch": ("data",)}
 
 
+def test_where_no_strategy_fits_as_written_one_with_its_recipes_remat_starts(gpt):
+    an, mesh = gpt
+    written = {n: tl.estimate(an, p, mesh).peak_memory_bytes
+               for n, p in tl.strategies.expert(an, mesh, fit=False).items()}
+    cap = min(written.values()) * 0.999
+    s = Session(an, mesh, memory_cap=cap)
+    variants = tl.strategies.expert(an, mesh, memory_cap=cap).variant_of
+    assert s.start.how == "expert" and s.start.name in variants, s.start
+    assert s.estimate.peak_memory_bytes <= cap and not s.plan.step.is_default
+    assert s.start.label.startswith(f"start: {s.start.name}, ")
+
+
 def test_where_no_expert_plan_fits_a_short_search_or_the_smallest_one_starts(gpt):
     an, mesh = gpt
+    # under a cap nothing fits, each strategy's variant is its ladder's smallest peak
     peaks = {n: tl.estimate(an, p, mesh).peak_memory_bytes
-             for n, p in tl.strategies.expert(an, mesh).items()}
-    cap = min(peaks.values()) * 0.999  # no expert plan fits; a search may find one
+             for n, p in tl.strategies.expert(an, mesh, memory_cap=1.0).items()}
+    cap = min(peaks.values()) * 0.999  # no expert plan fits, even with its recipe's remat
     s = Session(an, mesh, memory_cap=cap)
     assert s.start.how in ("search", "smallest")
     if s.start.how == "search":

@@ -63,9 +63,11 @@ def test_remat_and_micro_batches_are_offered_priced_as_the_cost_model_prices_the
             full = tl.estimate(an, changed, MESH)
             assert ch.peak_memory_bytes == pytest.approx(full.peak_memory_bytes, rel=1e-9)
     by = {ch.value: ch for ch in remat.choices}
-    # recomputing more keeps less: each policy lowers the peak and costs time
-    assert by["full"].peak_memory_bytes < by["everything"].peak_memory_bytes
-    assert by["full"].step_time_s > by["everything"].step_time_s
+    # recomputing more keeps less (what it costs in time depends on the step: recomputed
+    # values are never written to memory and read back, which on this memory-bound step
+    # saves about what the recomputation costs)
+    assert (by["full"].peak_memory_bytes < by["dots_with_no_batch_dims"].peak_memory_bytes
+            < by["everything"].peak_memory_bytes)
     assert "MaxText's \"minimal\"" in by["dots_with_no_batch_dims"].note
     assert "only each layer's input" in by["full"].note
     assert "every residual" in by["everything"].note

@@ -337,8 +337,9 @@ def test_the_notebook_toast_lab_lab_writes_runs_top_to_bottom(execute, tmp_path,
 
 @pytest.mark.slow
 def test_memory(execute):
-    """A step written without remat does not fit under the cap with any expert plan; each
-    remat policy and micro-batch count is priced; the search makes it fit with them; the
+    """A step written without remat does not fit under the cap with any expert plan as
+    written, and the strategies offer their recipes' remat that does; each remat policy and
+    micro-batch count is priced; the search makes it fit with them; the
     rewritten step computes the step as written, and XLA's peak is near the estimate."""
     ex = execute("memory")
     assert "LayerGroup('block': scanned x2" in ex.tagged("check-groups")
@@ -347,6 +348,9 @@ def test_memory(execute):
     assert "_moe.py" in ex.tagged("check-refused")  # the user's source line
     nofit = ex.tagged("check-nofit")
     assert "does not fit" in nofit and " fits" not in nofit.replace("does not fit", "")
+    ladder = ex.tagged("check-ladder").splitlines()  # each strategy's recipe rung
+    assert ladder and all(re.match(r"\s+[a-z0-9+]+ \((remat|\d) ", line) for line in ladder)
+    assert any(line.endswith(" fits") for line in ladder)
     prices = ex.tagged("check-prices").splitlines()[1:]
     assert len(prices) == 9 and any(r.endswith("yes") for r in prices)
     peaks = {tuple(r.split()[:2]): float(r.split()[3]) for r in prices}

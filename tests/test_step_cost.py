@@ -102,6 +102,21 @@ def test_micro_batches_whose_examples_do_not_divide_over_the_batch_devices_are_r
         model.estimate(plan)
 
 
+def test_micro_batches_of_one_example_over_a_sharded_batch_are_refused():
+    """16 examples in 16 micro-batches leave one each, a batch dim of size 1 in the rewritten
+    step that no class of it carries: the batch over the 2 data devices has no price, and
+    the search never answers with it."""
+    fn, args = tl.zoo.get("gpt_scan", **{**SHAPE, "batch": 8})
+    an = tl.analyze(tl.trace(fn, *args))
+    model = tl.cost_model(an, MESH)
+    plan = tl.Plan.replicated(an).with_axes(an.micro_batching.batch, ("data",))
+    assert model.price(plan.with_micro_batches(8)) == (float("inf"), float("inf"))
+    assert model.price(plan.with_micro_batches(4))[0] < float("inf")
+    pins = {"micro_batches": 8, an.micro_batching.batch: ("data",)}
+    with pytest.raises(tl.PlanError, match="contradictory pins micro_batches=8 and batch="):
+        tl.search(an, MESH, pins=pins, simulations=50, seed=0)
+
+
 def test_the_search_makes_a_step_written_without_remat_fit():
     """A memory cap under every expert plan's peak as written: the search finds a plan that
     fits by recomputing or micro-batching, and says so in the plan."""
@@ -201,3 +216,24 @@ def test_the_memory_timeline_of_a_rewritten_step_names_the_ops_as_written():
     n = len(an.program.ops)
     assert ((full.ops >= -1) & (full.ops < n)).all() and 0 <= full.peak_op < n
     assert len(full.ops) > len(kept.ops)  # the recomputation runs more ops
+
+
+def test_a_rewritten_full_remat_prices_like_the_users_own_checkpoint():
+    """The zoo's Llama with jax.checkpoint on its layer, and the same step written without it
+    under remat@layer=full, on TPUs (where XLA fuses the causal attention): the same flops
+    and compute time. The rewritten step's ops keep their innermost scope (the attention
+    einsums are the fused kernel they are), its barrier copies nothing, and the causal mask
+    JAX moves out of the loop without a checkpoint is seen as causal."""
+    mesh = tl.Mesh({"data": 8}, device="tpu-v5p")
+    cfg = dict(batch=8, seq=512, embed=256, heads=4, kv_heads=4, mlp=512, layers=2,
+               dtype="bfloat16")
+    estimates = []
+    for remat in (True, False):
+        fn, args = tl.zoo.get("llama", remat=remat, **cfg)
+        an = tl.analyze(tl.trace(fn, *args))
+        plan = tl.Plan.from_decisions(an, {"batch": ("data",), "embed": ("data",)})
+        estimates.append(tl.estimate(an, plan if remat else plan.with_remat("layer", "full"),
+                                     mesh))
+    checkpointed, rewritten = estimates
+    assert rewritten.flops == pytest.approx(checkpointed.flops, rel=0.01)
+    assert rewritten.compute_s == pytest.approx(checkpointed.compute_s, rel=0.02)

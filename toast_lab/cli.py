@@ -422,12 +422,15 @@ class _ProgressBar:
         sys.stderr.flush()
 
 
-def _estimate_row(name: str, est) -> str:
+def _estimate_row(name: str, est, width: int = 12, cap: float | None = None) -> str:
+    """One plan's line of the partition table; fits: under `cap` bytes (None: the device's
+    memory)."""
     from .plan import format_bytes
 
-    return (f"  {name:<12} {est.step_time_s * 1e3:11.3f} {est.compute_s * 1e3:11.3f} "
+    fits = est.feasible if cap is None else est.peak_memory_bytes <= cap
+    return (f"  {name:<{width}} {est.step_time_s * 1e3:11.3f} {est.compute_s * 1e3:11.3f} "
             f"{est.communication_s * 1e3:11.3f} {format_bytes(est.peak_memory_bytes):>11}  "
-            f"{'yes' if est.feasible else 'NO'}")
+            f"{'yes' if fits else 'NO'}")
 
 
 def _mesh(args):
@@ -480,14 +483,16 @@ def _partition(args) -> int:
                         callback=_ProgressBar(args.budget))
     except PlanError as err:
         raise UsageError(str(err)) from None
-    experts = strategies.expert(an, mesh)
-    print(f"\n  {'plan':<12} {'step (ms)':>11} {'compute':>11} {'comm':>11} {'peak':>11}  fits")
+    experts = strategies.expert(an, mesh, memory_cap=args.memory_cap)
+    width = max(12, *map(len, experts))
+    print(f"\n  {'plan':<{width}} {'step (ms)':>11} {'compute':>11} {'comm':>11} "
+          f"{'peak':>11}  fits")
     for name, plan in experts.items():
-        print(_estimate_row(name, estimate(an, plan, mesh)))
+        print(_estimate_row(name, estimate(an, plan, mesh), width, args.memory_cap))
     if result.plan is None:
         print(f"\n{result.message}")
         return 1
-    print(_estimate_row("search", result.estimate))
+    print(_estimate_row("search", result.estimate, width, args.memory_cap))
     plan = result.plan
     print(f"\nsearch: {result.message}\nplan: {plan!r}")
     if not plan.step.is_default:

@@ -137,7 +137,8 @@ def op_flops(op, values) -> float:
     if name == "conv_general_dilated":
         return _conv_flops(op, values)
     if name in MOVEMENT or name in ("gather", "dynamic_slice", "slice", "concatenate", "pad",
-                                     "broadcast_in_dim", "iota", "rng_bit_generator"):
+                                     "broadcast_in_dim", "iota", "rng_bit_generator",
+                                     "optimization_barrier"):  # (it forwards its operands)
         return 0.0
     if name in _CUMULATIVE:
         shape = values[op.operands[0]].shape

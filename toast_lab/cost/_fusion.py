@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..program import NO_OP
+from ..program import BODY_INPUT, NO_OP
 from ..rules import is_causal
 
 # cuDNN's flash attention as JAX traces it on a GPU (implementation="cudnn"): one custom call
@@ -139,7 +139,9 @@ def attention_kernels(prog):
     for op in ops:
         if op.primitive != "dot_general" and op.results and all(inside[r] for r in op.results):
             kernel[op.id] = KERNEL_INSIDE
-            causal |= any(_from_tril(prog, u) for u in op.operands if not inside[u])
+            # (a score-shaped mask a loop reads as its operand is inside, but made outside)
+            causal |= any(_from_tril(prog, u) for u in op.operands
+                          if not inside[u] or values[u].origin == BODY_INPUT)
     for op in dots:
         kernel[op.id] = KERNEL_ATTENTION
     if causal:
@@ -147,22 +149,42 @@ def attention_kernels(prog):
     return inside, own, kernel, flop_scale
 
 
+# Ops whose result is their first operand's mask in another shape or type.
+_SAME_MASK = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+                        "convert_element_type"})
+
+
 def _from_tril(prog, v: int, depth: int = 3) -> bool:
-    """Whether `v` is (a broadcast of) jnp.tril's causal mask."""
-    producer = prog.values[v].producer
-    if producer == NO_OP or depth == 0:
+    """Whether `v` is (a broadcast of, or made within `depth` ops from) jnp.tril's causal
+    mask, also where it reaches a loop body as an operand of the loop: JAX's partial
+    evaluation of a scan moves the mask, which no iteration changes, out of the loop."""
+    while True:
+        while (outer := prog.outer_operand(v)) != v:
+            v = outer
+        producer = prog.values[v].producer
+        if producer == NO_OP:
+            return False
+        op = prog.ops[producer]
+        if op.name_scope.rsplit("/", 1)[-1] == "tril":
+            return True
+        if op.primitive not in _SAME_MASK:
+            break
+        v = op.operands[0]
+    if depth == 0 or op.body:  # (not through what a loop computes)
         return False
-    op = prog.ops[producer]
-    if op.name_scope.rsplit("/", 1)[-1] == "tril":
-        return True
     return any(_from_tril(prog, u, depth - 1) for u in op.operands)
+
+
+# Ops whose results are their operands' buffers: XLA's dataflow analysis forwards the values
+# through an opt-barrier (HloDataflowAnalysis), which copies nothing; it only orders them.
+FORWARDS_OPERANDS = frozenset({"optimization_barrier"})
 
 
 def memory_traffic(prog, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(io_op, io_val): the (op, value) pairs that move a value between HBM and the op's
     kernel. An op writes its results that are not fused; a fusion cluster (ops joined by
     fused values) reads each of its unfused inputs once, at the first op of the cluster that
-    reads it."""
+    reads it; an op that forwards its operands (FORWARDS_OPERANDS) moves nothing."""
     values, ops = prog.values, prog.ops
     cluster = np.arange(len(ops))
 
@@ -180,7 +202,7 @@ def memory_traffic(prog, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 cluster[b] = a
     io_op, io_val, read = [], [], set()
     for op in ops:
-        if op.body:
+        if op.body or op.primitive in FORWARDS_OPERANDS:
             continue
         c = find(op.id)
         moved = set()

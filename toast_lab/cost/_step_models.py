@@ -170,11 +170,22 @@ class StepCostModel:
         self.model = model
         self._sizes = [c.size for c in self.rewrite.analysis.classes]
         self._devices = {}
+        # (batch class id as written, examples per micro-batch) where the step splits it
+        mb = written.analysis.micro_batching
+        self._micro = ((written.analysis.class_named(mb.batch).id,
+                        mb.examples // self.step.micro_batches)
+                       if self.step.micro_batches > 1 else None)
 
     def arrays(self, class_masks, resolutions=(), overrides=()):
         """The rewritten program's PlanArrays, or None where the plan splits a class of the
         rewritten step over devices that do not divide it (a micro-batch of 2 examples over
-        4 data-parallel devices)."""
+        4 data-parallel devices: checked on the batch class as written too, as a micro-batch
+        of one example has no batch dim the rewritten step could see)."""
+        if self._micro is not None:
+            batch, examples = self._micro
+            mask = next((m for c, m in class_masks if c == batch), 0)
+            if mask and examples % self._ways(mask):
+                return None
         masks, res, over = self.rewrite.translate(class_masks, resolutions, overrides)
         for c, m in [(c, m) for c, m in masks] + [(c, m) for c, _, m in over]:
             if m and self._sizes[c] % self._ways(m):

@@ -349,11 +349,13 @@ class Session:
 
     def expert_plans(self) -> dict:
         """{name: (Plan, Estimate)}: the expert strategies (tl.strategies.expert) of this
-        analysis and mesh, priced on the session's cost model (built once)."""
+        analysis and mesh, with a recipe's remat and micro-batches where one does not fit
+        under the session's memory cap, priced on the session's cost model (built once)."""
         with self.lock:
             if self._expert_plans is None:
                 with stage("experts", "estimating the expert plans") as run:
-                    plans = expert_strategies(self.analysis, self.mesh)
+                    plans = expert_strategies(self.analysis, self.mesh, self.memory_cap,
+                                              self.model)
                     self._expert_plans = {name: (plan, self.model.estimate(plan))
                                           for name, plan in plans.items()}
                     run.detail = f"{len(plans)} plans"

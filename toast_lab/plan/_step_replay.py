@@ -296,22 +296,29 @@ OP_SCOPE = "toast_lab_op"
 
 class _Tagged(StepReplay):
     """The rewrite alone: no sharding constraints, each op replayed under its OP_SCOPE, so
-    that the rewritten program's ops say which op of the step as written each one runs."""
+    that the rewritten program's ops say which op of the step as written each one runs, and
+    then under the innermost scope of its own (an einsum's spec, "tril"), which the cost
+    model reads to know the kernels XLA runs (cost/_fusion.py: fused attention)."""
 
     def _constrained(self, x, spec):
         return x
 
     def step(self, env: dict, op) -> None:
+        own = op.name_scope.rsplit("/", 1)[-1]
         with jax.named_scope(f"{OP_SCOPE}{op.id}"):
-            super().step(env, op)
+            if not own:
+                return super().step(env, op)
+            with jax.named_scope(own):
+                super().step(env, op)
 
 
 def rewritten_step(plan):
     """The plan's step as `plan.step` rewrites it (module docstring), without sharding
     constraints, as a function of the traced function's arguments: what the cost model traces
     to price remat and micro-batches. Each op runs under the named scope
-    "toast_lab_op<op id>" (innermost wins for ops nested in a region or a recomputation);
-    ops the rewrite adds (cuts, accumulators, barriers) have none of their own."""
+    "toast_lab_op<op id>/<its innermost scope as written>" (the innermost tag wins for ops
+    nested in a region or a recomputation); ops the rewrite adds (cuts, accumulators,
+    barriers) have none of their own."""
     program = plan.analysis.program
     runner = _Tagged(plan, program, None, lambda vid, x: x, frozenset(),
                      lambda op_id, t, x: x, frozenset(), plan.partition_spec)

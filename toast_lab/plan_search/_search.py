@@ -14,8 +14,8 @@ from ..plan import check_analysis, check_mesh
 from ..strategies import expert
 from . import _mcts
 from ._space import OVERRIDE_CLASSES, plan_order
-from ._tracker import (SearchResult, Tracker, budget_left, check_budget, setup,
-                       warm_start_plans)
+from ._tracker import (SearchResult, Tracker, budget_left, check_budget, model_and_cap, setup,
+                       warm_start_plans, with_faster_remat)
 from ._tree import Tree
 
 # Rewards: log(reference step / step). A plan over the memory cap loses INFEASIBLE_PENALTY
@@ -105,8 +105,10 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     memory_cap: bytes per device (default: the device's memory). stop: a threading.Event that
     ends the search within one simulation. callback(SearchProgress) every `callback_every_s`
     and once at the end. warm_start: {name: Plan} whose choices seed the incumbent; by default
-    the expert strategies (tl.strategies.expert), so the answer is never worse than the best
-    of them under the same pins and cap; {} starts from the pinned, otherwise replicated plan.
+    the expert strategies under the same cap (tl.strategies.expert: with its recipe's remat
+    and micro-batches where a strategy does not fit as written), so the answer is never worse
+    than the best of them under the same pins; {} starts from the pinned, otherwise
+    replicated plan.
     The best of them also sets the space's rank order (see _space.py), so it is in the space
     exactly, with the overrides of every one of them.
     """
@@ -115,11 +117,15 @@ def search(analysis, mesh, pins: Mapping | None = None, budget_s: float | None =
     check_budget(budget_s, simulations, stop, callback, callback_every_s)
     if budget_s is None and simulations is None and stop is None:
         raise ValueError("search needs a budget: budget_s, simulations or a stop event")
-    warm = warm_start_plans(expert(analysis, mesh) if warm_start is None else warm_start,
-                            analysis, mesh)
-    model, space, cap = setup(analysis, mesh, pins, memory_cap, cost_model,
+    model, cap = model_and_cap(analysis, mesh, memory_cap, cost_model)
+    experts = expert(analysis, mesh, memory_cap=cap, cost_model=model)
+    warm = warm_start_plans(experts if warm_start is None else warm_start, analysis, mesh)
+    # (a faster remat of the fastest plan that fits as written is a start too)
+    references = with_faster_remat([*experts.values(), *warm], mesh, cap, model)
+    warm += references[len(experts) + len(warm):]
+    model, space, cap = setup(analysis, mesh, pins, cap, model,
                               overrides=[(k, d) for p in warm for k, d, _ in p.overrides],
-                              override_classes=OVERRIDE_CLASSES)
+                              override_classes=OVERRIDE_CLASSES, references=references)
     rng = np.random.default_rng(seed)
     n = len(space.decisions)
     reference = np.where(space.pinned >= 0, space.pinned, 0).astype(np.int64)

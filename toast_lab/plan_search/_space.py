@@ -106,6 +106,7 @@ class Space:
         live = [a for a in names if bit[a]]
         pins = _current_names(analysis, dict(pins or {}))
         self._check_pins(pins)
+        _check_micro_batch_pins(analysis, mesh, pins)
         axes_choices = []
         for k in range(1, 1 << len(live)):
             axes = tuple(a for i, a in enumerate(live) if k >> i & 1)
@@ -381,6 +382,21 @@ def _stage_decisions(an, pins: Mapping, mesh) -> list[Decision]:
         if stages:
             out.append(_step_decision(f"{PIPELINE_PREFIX}{g.name}", (None, *stages), pins))
     return out
+
+
+def _check_micro_batch_pins(an, mesh, pins: Mapping) -> None:
+    """A PlanError where the pins fix a micro-batch count and the batch's axes that cannot go
+    together (each micro-batch's examples must divide over the batch's devices)."""
+    mb = an.micro_batching
+    count = pins.get(MICRO_BATCHES, 1)
+    if count == 1 or not mb.legal or mb.batch not in pins or count not in mb.counts:
+        return  # (a count the analysis refuses: _step_decision says so)
+    plan = Plan.replicated(an).with_axes(mb.batch, _axes(pins[mb.batch]))
+    try:
+        plan.with_micro_batches(count).validate(mesh)
+    except PlanError as err:
+        raise PlanError(f"contradictory pins {MICRO_BATCHES}={count} and "
+                        f"{mb.batch}={_axes(pins[mb.batch])}: {err}") from None
 
 
 def _step_decision(name: str, choices: tuple, pins: Mapping) -> Decision:

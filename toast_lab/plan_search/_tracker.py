@@ -13,7 +13,7 @@ import numpy as np
 from ..cost import CostModel, Estimate, cost_model
 from ..plan import Plan, PlanError, format_bytes
 from ..plan import check_analysis, check_mesh
-from ..strategies import expert
+from ..strategies import expert, faster_with_remat
 from ._space import STEP, Space
 
 
@@ -123,39 +123,75 @@ class Tracker:
                             stats or {})
 
 
-def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, overrides=(),
-          override_classes: int = 0):
+def model_and_cap(analysis, mesh, memory_cap, model: CostModel | None = None):
+    """(the cost model, the memory cap in bytes per device) a search of `analysis` on `mesh`
+    runs on: `model` or the analysis's own, `memory_cap` or the device's memory."""
     # tl.search checks these first (before the expert strategies); the baselines come here
     check_analysis(analysis, "tl.exhaustive / tl.random_search")
     check_mesh(mesh, "tl.exhaustive / tl.random_search")
     if memory_cap is not None:
         _check_number("memory_cap", memory_cap, "bytes per device, e.g. 16 * 2**30")
     model = model or cost_model(analysis, mesh)
-    space = Space(analysis, mesh, pins, overrides, override_classes=override_classes)
     cap = float(mesh.device.memory_bytes if memory_cap is None else memory_cap)
     if not cap > 0:
         raise ValueError(f"memory_cap must be a positive number of bytes, got {memory_cap!r}")
-    held = as_written(space, model, cap)
+    return model, cap
+
+
+def setup(analysis, mesh, pins, memory_cap, model: CostModel | None = None, overrides=(),
+          override_classes: int = 0, references=None):
+    """(cost model, Space, cap) of a search. references: the plans whose prices decide which
+    step decisions the space holds as written (as_written); default the expert strategies
+    under the cap."""
+    model, cap = model_and_cap(analysis, mesh, memory_cap, model)
+    space = Space(analysis, mesh, pins, overrides, override_classes=override_classes)
+    if references is None:
+        references = with_faster_remat(
+            expert(analysis, mesh, memory_cap=cap, cost_model=model).values(), mesh, cap, model)
+    held = as_written(space, model, cap, references)
     if held:
         space = Space(analysis, mesh, {**dict(pins or {}), **held}, overrides,
                       override_classes=override_classes)
     return model, space, cap
 
 
-def as_written(space, model, cap) -> dict:
+def with_faster_remat(plans, mesh, cap: float, model) -> list:
+    """`plans`, and where the fastest of them that fits under `cap` is the step as written,
+    that plan with the remat of its recipe that makes it faster still, where one does
+    (tl.strategies.faster_with_remat: two rewritten steps priced, shared by every search of
+    the analysis on the mesh)."""
+    plans = list(plans)
+    fitting = []
+    for i, plan in enumerate(plans):
+        step, peak = model.price(plan)
+        if peak <= cap:
+            fitting.append((step, not plan.step.is_default, i))
+    if fitting and not min(fitting)[1]:
+        faster = faster_with_remat(plans[min(fitting)[2]], mesh, cap, model)
+        if faster is not None:
+            plans.append(faster)
+    return plans
+
+
+def as_written(space, model, cap, references) -> dict:
     """{decision: its as-written choice} for the remat, micro-batch and pipeline decisions
-    the search leaves as written: all of them where the fastest expert strategy that fits
-    under `cap` is one as written and no pin asks for another (each step priced is a
-    rewritten step with a cost model of its own, about a second to build); none where no
-    expert plan fits, which is when published runs reach for them, or where the fastest
-    is a recipe with stages (or remat), which the search must then be able to reach."""
+    the search leaves as written: all of them where the fastest of `references` (the expert
+    strategies, each with its recipe's remat where it needs that to fit, the plans the search
+    starts from, and with_faster_remat's) that fits under `cap` is the step as written, and
+    no pin asks for another (each step priced is a rewritten step with a cost model of its
+    own, about a second to build); none where the fastest that fits recomputes, accumulates
+    or pipelines, which the search must then be able to reach, or where none fits, which is
+    when published runs reach for them."""
     free = [d for d in space.decisions if d.kind == STEP and d.pinned < 0]
     if not free or any(d.kind == STEP and d.pinned > 0 for d in space.decisions):
         return {}
-    priced = [(model.price(p), p) for p in expert(space.analysis, space.mesh).values()]
-    fitting = [(step_s, p) for (step_s, peak), p in priced if peak <= cap]
-    if not fitting or not min(fitting, key=lambda sp: sp[0])[1].step.is_default:
-        return {}  # nothing fits as written, or the fastest recipe pipelines or remats
+    fitting = []
+    for plan in references:
+        step, peak = model.price(plan)
+        if peak <= cap:
+            fitting.append((step, not plan.step.is_default))
+    if not fitting or min(fitting)[1]:  # (ties go to the step as written)
+        return {}
     return {d.name: d.choices[0] for d in free}
 
 

@@ -1,25 +1,34 @@
 """The expert strategies: data, fully-sharded data, tensor (Megatron) and sequence parallelism,
 their 2-D combinations, the published recipes that shard one class differently in two
 domains of the step (ZeRO-1/2, MaxText), and those that add pipeline stages (_pipelined.py),
-each a Plan built from the class roles."""
+each a Plan built from the class roles; where one as written does not fit in memory, also the
+same sharding with its recipe's remat and micro-batches (_ladder.py)."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from ..analysis import OPTIMIZER, PARAMETERS, Roles, domains, find_roles
+from ..cost import cost_model as build_cost_model
 from ..plan import Plan
 from ..plan import check_analysis, check_mesh
 from ._pipelined import add_pipelined
+from ._ladder import climb, remat_ladder, variant_name
 
 _MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 
 
 class Strategies(dict):
-    """{name: Plan} in a fixed order, with `.skipped`: {name: why it does not apply}."""
+    """{name: Plan} in a fixed order, with `.skipped`: {name: why it does not apply} and
+    `.variant_of`: {name of a plan with its recipe's remat or micro-batches: the strategy
+    whose sharding it keeps}."""
 
-    def __init__(self, plans, skipped, roles: Roles):
+    def __init__(self, plans, skipped, roles: Roles, variant_of=None):
         super().__init__(plans)
         self.skipped = dict(skipped)
         self.roles = roles
+        self.variant_of = dict(variant_of or {})
 
     def __repr__(self) -> str:
         lines = [f"  {name}: {plan!r}" for name, plan in self.items()]
@@ -70,10 +79,51 @@ class _Builder:
         return not self.plan.axes_of(cls, domain)
 
 
-def expert(an, mesh) -> Strategies:
-    """The expert strategies that apply to this program and mesh, as plans."""
+def expert(an, mesh, memory_cap: float | None = None, cost_model=None,
+           fit: bool = True) -> Strategies:
+    """The expert strategies that apply to this program and mesh, as plans.
+
+    fit: where a strategy's plan as written (without stages) does not fit in `memory_cap`
+    bytes per device (default: the device's memory), also offer it with its recipe's remat
+    and micro-batches, the first rung of the ladder that fits (_ladder.py), named
+    "<strategy> (remat full)" etc. next to it; priced on `cost_model` (default:
+    tl.cost_model(an, mesh)). fit=False: the recipes alone, nothing priced.
+    """
     check_analysis(an, "tl.strategies.expert")
     check_mesh(mesh, "tl.strategies.expert")
+    cap = _cap(mesh, memory_cap)
+    plans, skipped, roles = _sharded(an, mesh)
+    ladder = remat_ladder(an) if fit else ()
+    if not ladder:
+        return Strategies(plans, skipped, roles)
+    model = cost_model or build_cost_model(an, mesh)
+    out, variant_of = {}, {}
+    for name, plan in plans.items():  # each variant right after its strategy
+        out[name] = plan
+        # (a recipe with stages carries its own micro-batches: _pipelined.py)
+        if not plan.step.is_default or model.price(plan)[1] <= cap:
+            continue
+        fitted = climb(plan, mesh, cap, model, ladder)
+        if fitted is not None:
+            variant = variant_name(name, fitted.step)
+            out[variant], variant_of[variant] = fitted, name
+    return Strategies(out, skipped, roles, variant_of)
+
+
+def _cap(mesh, memory_cap) -> float:
+    if memory_cap is None:
+        return float(mesh.device.memory_bytes)
+    if (isinstance(memory_cap, bool) or not isinstance(memory_cap, numbers.Real)
+            or not math.isfinite(memory_cap) or memory_cap <= 0):
+        raise ValueError(f"tl.strategies.expert: memory_cap must be a positive, finite number "
+                         f"of bytes per device (e.g. 16 * 2**30) or None for the device's "
+                         f"memory, got {memory_cap!r}")
+    return float(memory_cap)
+
+
+def _sharded(an, mesh) -> tuple[dict, dict, Roles]:
+    """({name: Plan}, {name: why skipped}, roles) of the recipes: their sharding, and the
+    stages and micro-batches of those that pipeline."""
     roles = find_roles(an)
     data_axes, model_axis = split_axes(mesh)
     every = tuple(mesh.axis_names)
@@ -153,7 +203,7 @@ def expert(an, mesh) -> Strategies:
         for name in ("dp+tp", "fsdp+tp", "dp+sp", "zero1+tp", "fsdp+tp+sp", "maxtext"):
             skipped[name] = "needs a mesh with two or more axes"
     add_pipelined(an, mesh, plans, skipped)
-    return Strategies(plans, skipped, roles)
+    return plans, skipped, roles
 
 
 def _published(make, roles, data_axes, model_axis, needs) -> None:
