@@ -9,6 +9,8 @@ backend does (loop fusion, attention kernels) is _fusion.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..program import CONST, LITERAL, NO_OP
@@ -145,10 +147,10 @@ def _ynn_reduction(prog, op) -> bool:
                for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
 
 
-def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
-    """(threshold [V], readers): for a fused value that a YNNPACK reduction reads from memory,
-    the per-device bytes from which it does (inf elsewhere), and {value: the reductions
-    reading it}.
+def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
+    """(threshold [V], readers, broadcasts): for a fused value that a YNNPACK reduction reads
+    from memory, the per-device bytes from which it does (inf elsewhere), {value: the
+    reductions reading it}, and the broadcasts those reductions read (LibraryBroadcast).
 
     XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
     all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
@@ -158,39 +160,90 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
     read it (the loop fusions reading it still recompute it from its operands). The
     reduction is the library's only where an operand or its result has 4096 elements per
     device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
-    Values XLA's CSE merges (common_values) count once, read by the readers of all."""
+    Values XLA's CSE merges (common_values) count once, read by the readers of all.
+
+    A broadcast is never taken in: one the jaxpr leaves implicit (an elementwise op of
+    [b, s, d] and [1, 1, d], a layer norm's scale or its [b, s, 1] rsqrt) is a broadcast in
+    XLA's HLO, and a library fusion reading it reads it whole from memory, [b, s, d], not
+    the [1, 1, d] the jaxpr names (a flax.nnx transformer's five layer norms under Megatron,
+    batch replicated: ten [8, 16, 32] broadcasts, made in the forward pass and held until
+    the backward reductions, jax 0.10.2). An explicit broadcast_in_dim is such an input too.
+    """
     values, ops = prog.values, prog.ops
     threshold = np.full(len(values), np.inf)
     numel = lambda v: max(1, int(np.prod(values[v].shape, dtype=np.int64)))  # noqa: E731
     canon = common_values(prog)
     readers: dict[int, set] = {}
+    broadcasts: dict[tuple, LibraryBroadcast] = {}
     for op in ops:
         if op.body or not _ynn_capable(prog, op):
             continue
+
+        def from_size(v):  # per-device bytes of v when the reduction's operand has 4096
+            share = numel(v) / numel(op.operands[0])
+            return np.ceil(_YNN_MIN_ELEMENTS * share) * values[v].dtype.itemsize
+
         absorbed = {op.id}
         stack = [op.id]
         while stack:
-            for u in ops[stack.pop()].operands:
+            reader = ops[stack.pop()]
+            for u in reader.operands:
+                if reader.id != op.id and _implicitly_broadcast(prog, reader, u):
+                    r = reader.results[0]
+                    key = (int(canon[u]), values[r].shape)
+                    b = broadcasts.setdefault(key, LibraryBroadcast(int(canon[u]), int(r),
+                                                                    from_size(r), set()))
+                    b.readers.add(op.id)
+                    continue
                 p = values[u].producer
                 if not values[u].ndim or p == NO_OP or not fused[u]:
                     continue  # a parameter, a constant, or a value in memory anyway
                 producer = ops[p]
                 if p in absorbed:
                     continue
-                if (producer.primitive != "transpose" and not is_reduction(producer.primitive)
+                if (producer.primitive not in _NOT_TAKEN_IN
+                        and not is_reduction(producer.primitive)
                         and all(r in absorbed for w in producer.results
                                 for r in prog.users(w))):
                     absorbed.add(p)
                     stack.append(p)
                     continue
-                # per-device elements of this value when the reduction's operand has 4096
-                bytes_per_element = values[u].dtype.itemsize
-                share = numel(u) / numel(op.operands[0])
                 c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
-                threshold[c] = min(threshold[c],
-                                   np.ceil(_YNN_MIN_ELEMENTS * share) * bytes_per_element)
+                threshold[c] = min(threshold[c], from_size(u))
                 readers.setdefault(int(c), set()).add(op.id)
-    return threshold, readers
+    return threshold, readers, list(broadcasts.values())
+
+
+# Ops a YNNPACK library fusion does not grow into: their results are its inputs.
+_NOT_TAKEN_IN = frozenset({"transpose", "broadcast_in_dim"})
+
+
+@dataclass(frozen=True)
+class LibraryBroadcast:
+    """A broadcast XLA makes of `operand` for the elementwise op whose result `like` it
+    matches (shape, and so sharding), read from memory by the YNNPACK reductions `readers`
+    (op ids), written once its per-device bytes reach `min_nbytes`."""
+
+    operand: int
+    like: int
+    min_nbytes: float
+    readers: set
+
+
+def _implicitly_broadcast(prog, op, u: int) -> bool:
+    """Whether elementwise `op` reads `u` broadcast along size-1 dims (jax's implicit rank-
+    preserving broadcast, [1, 1, d] against [b, s, d]): XLA's HLO makes that a broadcast."""
+    if len(op.results) != 1 or not fusible(op) or is_reduction(op.primitive) \
+            or op.primitive in _RESHAPING:
+        return False
+    v, r = prog.values[u].shape, prog.values[op.results[0]].shape
+    return 0 < len(v) == len(r) and v != r and all(a in (1, b) for a, b in zip(v, r))
+
+
+# Ops whose operand and result differ in shape by what they do, not by broadcasting.
+_RESHAPING = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose",
+                        "rev", "concatenate", "pad", "slice", "dynamic_slice",
+                        "dynamic_update_slice", "iota", "cumsum"})
 
 
 def common_values(prog) -> np.ndarray:
