@@ -75,24 +75,15 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
     """Per op, the fusions its copies land in (the ids of their roots): fusion_copies. tails,
     where given, gets {op id: fusions its cloned tail lands in} of the CLONED_TAIL ops that
     are fusions of their own."""
-    values, ops = prog.values, prog.ops
+    ops = prog.ops
     outputs = set(prog.outputs)
-    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
     fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
-
-    def may_duplicate(op) -> bool:
-        rank = max((values[r].ndim for r in op.results), default=0)
-        wide = sum(1 for u in op.operands if values[u].ndim and values[u].ndim >= rank
-                   and not (values[u].producer != NO_OP
-                            and ops[values[u].producer].primitive in _SPREAD))
-        return wide <= 1 or (sum(numel(u) for u in set(op.operands))
-                             <= sum(numel(r) for r in op.results))
-
+    unfusible_path = _fused_on_no_path(prog)
     for op in reversed(ops):
         if not fusible(op) or is_reduction(op.primitive):
             fusions[op.id] = (op.id,)
             continue
-        into, own = set(), False
+        into, own = set(), unfusible_path[op.id]
         for r in op.results:
             own |= r in outputs
             for u in prog.users(r):
@@ -103,7 +94,7 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
                     into.update(fusions[u])
         expensive = op.primitive in EXPENSIVE and not (
             op.primitive == "div" and _constant(prog, op.operands[-1]))
-        if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
+        if (expensive and len(into) + own > 1) or (own and not _may_duplicate(prog, op)):
             if tails is not None and expensive and op.primitive in CLONED_TAIL:
                 tails[op.id] = len(into) + own
             into = set()
@@ -111,6 +102,69 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
             into.add(op.id)
         fusions[op.id] = tuple(sorted(into))
     return fusions
+
+
+def _may_duplicate(prog, op) -> bool:
+    """Whether cloning `op` into several fusions reads no more than computing it once
+    (instruction_fusion.cc, ComputeGloballyUnfusible): it is effectively unary (at most one
+    operand of its true rank, dims of size 1 not counted, that is not a broadcast, an iota
+    or a constant; an operand the jaxpr broadcasts implicitly along size-1 dims is a
+    broadcast in XLA's HLO), or its operands have no more elements than its results."""
+    values, ops = prog.values, prog.ops
+    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
+    rank = max((_true_rank(values[r].shape) for r in op.results), default=0)
+    wide = sum(1 for u in op.operands if _true_rank(values[u].shape) >= rank > 0
+               and not (values[u].producer != NO_OP
+                        and ops[values[u].producer].primitive in _SPREAD))
+    return wide <= 1 or (sum(numel(u) for u in set(op.operands))
+                         <= sum(numel(r) for r in op.results))
+
+
+def _true_rank(shape) -> int:
+    """The dims of more than one element (XLA's ShapeUtil::TrueRank)."""
+    return sum(1 for d in shape if d > 1)
+
+
+def _fused_on_no_path(prog) -> np.ndarray:
+    """[N] bool: ops XLA's InstructionFusion will not clone because they read more than they
+    write (not _may_duplicate) and a reader of theirs also reads, through another path, a
+    value made from them by an op nothing fuses (a dot, a reduction): XLA clones such an op
+    only where it can fuse it into every reader on all paths (CanFuseOnAllPaths). In a
+    training step a forward product read again in the backward pass next to a gradient
+    (silu(gate) = gate * sigmoid(gate), read by the up projection's weight gradient as
+    g * silu, g computed from it through the down projection) is such an op: XLA writes it
+    once, a fusion of its own, and keeps it for the backward pass (a Keras-Hub Mixtral's
+    expert MLPs, jax 0.10.2).
+
+    One sweep in program order with a bit per candidate: `reach[v]`, the candidates v is
+    made from; `past[v]`, those it is made from through an op nothing fuses."""
+    values, ops = prog.values, prog.ops
+    bit = {}
+    for op in ops:
+        if fusible(op) and not is_reduction(op.primitive) and op.results \
+                and not _may_duplicate(prog, op):
+            bit[op.id] = 1 << len(bit)
+    blocked = np.zeros(len(ops), bool)
+    if not bit:
+        return blocked
+    reach, past = [0] * len(values), [0] * len(values)
+    for op in ops:
+        into = past_into = 0
+        for u in op.operands:
+            into |= reach[u]
+            past_into |= past[u]
+        if not fusible(op) or is_reduction(op.primitive):
+            past_into |= into
+        into |= bit.get(op.id, 0)
+        for r in op.results:
+            reach[r], past[r] = into, past_into
+    for a, b in bit.items():
+        op = ops[a]
+        for r in op.results:
+            for u in prog.users(r):
+                if any(w != r and past[w] & b for w in ops[u].operands):
+                    blocked[a] = True
+    return blocked
 
 
 def _constant(prog, v: int) -> bool:
