@@ -66,14 +66,16 @@ def llama(size: int = 1):
                                          _tokens(length=seq + 1, batch=BATCH * size))
 
 
-def bert():
-    """FlaxBertForMaskedLM: 2 layers, 4 heads; the labels come with the batch."""
+def bert(size: int = 1):
+    """FlaxBertForMaskedLM: 2 layers, 4 heads; the labels come with the batch (`size` scales
+    the batch, sequence and widths)."""
     from transformers import BertConfig, FlaxBertForMaskedLM
 
-    config = BertConfig(vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=MLP,
-                        num_hidden_layers=2, num_attention_heads=HEADS,
-                        max_position_embeddings=SEQ)
-    model = FlaxBertForMaskedLM(config, input_shape=(1, SEQ), seed=0)
+    seq = SEQ * size
+    config = BertConfig(vocab_size=VOCAB, hidden_size=WIDTH * size,
+                        intermediate_size=MLP * size, num_hidden_layers=2,
+                        num_attention_heads=HEADS, max_position_embeddings=seq)
+    model = FlaxBertForMaskedLM(config, input_shape=(1, seq), seed=0)
     tx = optax.adamw(1e-3)
 
     def step(params, opt_state, input_ids, labels):
@@ -84,7 +86,8 @@ def bert():
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return step, (model.params, tx.init(model.params), _tokens(), _tokens(1))
+    return step, (model.params, tx.init(model.params), _tokens(length=seq, batch=BATCH * size),
+                  _tokens(1, length=seq, batch=BATCH * size))
 
 
 BUILDERS = {"hf-gpt2": gpt2, "hf-llama": llama, "hf-bert": bert}
