@@ -1,15 +1,19 @@
 """How close the cost model comes to what XLA compiled: estimate ÷ measured, per figure.
 
-    python benchmarks/fidelity.py [--models gpt mlp ...] [--random 3]
+    python benchmarks/fidelity.py [--models gpt mlp ...] [--random 3] [--held-out]
 
-For every zoo model (tiny sizes) and thirteen third-party steps (flax.nnx and equinox MLPs, the
+For every zoo model (tiny sizes) and twenty third-party steps (flax.nnx and equinox MLPs, the
 held-out models of tests/ext_models.py; two steps each in flax.linen, flax.nnx, equinox, haiku
-and Keras 3, and a flax.linen step accumulating gradients, tests/third_party/models.py) x the
+and Keras 3, and a flax.linen step accumulating gradients, tests/third_party/models.py;
+causal language models from Hugging Face, flax.nnx, penzai and Keras-Hub, a Mixtral MoE among
+them, tests/third_party/hf.py and lms.py, which need the 'fidelity' extra) x the
 expert strategies x a few random plans, on 8 simulated
 CPU devices (mesh data=4 x model=2): estimate with tl.estimate, compile and run with tl.verify,
 and compare per device: argument bytes, output bytes, temporaries, peak (argument + output +
 temporaries − aliased, the way both count it), flops, and collective bytes by kind. Prints one
-row per plan and then the median and worst ratio per figure.
+row per plan and then the median and worst ratio per figure. --held-out measures steps kept
+aside instead: the language models and Hugging Face's BERT at twice the batch, sequence and
+width, expert plans only.
 
 Known differences, reported rather than tuned away:
 - XLA:CPU emits a reduce-scatter as an all-reduce of the whole buffer (GPU and TPU do not), so
@@ -223,6 +227,12 @@ THIRD_PARTY = {"linen": "linen", "nnx-bn-dropout": "nnx", "equinox-filter": "equ
                "haiku-transformer": "haiku-transformer",
                "equinox-attention": "equinox-attention", "linen-vit": "linen-vit",
                "keras-cnn": "keras-cnn", "linen-accumulate": "linen-accumulate"}
+# Causal language models built from their libraries' own layers (tests/third_party/hf.py and
+# lms.py), at a size (1: batch 8, sequence 16, width 32).
+LANGUAGE_MODELS = ("hf-gpt2", "hf-llama", "nnx-transformer", "penzai-llama", "keras-hub-gpt2",
+                   "keras-hub-llama", "keras-hub-mixtral")
+HELD_OUT = LANGUAGE_MODELS + ("hf-bert",)
+HELD_OUT_SIZE = 2
 
 
 def _repository_on_path() -> None:
@@ -235,10 +245,18 @@ def _repository_on_path() -> None:
         sys.path.insert(0, root)
 
 
-def _model(name: str):
-    """(step, abstract args, concrete sample) of a zoo model or a third-party step."""
-    if name in EXTERNAL or name in THIRD_PARTY:
+def _model(name: str, size: int = 1):
+    """(step, abstract args, concrete sample) of a zoo model or a third-party step (a language
+    model at `size`)."""
+    if name in EXTERNAL or name in THIRD_PARTY or name in HELD_OUT:
         _repository_on_path()
+    if name in HELD_OUT:
+        from tests.third_party import hf, lms
+
+        build = {**hf.BUILDERS, **lms.BUILDERS}[name]
+        fn, sample = build(size)
+        fargs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), sample)
+        return fn, fargs, sample
     if name in EXTERNAL:
         from tests import ext_models
 
@@ -268,11 +286,18 @@ def ratio(e: float, m: float) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+",
-                        default=list(tl.zoo.names()) + list(EXTERNAL) + list(THIRD_PARTY),
+                        default=list(tl.zoo.names()) + list(EXTERNAL) + list(THIRD_PARTY)
+                        + list(LANGUAGE_MODELS),
                         help="zoo models, and the third-party steps "
-                        + ", ".join(EXTERNAL + tuple(THIRD_PARTY)))
+                        + ", ".join(EXTERNAL + tuple(THIRD_PARTY) + LANGUAGE_MODELS))
     parser.add_argument("--random", type=int, default=2, help="random plans per model")
+    parser.add_argument("--held-out", action="store_true",
+                        help=f"the held-out steps instead ({', '.join(HELD_OUT)} at size "
+                        f"{HELD_OUT_SIZE}), expert plans only")
     args = parser.parse_args()
+    size = 1
+    if args.held_out:
+        args.models, args.random, size = list(HELD_OUT), 0, HELD_OUT_SIZE
     # The devices XLA compiles for here are CPUs: the estimate follows XLA:CPU's passes (no
     # all-reduce reassociation, attention unfused) so that like is compared with like.
     mesh = tl.Mesh({"data": 4, "model": 2}, device="cpu")
@@ -281,7 +306,7 @@ def main() -> None:
     print("|---|---|---|" + "---:|" * (len(FIGURES) + 1))
     ratios: dict[str, list[float]] = {f: [] for f in FIGURES}
     for name in args.models:
-        fn, fargs, sample = _model(name)
+        fn, fargs, sample = _model(name, size)
         an = tl.analyze(tl.trace(fn, *fargs))
         plans = dict(tl.strategies.expert(an, mesh))
         rng = np.random.default_rng(0)

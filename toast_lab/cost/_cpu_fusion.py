@@ -9,6 +9,8 @@ backend does (loop fusion, attention kernels) is _fusion.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..program import CONST, LITERAL, NO_OP
@@ -73,24 +75,15 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
     """Per op, the fusions its copies land in (the ids of their roots): fusion_copies. tails,
     where given, gets {op id: fusions its cloned tail lands in} of the CLONED_TAIL ops that
     are fusions of their own."""
-    values, ops = prog.values, prog.ops
+    ops = prog.ops
     outputs = set(prog.outputs)
-    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
     fusions: list = [None] * len(ops)  # the fusions an op's clones land in (ids of their roots)
-
-    def may_duplicate(op) -> bool:
-        rank = max((values[r].ndim for r in op.results), default=0)
-        wide = sum(1 for u in op.operands if values[u].ndim and values[u].ndim >= rank
-                   and not (values[u].producer != NO_OP
-                            and ops[values[u].producer].primitive in _SPREAD))
-        return wide <= 1 or (sum(numel(u) for u in set(op.operands))
-                             <= sum(numel(r) for r in op.results))
-
+    unfusible_path = _fused_on_no_path(prog)
     for op in reversed(ops):
         if not fusible(op) or is_reduction(op.primitive):
             fusions[op.id] = (op.id,)
             continue
-        into, own = set(), False
+        into, own = set(), unfusible_path[op.id]
         for r in op.results:
             own |= r in outputs
             for u in prog.users(r):
@@ -101,7 +94,7 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
                     into.update(fusions[u])
         expensive = op.primitive in EXPENSIVE and not (
             op.primitive == "div" and _constant(prog, op.operands[-1]))
-        if (expensive and len(into) + own > 1) or (own and not may_duplicate(op)):
+        if (expensive and len(into) + own > 1) or (own and not _may_duplicate(prog, op)):
             if tails is not None and expensive and op.primitive in CLONED_TAIL:
                 tails[op.id] = len(into) + own
             into = set()
@@ -109,6 +102,69 @@ def _consumer_fusions(prog, tails: dict | None = None) -> list:
             into.add(op.id)
         fusions[op.id] = tuple(sorted(into))
     return fusions
+
+
+def _may_duplicate(prog, op) -> bool:
+    """Whether cloning `op` into several fusions reads no more than computing it once
+    (instruction_fusion.cc, ComputeGloballyUnfusible): it is effectively unary (at most one
+    operand of its true rank, dims of size 1 not counted, that is not a broadcast, an iota
+    or a constant; an operand the jaxpr broadcasts implicitly along size-1 dims is a
+    broadcast in XLA's HLO), or its operands have no more elements than its results."""
+    values, ops = prog.values, prog.ops
+    numel = lambda v: int(np.prod(values[v].shape, dtype=np.int64))  # noqa: E731
+    rank = max((_true_rank(values[r].shape) for r in op.results), default=0)
+    wide = sum(1 for u in op.operands if _true_rank(values[u].shape) >= rank > 0
+               and not (values[u].producer != NO_OP
+                        and ops[values[u].producer].primitive in _SPREAD))
+    return wide <= 1 or (sum(numel(u) for u in set(op.operands))
+                         <= sum(numel(r) for r in op.results))
+
+
+def _true_rank(shape) -> int:
+    """The dims of more than one element (XLA's ShapeUtil::TrueRank)."""
+    return sum(1 for d in shape if d > 1)
+
+
+def _fused_on_no_path(prog) -> np.ndarray:
+    """[N] bool: ops XLA's InstructionFusion will not clone because they read more than they
+    write (not _may_duplicate) and a reader of theirs also reads, through another path, a
+    value made from them by an op nothing fuses (a dot, a reduction): XLA clones such an op
+    only where it can fuse it into every reader on all paths (CanFuseOnAllPaths). In a
+    training step a forward product read again in the backward pass next to a gradient
+    (silu(gate) = gate * sigmoid(gate), read by the up projection's weight gradient as
+    g * silu, g computed from it through the down projection) is such an op: XLA writes it
+    once, a fusion of its own, and keeps it for the backward pass (a Keras-Hub Mixtral's
+    expert MLPs, jax 0.10.2).
+
+    One sweep in program order with a bit per candidate: `reach[v]`, the candidates v is
+    made from; `past[v]`, those it is made from through an op nothing fuses."""
+    values, ops = prog.values, prog.ops
+    bit = {}
+    for op in ops:
+        if fusible(op) and not is_reduction(op.primitive) and op.results \
+                and not _may_duplicate(prog, op):
+            bit[op.id] = 1 << len(bit)
+    blocked = np.zeros(len(ops), bool)
+    if not bit:
+        return blocked
+    reach, past = [0] * len(values), [0] * len(values)
+    for op in ops:
+        into = past_into = 0
+        for u in op.operands:
+            into |= reach[u]
+            past_into |= past[u]
+        if not fusible(op) or is_reduction(op.primitive):
+            past_into |= into
+        into |= bit.get(op.id, 0)
+        for r in op.results:
+            reach[r], past[r] = into, past_into
+    for a, b in bit.items():
+        op = ops[a]
+        for r in op.results:
+            for u in prog.users(r):
+                if any(w != r and past[w] & b for w in ops[u].operands):
+                    blocked[a] = True
+    return blocked
 
 
 def _constant(prog, v: int) -> bool:
@@ -145,10 +201,10 @@ def _ynn_reduction(prog, op) -> bool:
                for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
 
 
-def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
-    """(threshold [V], readers): for a fused value that a YNNPACK reduction reads from memory,
-    the per-device bytes from which it does (inf elsewhere), and {value: the reductions
-    reading it}.
+def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
+    """(threshold [V], readers, broadcasts): for a fused value that a YNNPACK reduction reads
+    from memory, the per-device bytes from which it does (inf elsewhere), {value: the
+    reductions reading it}, and the broadcasts those reductions read (LibraryBroadcast).
 
     XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
     all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
@@ -158,39 +214,90 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict]:
     read it (the loop fusions reading it still recompute it from its operands). The
     reduction is the library's only where an operand or its result has 4096 elements per
     device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
-    Values XLA's CSE merges (common_values) count once, read by the readers of all."""
+    Values XLA's CSE merges (common_values) count once, read by the readers of all.
+
+    A broadcast is never taken in: one the jaxpr leaves implicit (an elementwise op of
+    [b, s, d] and [1, 1, d], a layer norm's scale or its [b, s, 1] rsqrt) is a broadcast in
+    XLA's HLO, and a library fusion reading it reads it whole from memory, [b, s, d], not
+    the [1, 1, d] the jaxpr names (a flax.nnx transformer's five layer norms under Megatron,
+    batch replicated: ten [8, 16, 32] broadcasts, made in the forward pass and held until
+    the backward reductions, jax 0.10.2). An explicit broadcast_in_dim is such an input too.
+    """
     values, ops = prog.values, prog.ops
     threshold = np.full(len(values), np.inf)
     numel = lambda v: max(1, int(np.prod(values[v].shape, dtype=np.int64)))  # noqa: E731
     canon = common_values(prog)
     readers: dict[int, set] = {}
+    broadcasts: dict[tuple, LibraryBroadcast] = {}
     for op in ops:
         if op.body or not _ynn_capable(prog, op):
             continue
+
+        def from_size(v):  # per-device bytes of v when the reduction's operand has 4096
+            share = numel(v) / numel(op.operands[0])
+            return np.ceil(_YNN_MIN_ELEMENTS * share) * values[v].dtype.itemsize
+
         absorbed = {op.id}
         stack = [op.id]
         while stack:
-            for u in ops[stack.pop()].operands:
+            reader = ops[stack.pop()]
+            for u in reader.operands:
+                if reader.id != op.id and _implicitly_broadcast(prog, reader, u):
+                    r = reader.results[0]
+                    key = (int(canon[u]), values[r].shape)
+                    b = broadcasts.setdefault(key, LibraryBroadcast(int(canon[u]), int(r),
+                                                                    from_size(r), set()))
+                    b.readers.add(op.id)
+                    continue
                 p = values[u].producer
                 if not values[u].ndim or p == NO_OP or not fused[u]:
                     continue  # a parameter, a constant, or a value in memory anyway
                 producer = ops[p]
                 if p in absorbed:
                     continue
-                if (producer.primitive != "transpose" and not is_reduction(producer.primitive)
+                if (producer.primitive not in _NOT_TAKEN_IN
+                        and not is_reduction(producer.primitive)
                         and all(r in absorbed for w in producer.results
                                 for r in prog.users(w))):
                     absorbed.add(p)
                     stack.append(p)
                     continue
-                # per-device elements of this value when the reduction's operand has 4096
-                bytes_per_element = values[u].dtype.itemsize
-                share = numel(u) / numel(op.operands[0])
                 c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
-                threshold[c] = min(threshold[c],
-                                   np.ceil(_YNN_MIN_ELEMENTS * share) * bytes_per_element)
+                threshold[c] = min(threshold[c], from_size(u))
                 readers.setdefault(int(c), set()).add(op.id)
-    return threshold, readers
+    return threshold, readers, list(broadcasts.values())
+
+
+# Ops a YNNPACK library fusion does not grow into: their results are its inputs.
+_NOT_TAKEN_IN = frozenset({"transpose", "broadcast_in_dim"})
+
+
+@dataclass(frozen=True)
+class LibraryBroadcast:
+    """A broadcast XLA makes of `operand` for the elementwise op whose result `like` it
+    matches (shape, and so sharding), read from memory by the YNNPACK reductions `readers`
+    (op ids), written once its per-device bytes reach `min_nbytes`."""
+
+    operand: int
+    like: int
+    min_nbytes: float
+    readers: set
+
+
+def _implicitly_broadcast(prog, op, u: int) -> bool:
+    """Whether elementwise `op` reads `u` broadcast along size-1 dims (jax's implicit rank-
+    preserving broadcast, [1, 1, d] against [b, s, d]): XLA's HLO makes that a broadcast."""
+    if len(op.results) != 1 or not fusible(op) or is_reduction(op.primitive) \
+            or op.primitive in _RESHAPING:
+        return False
+    v, r = prog.values[u].shape, prog.values[op.results[0]].shape
+    return 0 < len(v) == len(r) and v != r and all(a in (1, b) for a, b in zip(v, r))
+
+
+# Ops whose operand and result differ in shape by what they do, not by broadcasting.
+_RESHAPING = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose",
+                        "rev", "concatenate", "pad", "slice", "dynamic_slice",
+                        "dynamic_update_slice", "iota", "cumsum"})
 
 
 def common_values(prog) -> np.ndarray:

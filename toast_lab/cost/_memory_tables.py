@@ -84,14 +84,14 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
         own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
         for op in np.nonzero(own)[0]:
             min_nbytes[list(prog.ops[op].results)] = 0.0
-    readers = {}
+    readers, broadcasts = {}, []
     if compiler.reduces_in_library:
-        threshold, readers = an.derived("cost.library_inputs",
-                                        lambda: library_inputs(prog, st.passes.fused))
+        threshold, readers, broadcasts = an.derived(
+            "cost.library_inputs", lambda: library_inputs(prog, st.passes.fused))
         min_nbytes = np.minimum(min_nbytes, threshold)
     temp = np.nonzero(~st.values.is_input & ~st.values.is_output & np.isfinite(min_nbytes)
                       & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
-    temps = np.zeros(len(temp) + len(pieces), TEMP)
+    temps = np.zeros(len(temp) + len(pieces) + len(broadcasts), TEMP)
     live_end = fused_live_ends(prog, live_end, fused)
     for v, ops in readers.items():
         if fused[v]:
@@ -101,10 +101,25 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     temps["nbytes"][:k], temps["value_type"][:k] = st.values.nbytes[temp], ty.value_type[temp]
     temps["min_nbytes"][:k] = min_nbytes[temp]
     workspace_temps(temps[k:], pieces, prog, position, ty.value_type)
+    _library_broadcasts(temps[k + len(pieces):], broadcasts, prog, st, position, ty.value_type)
     for op, *_ in pieces:  # the scatter writes into zeros made before any compute
         temps["start"][:k][temp == prog.ops[op].results[0]] = 0
     temps["start_weight"] = temps["end_weight"] = 1.0
     return temps, temp, live_end
+
+
+def _library_broadcasts(temps, broadcasts, prog, st, position, value_type) -> None:
+    """Fills `temps` with the broadcasts XLA:CPU's YNNPACK reductions read from memory
+    (_cpu_fusion.LibraryBroadcast): a breadth-first schedule makes each as soon as its operand
+    is ready, sized and sharded like the elementwise result it matches, and it lives until the
+    last reduction reading it."""
+    for i, b in enumerate(broadcasts):
+        producer = prog.values[b.operand].producer
+        temp = temps[i]  # (a record view)
+        temp["start"] = position[producer] if producer != NO_OP else 0
+        temp["end"] = max(position[r] for r in b.readers) + 1
+        temp["nbytes"], temp["value_type"] = st.values.nbytes[b.like], value_type[b.like]
+        temp["min_nbytes"] = b.min_nbytes
 
 
 def _arguments_and_outputs(prog, st, ty, position, pruned, is_state, donate):
