@@ -11,6 +11,7 @@ import type * as BokehAPI from '@bokeh/bokehjs';
 import bokehPackage from '@bokeh/bokehjs/package.json';
 import bokehUrl from '@bokeh/bokehjs/build/js/bokeh.min.js?url';
 import bokehApiUrl from '@bokeh/bokehjs/build/js/bokeh-api.min.js?url';
+import { h, fill } from './dom';
 
 /** `window.Bokeh` with its plotting API: `Plotting.figure`, `Plotting.show`, the models. */
 export type BokehPlotting = typeof BokehAPI;
@@ -92,5 +93,80 @@ export function dropDocument(bokeh: BokehPlotting, doc: unknown): void {
   const i = doc === null ? -1 : docs.indexOf(doc);
   if (i >= 0) {
     docs.splice(i, 1);
+  }
+}
+
+/** What BokehJS drew in the page: removed before a redraw. */
+export interface DrawnPlot {
+  remove(): void;
+}
+
+type Plot = ReturnType<BokehPlotting['Plotting']['figure']>;
+
+/**
+ * One plot a chart draws itself from the view model (the memory chart, the schedule chart):
+ * BokehJS loaded, the plot shown, and the previous plot and its document dropped first; a
+ * draw whose input was replaced while BokehJS loaded or drew gives way to the newer one.
+ */
+export class PlotSlot<View extends DrawnPlot = DrawnPlot> {
+  /** The drawn plot's view, once shown. */
+  view: View | null = null;
+  private key = '';
+  private bokeh: BokehPlotting | null = null;
+  private document: unknown = null;
+
+  /** Whether input `key` needs a draw: false when it is drawn (or being drawn); otherwise
+   * the slot takes the key and drops the plot it held. */
+  claim(key: string): boolean {
+    if (key === this.key) {
+      return false;
+    }
+    this.key = key;
+    this.remove();
+    return true;
+  }
+
+  /** Shows `figure`'s plot in `target` for input `key`; says in `target` why it cannot (`what`
+   * names the chart). Resolves true once shown, false where newer input took its place. */
+  async show(key: string, target: HTMLElement, what: string,
+             figure: (bokeh: BokehPlotting) => Plot): Promise<boolean> {
+    let bokeh: BokehPlotting;
+    try {
+      bokeh = await loadBokehPlotting();
+    } catch (err) {
+      this.key = ''; // a later update tries again
+      fill(target, h('div', { className: 'tl-empty', role: 'alert' }, `The ${what} could not be drawn: ${err}.`));
+      return false;
+    }
+    if (key !== this.key) {
+      return false; // newer input arrived while BokehJS loaded
+    }
+    const plot = figure(bokeh);
+    fill(target);
+    this.bokeh = bokeh;
+    const drawn = await bokeh.Plotting.show(plot, target);
+    if (key !== this.key) {
+      drawn.remove(); // newer input arrived while it drew: its own draw replaces this one
+      dropDocument(bokeh, plot.document);
+      return false;
+    }
+    this.view = drawn as unknown as View;
+    this.document = plot.document;
+    return true;
+  }
+
+  /** Drops the plot and forgets the input: the next draw draws. */
+  dispose(): void {
+    this.remove();
+    this.key = '';
+  }
+
+  private remove(): void {
+    this.view?.remove();
+    this.view = null;
+    if (this.bokeh) {
+      dropDocument(this.bokeh, this.document);
+    }
+    this.document = null;
   }
 }

@@ -7,7 +7,7 @@
  */
 import { h, fill } from './dom';
 import * as fmt from './format';
-import { BokehPlotting, dropDocument, loadBokehPlotting } from './bokeh';
+import { BokehPlotting, DrawnPlot, PlotSlot } from './bokeh';
 import { MemoryView } from './viewmodel';
 
 /** Okabe–Ito, the bottom of the stack first (as the Estimate tab's memory bar). */
@@ -81,18 +81,14 @@ export function nearest(positions: number[], x: number): number {
 type Figure = ReturnType<BokehPlotting['Plotting']['figure']>;
 
 /** The plot's view in the page: what BokehJS drew (removed before a redraw). */
-interface PlotView {
-  remove(): void;
+interface PlotView extends DrawnPlot {
   frame: { x_scale: { compute(x: number): number } };
 }
 
 export class MemoryChart {
   /** Holds the chart and its legend; moved between panels as tabs change. */
   readonly node = h('div', { className: 'tl-memory-chart' });
-  private key = '';
-  private drawn: PlotView | null = null;
-  private bokeh: BokehPlotting | null = null;
-  private document: unknown = null;
+  private slot = new PlotSlot<PlotView>();
   private legend = h('div', { className: 'tl-bar-legend tl-memory-legend' });
   private input: MemoryChartInput | null = null;
 
@@ -103,51 +99,18 @@ export class MemoryChart {
   async draw(input: MemoryChartInput): Promise<void> {
     const m = input.memory;
     const key = JSON.stringify([m.positions.length, m.peak_position, m.peak_bytes, input.capacity, m.categories]);
-    if (key === this.key) {
+    if (!this.slot.claim(key)) {
       return;
     }
-    this.key = key;
     this.input = input;
-    this.remove();
     const target = h('div', { className: 'tl-memory-plot' }, h('div', { className: 'tl-muted tl-memory-wait' }, 'drawing the chart…'));
     fill(this.node, target, this.legend);
     this.readAt(null);
-    let bokeh: BokehPlotting;
-    try {
-      bokeh = await loadBokehPlotting();
-    } catch (err) {
-      this.key = ''; // a later update tries again
-      fill(target, h('div', { className: 'tl-empty', role: 'alert' }, `The chart could not be drawn: ${err}.`));
-      return;
-    }
-    if (key !== this.key) {
-      return; // newer input arrived while BokehJS loaded
-    }
-    const plot = this.figure(bokeh, input);
-    fill(target);
-    this.bokeh = bokeh;
-    const drawn = await bokeh.Plotting.show(plot, target);
-    if (key !== this.key) {
-      drawn.remove(); // newer input arrived while it drew: its own draw replaces this one
-      dropDocument(bokeh, plot.document);
-      return;
-    }
-    this.drawn = drawn;
-    this.document = plot.document;
+    await this.slot.show(key, target, 'chart', (bokeh) => this.figure(bokeh, input));
   }
 
   dispose(): void {
-    this.remove();
-    this.key = '';
-  }
-
-  private remove(): void {
-    this.drawn?.remove();
-    this.drawn = null;
-    if (this.bokeh) {
-      dropDocument(this.bokeh, this.document);
-    }
-    this.document = null;
+    this.slot.dispose();
   }
 
   /** The legend reads the bytes of each category at index `i` of the drawn positions (null:
@@ -307,7 +270,7 @@ export class MemoryChart {
     );
     const k = m.positions.indexOf(m.peak_position);
     fig.on_event('tap', (e: { x: number; sx: number }) => {
-      const peakSx = this.drawn?.frame.x_scale.compute(px) ?? Infinity;
+      const peakSx = this.slot.view?.frame.x_scale.compute(px) ?? Infinity;
       this.pick(pointAt(m, Math.abs(e.sx - peakSx) <= PEAK_PX ? k : nearest(m.positions, e.x)));
     });
   }

@@ -9,7 +9,7 @@
  */
 import { h, fill } from './dom';
 import * as fmt from './format';
-import { BokehPlotting, dropDocument, loadBokehPlotting } from './bokeh';
+import { BokehPlotting, PlotSlot } from './bokeh';
 import { ScheduleView } from './viewmodel';
 
 /** Okabe–Ito blue and orange: the forward and the backward of a micro-batch. */
@@ -26,10 +26,6 @@ const GAP = 0.7;
  * a circular schedule's longer "F2.1"). */
 const LABELLED_COLUMNS = 36;
 const LABELLED_COLUMNS_CIRCULAR = 26;
-
-interface PlotView {
-  remove(): void;
-}
 
 /** The x of tick `t` of the forward (`backward` false) or backward loop. */
 export function tickX(s: ScheduleView, t: number, backward: boolean): number {
@@ -57,57 +53,21 @@ export function cellText(s: ScheduleView, item: number, backward: boolean): stri
 export class ScheduleChart {
   /** Holds the chart; moved between panels as tabs change. */
   readonly node = h('div', { className: 'tl-schedule-chart' });
-  private key = '';
-  private drawn: PlotView | null = null;
-  private bokeh: BokehPlotting | null = null;
-  private document: unknown = null;
+  private slot = new PlotSlot();
 
   /** Draws `schedule` unless it is what is drawn. Resolves once drawn (or says why not). */
   async draw(schedule: ScheduleView): Promise<void> {
     const key = JSON.stringify([schedule.forward, schedule.backward, schedule.layers, schedule.chunks]);
-    if (key === this.key) {
+    if (!this.slot.claim(key)) {
       return;
     }
-    this.key = key;
-    this.remove();
     const target = h('div', { className: 'tl-schedule-plot' }, h('div', { className: 'tl-muted tl-memory-wait' }, 'drawing the schedule…'));
     fill(this.node, target);
-    let bokeh: BokehPlotting;
-    try {
-      bokeh = await loadBokehPlotting();
-    } catch (err) {
-      this.key = ''; // a later update tries again
-      fill(target, h('div', { className: 'tl-empty', role: 'alert' }, `The schedule could not be drawn: ${err}.`));
-      return;
-    }
-    if (key !== this.key) {
-      return; // newer input arrived while BokehJS loaded
-    }
-    const plot = this.figure(bokeh, schedule);
-    fill(target);
-    this.bokeh = bokeh;
-    const drawn = await bokeh.Plotting.show(plot, target);
-    if (key !== this.key) {
-      drawn.remove();
-      dropDocument(bokeh, plot.document);
-      return;
-    }
-    this.drawn = drawn;
-    this.document = plot.document;
+    await this.slot.show(key, target, 'schedule', (bokeh) => this.figure(bokeh, schedule));
   }
 
   dispose(): void {
-    this.remove();
-    this.key = '';
-  }
-
-  private remove(): void {
-    this.drawn?.remove();
-    this.drawn = null;
-    if (this.bokeh) {
-      dropDocument(this.bokeh, this.document);
-    }
-    this.document = null;
+    this.slot.dispose();
   }
 
   private figure(B: BokehPlotting, s: ScheduleView) {

@@ -28,55 +28,49 @@ def _peak(lab) -> str:
     return lab.locator('.tl-figure[data-figure="peak memory"] .tl-figure-value').inner_text()
 
 
-def test_remat_full_is_priced_then_pinned_and_the_peak_drops(browser_context, lab_server):
+def test_remat_full_is_priced_then_pinned_and_the_peak_drops(page, lab_server):
     from playwright.sync_api import expect
 
-    page = browser_context.new_page()
     page.set_viewport_size({"width": 1280, "height": 800})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        open_notebook(lab_server, page, "lab_steps.ipynb", [LAB_CELL])
-        lab = page.locator(".tl-widget .tl-lab")
-        expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
-        lab.locator('.tl-tab[data-tab="decisions"]').click()
-        steps = lab.locator(".tl-steps")
-        # (and stages over data, the one axis whose size divides the 2 layers)
-        expect(steps.locator("h4")).to_have_text("Remat, micro-batches & stages (3)")
-        remat = steps.locator('.tl-decision[data-step="remat@block"]')
-        expect(remat.locator(".tl-decision-name")).to_have_text("remat: block (scanned ×2)")
-        expect(remat.locator(".tl-axes")).to_have_text("everything")
-        micro = steps.locator('.tl-decision[data-step="micro_batches"]')
-        expect(micro.locator(".tl-choice")).to_have_count(4)
-        # each policy says what it keeps
-        expect(remat.locator('.tl-choice-note[data-label="full"]')).to_contain_text(
-            "only each layer's input")
-        full = remat.locator('.tl-choice[data-value="full"]')
-        priced = full.locator(".tl-choice-cost").inner_text()
-        expect(full.locator(".tl-delta").last).to_have_class("tl-delta tl-better")  # Δ peak
-        shown = kernel_json(page, "[[ch.value, ch.peak_memory_bytes] for ch in "
-                                  "lab.view.steps[0].choices]")
-        before = kernel_json(page, "lab.estimate.peak_memory_bytes")
-        peak_before = _peak(lab)
-        remat.scroll_into_view_if_needed()
-        shoot(page, "lab_steps_before")
-        full.click()
-        expect(remat.locator(".tl-axes")).to_have_text("full")
-        expect(remat.locator(".tl-lock")).to_contain_text("pinned")
-        expect(lab.locator('.tl-figure[data-figure="pinned"] .tl-figure-value')).to_have_text("1")
-        assert kernel_execute(page, "print(lab.plan.step.policy_of('block'), "
-                                    "'remat@block' in lab.plan.pinned)").split() == \
-            ["full", "True"]
-        after = kernel_json(page, "lab.estimate.peak_memory_bytes")
-        assert after < before and after == dict(shown)["full"]
-        assert _peak(lab) != peak_before
-        assert _peak(lab).split(" / ")[0] in priced, (_peak(lab), priced)
-        shoot(page, "lab_steps_full")
-        # released: the plan keeps "full" (same estimate), the lock goes
-        remat.locator(".tl-release").click()
-        expect(remat.locator(".tl-lock")).to_have_count(0)
-        expect(remat.locator(".tl-axes")).to_have_text("full")
-        assert kernel_json(page, "sorted(lab.plan.pinned)") == []
-        assert not errors, errors
-    finally:
-        page.close()
+    open_notebook(lab_server, page, "lab_steps.ipynb", [LAB_CELL])
+    lab = page.locator(".tl-widget .tl-lab")
+    expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
+    lab.locator('.tl-tab[data-tab="decisions"]').click()
+    steps = lab.locator(".tl-steps")
+    # (and stages over data, the one axis whose size divides the 2 layers)
+    expect(steps.locator("h4")).to_have_text("Remat, micro-batches & stages (3)")
+    remat = steps.locator('.tl-decision[data-step="remat@block"]')
+    expect(remat.locator(".tl-decision-name")).to_have_text("remat: block (scanned ×2)")
+    expect(remat.locator(".tl-axes")).to_have_text("everything")
+    micro = steps.locator('.tl-decision[data-step="micro_batches"]')
+    expect(micro.locator(".tl-choice")).to_have_count(4)
+    # each policy says what it keeps
+    expect(remat.locator('.tl-choice-note[data-label="full"]')).to_contain_text(
+        "only each layer's input")
+    full = remat.locator('.tl-choice[data-value="full"]')
+    priced = full.locator(".tl-choice-cost").inner_text()
+    expect(full.locator(".tl-delta").last).to_have_class("tl-delta tl-better")  # Δ peak
+    shown = kernel_json(page, "[[ch.value, ch.peak_memory_bytes] for ch in "
+                              "lab.view.steps[0].choices]")
+    before = kernel_json(page, "lab.estimate.peak_memory_bytes")
+    peak_before = _peak(lab)
+    remat.scroll_into_view_if_needed()
+    shoot(page, "lab_steps_before")
+    full.click()
+    expect(remat.locator(".tl-axes")).to_have_text("full")
+    expect(remat.locator(".tl-lock")).to_contain_text("pinned")
+    expect(lab.locator('.tl-figure[data-figure="pinned"] .tl-figure-value')).to_have_text("1")
+    assert kernel_execute(page, "print(lab.plan.step.policy_of('block'), "
+                                "'remat@block' in lab.plan.pinned)").split() == \
+        ["full", "True"]
+    after = kernel_json(page, "lab.estimate.peak_memory_bytes")
+    assert after < before and after == dict(shown)["full"]
+    assert _peak(lab) != peak_before
+    assert _peak(lab).split(" / ")[0] in priced, (_peak(lab), priced)
+    shoot(page, "lab_steps_full")
+    # released: the plan keeps "full" (same estimate), the lock goes
+    remat.locator(".tl-release").click()
+    expect(remat.locator(".tl-lock")).to_have_count(0)
+    expect(remat.locator(".tl-axes")).to_have_text("full")
+    assert kernel_json(page, "sorted(lab.plan.pinned)") == []
+    assert not page.toast_errors, page.toast_errors
