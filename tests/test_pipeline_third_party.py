@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-import warnings
 
 import pytest
 
 import toast_lab as tl
+from tests.third_party import traced
 from tests.third_party.stacked import STACKED
 from toast_lab.plan import MICRO_BATCHES_PER_STAGE
 
@@ -26,13 +26,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:`equinox.static_field` is depre
 
 @functools.cache
 def built(name: str):
-    builder, module = STACKED[name]
-    pytest.importorskip(module)
-    fn, args = builder()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tl.ToastWarning)  # every op has a rule that maps it
-        an = tl.analyze(tl.trace(fn, *args))
-    return fn, args, an
+    return traced(STACKED, name)
 
 
 def _stack(an) -> str:

@@ -5,11 +5,11 @@ their names say, search, plan.jit, and verified numerics for every plan."""
 import functools
 import importlib
 import re
-import warnings
 
 import pytest
 
 import toast_lab as tl
+from tests.third_party import traced
 from tests.third_party.models import BUILDERS
 from toast_lab.strategies import find_roles
 
@@ -18,13 +18,7 @@ MESH = tl.Mesh({"data": 4, "model": 2}, device="h100")
 
 @functools.cache
 def built(name):
-    builder, module = BUILDERS[name]
-    pytest.importorskip(module)
-    fn, args = builder()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", tl.ToastWarning)  # every op has a rule that maps it
-        an = tl.analyze(tl.trace(fn, *args))
-    return fn, args, an
+    return traced(BUILDERS, name)
 
 
 def _leaf(an, path_part):
