@@ -14,7 +14,11 @@ ops that need only forward values (a max-pool gradient's window indices) run in 
 instruction: an op whose results are all fused (_fusion.fused_values) runs inside its readers'
 fusions, each of which is ready when the last of its outside operands is. A loop is one
 instruction, its body ops right after it in program order (XLA schedules each computation
-on its own). `memory_order` is the order a device's sweep walks (that one, or program order),
+on its own). An optimization_barrier orders nothing there: XLA:CPU removes it before it
+schedules (_value_facts.barrier_sources), so an op reading a barrier's result is ready when
+that result's operand is, and the recomputation a barrier keeps apart from the forward pass
+(plan.jit's remat, a user's jax.checkpoint) runs as soon as the values it reads exist, in the
+forward pass. `memory_order` is the order a device's sweep walks (that one, or program order),
 `ready_positions` where a value can first be resharded, `workspace_temps` the max-pool
 gradient's expansion as that schedule runs it.
 """
@@ -28,7 +32,7 @@ import numpy as np
 from ..program import BODY_INPUT, NO_OP
 from ._compiler import compiler_profile
 from ._static import static_tables
-from ._value_facts import liveness
+from ._value_facts import barrier_sources, liveness
 
 
 def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
@@ -36,6 +40,7 @@ def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
     0..N-1, a loop's body ops right after it)."""
     values, ops = prog.values, prog.ops
     N = len(ops)
+    source = barrier_sources(prog)
     top = np.arange(N)  # the top-level op holding each op (itself, or its outermost region)
     for op in ops:
         r = op.region
@@ -64,7 +69,7 @@ def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
         need = set()
         for m in members:
             for u in (*ops[m].operands, *ops[m].body):
-                p = values[u].producer
+                p = values[source[u]].producer
                 if p != NO_OP and not fused[u] and top[p] != n:
                     need.add(int(top[p]))
         deps[n] = need

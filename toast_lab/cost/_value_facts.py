@@ -66,7 +66,8 @@ def liveness(prog, position=None):
     the end. A region op's results are allocated when the loop starts (its position), and a
     value read inside a region it was not made in lives until the region ends (every
     iteration reads it); one made in the region (an iteration's temporary) lives until its
-    last reader there.
+    last reader there. An optimization_barrier's result is its operand's buffer
+    (barrier_sources): the operand lives as long as the result.
     """
     values, ops = prog.values, prog.ops
     N = len(ops)
@@ -97,7 +98,29 @@ def liveness(prog, position=None):
             end[u] = max(end[u], region_end[op.id])
     for v in prog.outputs:
         end[v] = N + 1
+    for op in reversed(ops):  # a barrier of a barrier's result: the outer one first
+        if op.primitive == BARRIER:
+            for r, u in zip(op.results, op.operands):
+                end[u] = max(end[u], end[r])
     return start, end
+
+
+# XLA removes every optimization_barrier before it assigns buffers (OptimizationBarrierExpander:
+# the XLA:CPU pipeline runs it before layout assignment, right after CSE, which is all the
+# barrier is there to stop; the GPU pipeline after scheduling): its results are its operands.
+BARRIER = "optimization_barrier"
+
+
+def barrier_sources(prog) -> np.ndarray:
+    """[V] int: the value whose buffer each value is once XLA has removed the program's
+    optimization_barriers: a barrier's result is its operand (through barriers of barriers),
+    every other value itself."""
+    source = np.arange(len(prog.values))
+    for op in prog.ops:  # program order: an operand's own source is known first
+        if op.primitive == BARRIER:
+            for r, u in zip(op.results, op.operands):
+                source[r] = source[u]
+    return source
 
 
 def region_read_operands(op) -> range:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..program import NO_OP
 from ._fusion import MOVEMENT, attention_kernels, fused_values
+from ._value_facts import barrier_sources
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,10 +48,11 @@ class PassAnalyses:
     # loop-invariant input of its body (-1: none), and the value outside that loop it is
     invariant_loop: np.ndarray
     invariant_source: np.ndarray
-    # [V] bool: a region's body value that is a buffer outside the body, not one of its own
-    # (in_place_body_values): a constant or a branch's input is its operand, read in place; a
-    # loop's carry in and out are its state buffer, updated in place; a branch's output is
-    # the cond's result
+    # [V] bool: a value that is another value's buffer, not one of its own: a region's body
+    # value that is a buffer outside the body (in_place_body_values: a constant or a branch's
+    # input is its operand, read in place; a loop's carry in and out are its state buffer,
+    # updated in place; a branch's output is the cond's result), and an optimization
+    # barrier's result, its operand once XLA has removed the barrier (barrier_sources)
     outside_buffer: np.ndarray
     # [V] int32: the value whose sharding v's buffer takes in XLA, where that is not v's own
     # while v keeps its classes (and so the layout plan.jit exports): only its bytes per
@@ -65,6 +67,7 @@ def pass_analyses(prog, reducers: set) -> PassAnalyses:
     sum_leader = _sum_leaders(prog, reducers)
     early, ready, deadline, body_first, body_last_trip, nested = _schedule(prog, sum_leader)
     invariant_loop, invariant_source, outside_buffer = _loop_invariants(prog)
+    outside_buffer |= barrier_sources(prog) != np.arange(len(prog.values))
     return PassAnalyses(
         fused=fused_values(prog), attention_inside=attention_inside, kernel=kernel,
         kernel_own=kernel_own, flop_scale=flop_scale, sum_leader=sum_leader, early=early,
