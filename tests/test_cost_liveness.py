@@ -1,6 +1,6 @@
 """The memory sweep's liveness against what XLA's pipeline makes of the program: optimization
-barriers, removed before XLA:CPU schedules (cost/_order.py, _value_facts.py,
-_xla_passes.py)."""
+barriers, removed before XLA:CPU schedules, and loop bodies, scheduled breadth first like the
+step (cost/_order.py, _value_facts.py, _xla_passes.py)."""
 
 from __future__ import annotations
 
@@ -59,4 +59,23 @@ def test_xla_cpu_runs_what_a_barrier_keeps_apart_as_soon_as_its_operands_are_rea
     args = (S((256, 64), f32), S((64, 256), f32), S((256, 256), f32))
     # give or take a scalar
     assert _temps(f, args, "cpu") - _temps(f, args, "h100") == pytest.approx(256 * 256 * 4,
+                                                                            abs=64)
+
+
+def test_xla_cpu_schedules_a_loop_body_breadth_first_too():
+    """The breadth-first scheduler runs on every computation, a loop body's too: the
+    transposed weight that only an iteration's last, small matmul reads is made at the start
+    of the iteration and lives across the big matmuls before it (as at the top level:
+    test_cost.test_xla_cpu_runs_each_op_as_soon_as_its_operands_are_ready)."""
+
+    def f(x, ws):
+        def body(h, w):
+            for _ in range(3):
+                h = jnp.tanh(h @ w)
+            return h, jnp.sum(h, axis=0) @ w.T
+        h, ys = jax.lax.scan(body, x, ws)
+        return jnp.sum(h) + jnp.sum(ys)
+
+    args = (S((256, 64), f32), S((4, 64, 64), f32))
+    assert _temps(f, args, "cpu") - _temps(f, args, "h100") == pytest.approx(64 * 64 * 4,
                                                                             abs=64)
