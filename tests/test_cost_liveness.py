@@ -1,6 +1,7 @@
 """The memory sweep's liveness against what XLA's pipeline makes of the program: optimization
-barriers, removed before XLA:CPU schedules, and loop bodies, scheduled breadth first like the
-step (cost/_order.py, _value_facts.py, _xla_passes.py)."""
+barriers, removed before XLA:CPU schedules; loop bodies, scheduled breadth first like the step;
+exps written by a fusion of their own (cost/_order.py, _value_facts.py, _xla_passes.py,
+_memory_tables.py)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,24 @@ def test_xla_cpu_schedules_a_loop_body_breadth_first_too():
     args = (S((256, 64), f32), S((4, 64, 64), f32))
     assert _temps(f, args, "cpu") - _temps(f, args, "h100") == pytest.approx(64 * 64 * 4,
                                                                             abs=64)
+
+
+def test_an_exp_written_by_its_own_fusion_frees_what_it_reads():
+    """XLA:CPU writes an exp read by several fusions (a softmax's: its sum, the division, and
+    a late reader, as the backward pass reads it) and its readers read it from memory: the
+    [256, 256] logits it is made from are dead once it is written, as if they were an
+    argument of the step, not kept until its last reader (768 KiB at the peak, not 1 MiB)."""
+
+    def step(logits_made: bool):
+        def f(q, k, w):
+            d = q @ k.T if logits_made else k
+            e = jnp.exp(d - d.max(-1, keepdims=True))
+            c = jnp.tanh(jnp.tanh(e / e.sum(-1, keepdims=True) @ w) @ w)
+            return jnp.sum(c * e)
+        return f
+
+    made = _temps(step(True), (S((256, 64), f32), S((256, 64), f32), S((256, 256), f32)))
+    given = _temps(step(False), (S((256, 64), f32), S((256, 256), f32), S((256, 256), f32)))
+    # e, and the second matmul's operand and result, give or take a scalar
+    assert made == pytest.approx(given, abs=64)
+    assert made == pytest.approx(3 * 256 * 256 * 4, abs=64)
