@@ -1,7 +1,7 @@
 """The memory sweep's liveness against what XLA's pipeline makes of the program: optimization
 barriers, removed before XLA:CPU schedules; loop bodies, scheduled breadth first like the step;
-exps written by a fusion of their own (cost/_order.py, _value_facts.py, _xla_passes.py,
-_memory_tables.py)."""
+exps written by a fusion of their own; splat constants a loop reads (cost/_order.py,
+_value_facts.py, _xla_passes.py, _memory_tables.py)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,25 @@ def test_an_exp_written_by_its_own_fusion_frees_what_it_reads():
     # e, and the second matmul's operand and result, give or take a scalar
     assert made == pytest.approx(given, abs=64)
     assert made == pytest.approx(3 * 256 * 256 * 4, abs=64)
+
+
+def test_a_splat_constant_a_loop_reads_is_no_buffer():
+    """A mask's fill (one number broadcast) that a scan reads as a constant is made inside the
+    loop body, where the fusions reading it make it: no buffer, whether the body closes over
+    it or writes the number itself. XLA:CPU's temporaries are those too (768 KiB)."""
+
+    def step(fill_outside: bool):
+        def f(x, ws):
+            fill = jnp.full((256, 256), -1e9, f32)
+
+            def body(h, w):
+                logits = h @ w
+                return jnp.tanh(jnp.where(logits > 0, logits,
+                                          fill if fill_outside else -1e9)), None
+            return jnp.sum(jax.lax.scan(body, x, ws)[0])
+        return f
+
+    args = (S((256, 256), f32), S((4, 256, 256), f32))
+    outside = _temps(step(True), args)
+    assert outside == pytest.approx(_temps(step(False), args), abs=64)
+    assert outside == pytest.approx(768 * KIB, abs=64)
