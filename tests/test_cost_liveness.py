@@ -1,7 +1,7 @@
 """The memory sweep's liveness against what XLA's pipeline makes of the program: optimization
 barriers, removed before XLA:CPU schedules; loop bodies, scheduled breadth first like the step;
-exps written by a fusion of their own; splat constants a loop reads (cost/_order.py,
-_value_facts.py, _xla_passes.py, _memory_tables.py)."""
+exps written by a fusion of their own; splat constants a loop reads; the stacks a scan slices
+(cost/_order.py, _value_facts.py, _xla_passes.py, _memory_tables.py)."""
 
 from __future__ import annotations
 
@@ -123,3 +123,18 @@ def test_a_splat_constant_a_loop_reads_is_no_buffer():
     outside = _temps(step(True), args)
     assert outside == pytest.approx(_temps(step(False), args), abs=64)
     assert outside == pytest.approx(768 * KIB, abs=64)
+
+
+def test_a_scans_stack_lives_until_the_loop_ends_and_each_slice_while_it_is_read():
+    """A stack a scan slices (xs) stays in the loop's state until the loop ends (the backward
+    scan reads the residual stacks so); each iteration's slice is taken where it is read.
+    tanh(ws) [4, 256, 256] (1 MiB), the carry and an iteration's matmul: 1408 KiB, what
+    XLA:CPU allocates."""
+
+    def f(x, ws):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+        return jnp.sum(jax.lax.scan(body, x, jnp.tanh(ws))[0])
+
+    args = (S((64, 256), f32), S((4, 256, 256), f32))
+    assert _temps(f, args) == pytest.approx(1408 * KIB, abs=64)
