@@ -43,9 +43,13 @@ class CompilerProfile:
         modelled so.
     schedules_breadth_first: XLA:CPU runs every op as soon as its operands are ready (its
         concurrency-optimised BFSMemoryScheduler, which it always takes for a module with
-        collectives), so buffers live from their earliest possible op; the GPU and TPU
-        schedulers keep program order closer (the cost model's liveness follows program order
-        there).
+        collectives, in the step and in every loop body), so buffers live from their earliest
+        possible op. It removes optimization barriers before it schedules, so a remat's
+        recomputation runs in the forward pass and saves nothing outside a scanned stack's
+        backward loop (measured: plan.jit's remat of an unrolled GPT, and jax.checkpoint,
+        leave XLA:CPU's peak as it was). The GPU and TPU schedulers keep program order closer
+        (the cost model's liveness follows program order there), and the GPU pipeline expands
+        barriers only after scheduling: the recomputation stays in the backward pass.
     reduces_in_library: XLA:CPU runs large reductions as YNNPACK library fusions, which read
         the values they cannot take in from memory (a layer norm's x - mean): those are
         written, where a loop fusion would recompute them (_cpu_fusion.library_inputs).

@@ -77,7 +77,9 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     """(TEMP records, the values they are (the workspace pieces after them), the live ends
     fusion gives): temporaries (not arguments, not outputs) with their live ranges. A fused
     value a library fusion reads is written once large enough (min_nbytes), and lives until
-    the last library fusion reading it (loop fusions recompute it)."""
+    the last library fusion reading it (loop fusions recompute it). The inputs of a fused
+    value live until its last reader, which recomputes it, unless a fusion of its own writes
+    it."""
     prog, fused, pieces = an.program, dev_ops.fused, dev_ops.pieces
     min_nbytes = np.where(fused, np.inf, 0.0)
     if compiler.clones_fused_producers:  # an expensive op read by several fusions is written
@@ -92,7 +94,9 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     temp = np.nonzero(~st.values.is_input & ~st.values.is_output & np.isfinite(min_nbytes)
                       & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
     temps = np.zeros(len(temp) + len(pieces) + len(broadcasts), TEMP)
-    live_end = fused_live_ends(prog, live_end, fused)
+    # a fused value its readers' fusions recompute keeps its inputs until the last of them;
+    # one written by a fusion of its own (an exp read by several) frees them once written
+    live_end = fused_live_ends(prog, live_end, fused & (min_nbytes > 0))
     for v, ops in readers.items():
         if fused[v]:
             live_end[v] = max(position[r] for r in ops) + 1

@@ -13,8 +13,14 @@ ops that need only forward values (a max-pool gradient's window indices) run in 
 `breadth_first_positions` gives each op its place in that order. An XLA fusion is one
 instruction: an op whose results are all fused (_fusion.fused_values) runs inside its readers'
 fusions, each of which is ready when the last of its outside operands is. A loop is one
-instruction, its body ops right after it in program order (XLA schedules each computation
-on its own). `memory_order` is the order a device's sweep walks (that one, or program order),
+instruction, its body ops right after it; XLA schedules each computation on its own, a loop
+body breadth first too (the BFSMemoryScheduler is a computation scheduler, run on every
+computation of the module): within an iteration, an op runs as soon as its operands are
+there. An optimization_barrier orders nothing there: XLA:CPU removes it before it
+schedules (_value_facts.barrier_sources), so an op reading a barrier's result is ready when
+that result's operand is, and the recomputation a barrier keeps apart from the forward pass
+(plan.jit's remat, a user's jax.checkpoint) runs as soon as the values it reads exist, in the
+forward pass. `memory_order` is the order a device's sweep walks (that one, or program order),
 `ready_positions` where a value can first be resharded, `workspace_temps` the max-pool
 gradient's expansion as that schedule runs it.
 """
@@ -28,28 +34,55 @@ import numpy as np
 from ..program import BODY_INPUT, NO_OP
 from ._compiler import compiler_profile
 from ._static import static_tables
-from ._value_facts import liveness
+from ._value_facts import barrier_sources, liveness
 
 
 def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
     """[N]: the position of each op in XLA:CPU's breadth-first schedule (a permutation of
-    0..N-1, a loop's body ops right after it)."""
-    values, ops = prog.values, prog.ops
+    0..N-1, a loop's body ops right after it, in the body's own breadth-first order)."""
+    ops = prog.ops
     N = len(ops)
-    top = np.arange(N)  # the top-level op holding each op (itself, or its outermost region)
-    for op in ops:
-        r = op.region
-        while r != NO_OP:
-            top[op.id] = r
-            r = ops[r].region
     # An op whose results are all fused runs inside the fusions of its readers (cloned into
-    # each): the instructions are the other top-level ops, each with the fused ops it pulls in.
-    inside = np.array([op.region == NO_OP and not op.body and bool(op.results)
-                       and all(fused[r] for r in op.results) for op in ops])
-    roots = [n for n in range(N) if top[n] == n and not inside[n]]
+    # each): the instructions of a computation are its other ops, each with the fused ops it
+    # pulls in.
+    inside = np.array([not op.body and bool(op.results) and all(fused[r] for r in op.results)
+                       for op in ops])
+    computations: dict[int, list[int]] = {}  # region op (NO_OP: the step) -> its instructions
+    for op in ops:
+        if not inside[op.id]:
+            computations.setdefault(op.region, []).append(op.id)
+    source = barrier_sources(prog)
+    position = np.full(N, -1, np.int64)
+    placed = 0
+
+    def place(region: int) -> None:
+        nonlocal placed
+        for n, pulled in _breadth_first(prog, fused, inside, source,
+                                        computations.get(region, [])):
+            # the fused ops it pulls in that no earlier instruction ran, then the op; then a
+            # loop's body ops (each computation is scheduled on its own)
+            for m in pulled:
+                if position[m] < 0:
+                    position[m] = placed
+                    placed += 1
+            if ops[n].body:
+                place(n)
+
+    place(NO_OP)
+    if placed != N:
+        raise AssertionError(f"breadth_first_positions: placed {placed} of {N} ops (a cycle?)")
+    return position
+
+
+def _breadth_first(prog, fused, inside, source, roots: list[int]):
+    """(instruction, the ops it runs, itself included, in program order) for the instructions
+    `roots` of one computation, in the order Kahn's algorithm with a FIFO queue takes them
+    (BFSMemoryScheduler): each as soon as the last instruction it reads from has run. A value
+    made outside the computation (a body's inputs, the step's arguments) is there from its
+    start."""
+    values, ops = prog.values, prog.ops
+    instruction = {n: n for n in roots}  # op of this computation or below -> its instruction
     pulled: dict[int, list] = {}
-    deps: dict[int, set] = {}
-    users: dict[int, list] = {}
     for n in roots:
         members, stack, seen = [], [n], {n}
         while stack:
@@ -61,35 +94,31 @@ def breadth_first_positions(prog, fused: np.ndarray) -> np.ndarray:
                     seen.add(p)
                     stack.append(p)
         pulled[n] = sorted(members)
-        need = set()
         for m in members:
+            instruction.setdefault(m, n)
+        for m in range(*ops[n].body_ops):  # a region's body ops belong to the region op
+            instruction[m] = n
+    deps: dict[int, set] = {}
+    users: dict[int, list] = {}
+    for n in roots:
+        need = set()
+        for m in pulled[n]:
             for u in (*ops[m].operands, *ops[m].body):
-                p = values[u].producer
-                if p != NO_OP and not fused[u] and top[p] != n:
-                    need.add(int(top[p]))
+                p = values[source[u]].producer
+                if p != NO_OP and not fused[u] and instruction.get(p, n) != n:
+                    need.add(instruction[p])
         deps[n] = need
         for b in need:
             users.setdefault(b, []).append(n)
-    # Kahn's algorithm with a FIFO queue, as BFSMemoryScheduler
     waiting = {n: len(deps[n]) for n in roots}
     queue = deque(n for n in roots if waiting[n] == 0)
-    position = np.full(N, -1, np.int64)
-    k = 0
     while queue:
         n = queue.popleft()
-        # the fused ops it pulls in that no earlier instruction ran, then the op, then a loop's
-        # body ops (each computation is scheduled on its own: program order within)
-        for m in (*pulled[n], *range(ops[n].body_ops[0], ops[n].body_ops[1])):
-            if position[m] < 0:
-                position[m] = k
-                k += 1
+        yield n, pulled[n]
         for b in users.get(n, ()):
             waiting[b] -= 1
             if waiting[b] == 0:
                 queue.append(b)
-    if k != N:
-        raise AssertionError(f"breadth_first_positions: placed {k} of {N} ops (a cycle?)")
-    return position
 
 
 def workspace_temps(temps, pieces, prog, position, value_type) -> None:

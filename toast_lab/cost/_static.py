@@ -68,4 +68,4 @@ def build_static(an) -> Static:
     reducers = {int(n) for n, red in zip(groups.op, groups.is_reduction)
                 if red and not ops.gathered_partials[n]}
     return Static(values=values, ops=ops, rows=rows, groups=groups, operands=operands,
-                  flops=flop_counts(prog, folding), passes=pass_analyses(prog, reducers))
+                  flops=flop_counts(prog, folding), passes=pass_analyses(prog, reducers, folding.uniform))

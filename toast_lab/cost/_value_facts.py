@@ -66,7 +66,9 @@ def liveness(prog, position=None):
     the end. A region op's results are allocated when the loop starts (its position), and a
     value read inside a region it was not made in lives until the region ends (every
     iteration reads it); one made in the region (an iteration's temporary) lives until its
-    last reader there.
+    last reader there; a scan's x slice (x_slices) from its first reader to its last. An
+    optimization_barrier's result is its operand's buffer (barrier_sources): the operand
+    lives as long as the result.
     """
     values, ops = prog.values, prog.ops
     N = len(ops)
@@ -77,6 +79,7 @@ def liveness(prog, position=None):
     # a region's body ops follow it in any order: it ends after the last of them
     region_end = {op.id: at[op.id] + op.body_ops[1] - op.id for op in ops if op.body}
     made_in = [ops[v.producer].region if v.producer != NO_OP else NO_OP for v in values]
+    slices = {u: op.id for op in ops for u in x_slices(op)}
     for op in ops:
         if op.body:  # a body's inputs are made by its region op, in the region
             for v in op.body:
@@ -91,22 +94,69 @@ def liveness(prog, position=None):
                 r = ops[r].region
             end[u] = max(end[u], pos)
         for u in op.body:
-            end[u] = max(end[u], region_end[op.id])
+            if u not in slices:
+                end[u] = max(end[u], region_end[op.id])
         for i in region_read_operands(op):  # read in place by every iteration or branch
             u = op.operands[i]
             end[u] = max(end[u], region_end[op.id])
+    for u, loop in slices.items():  # taken from its stack where first read
+        readers = [_within(ops, r, loop) for r in prog.users(u)]
+        start[u] = min((at[r] for r in readers), default=at[loop] + 1)
+        end[u] = max(end[u], start[u] + 1)
     for v in prog.outputs:
         end[v] = N + 1
+    for op in reversed(ops):  # a barrier of a barrier's result: the outer one first
+        if op.primitive == BARRIER:
+            for r, u in zip(op.results, op.operands):
+                end[u] = max(end[u], end[r])
     return start, end
 
 
-def region_read_operands(op) -> range:
+# XLA removes every optimization_barrier before it assigns buffers (OptimizationBarrierExpander:
+# the XLA:CPU pipeline runs it before layout assignment, right after CSE, which is all the
+# barrier is there to stop; the GPU pipeline after scheduling): its results are its operands.
+BARRIER = "optimization_barrier"
+
+
+def barrier_sources(prog) -> np.ndarray:
+    """[V] int: the value whose buffer each value is once XLA has removed the program's
+    optimization_barriers: a barrier's result is its operand (through barriers of barriers),
+    every other value itself."""
+    source = np.arange(len(prog.values))
+    for op in prog.ops:  # program order: an operand's own source is known first
+        if op.primitive == BARRIER:
+            for r, u in zip(op.results, op.operands):
+                source[r] = source[u]
+    return source
+
+
+def x_slices(op) -> list[int]:
+    """A scan's body inputs that are slices of its xs: XLA's loop body takes each from its
+    stack (a dynamic-slice, in the loop's state all along) where it is read, not when the
+    iteration starts."""
+    if op.primitive != "scan":
+        return []
+    nc, nk = op.params["num_consts"], op.params["num_carry"]
+    return list(op.body[nc + nk:len(op.operands)])
+
+
+def _within(ops, o: int, region: int) -> int:
+    """The op of `region`'s body that is or holds op `o`."""
+    while ops[o].region != region:
+        o = ops[o].region
+    return o
+
+
+def region_read_operands(op) -> list[int]:
     """The operands of a region op that its body reads in place, every iteration or branch:
-    they live until the region ends (a scan's and a while's constants, a cond's operands)."""
+    they live until the region ends (a scan's constants and its xs, whose slices the
+    iterations take one by one from the stack in the loop's state; a while's constants, a
+    cond's operands)."""
     if op.primitive == "scan":
-        return range(op.params["num_consts"])
+        nc, nk = op.params["num_consts"], op.params["num_carry"]
+        return [*range(nc), *range(nc + nk, len(op.operands))]
     if op.primitive == "while":
-        return range(op.params["cond_nconsts"] + op.params["body_nconsts"])
+        return list(range(op.params["cond_nconsts"] + op.params["body_nconsts"]))
     if op.primitive == "cond":
-        return range(1, len(op.operands))
-    return range(0)
+        return list(range(1, len(op.operands)))
+    return []

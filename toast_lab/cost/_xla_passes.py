@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import NO_OP
-from ._fusion import MOVEMENT, attention_kernels, fused_values
+from ._fusion import MOVEMENT, attention_kernels, fused_values, fusible
+from ._value_facts import barrier_sources, region_read_operands
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,10 +48,12 @@ class PassAnalyses:
     # loop-invariant input of its body (-1: none), and the value outside that loop it is
     invariant_loop: np.ndarray
     invariant_source: np.ndarray
-    # [V] bool: a region's body value that is a buffer outside the body, not one of its own
-    # (in_place_body_values): a constant or a branch's input is its operand, read in place; a
-    # loop's carry in and out are its state buffer, updated in place; a branch's output is
-    # the cond's result
+    # [V] bool: a value that is another value's buffer, not one of its own: a region's body
+    # value that is a buffer outside the body (in_place_body_values: a constant or a branch's
+    # input is its operand, read in place; a loop's carry in and out are its state buffer,
+    # updated in place; a branch's output is the cond's result), an optimization barrier's
+    # result, its operand once XLA has removed the barrier (barrier_sources), and a splat
+    # constant a loop reads, made inside the loop (sunk_constants)
     outside_buffer: np.ndarray
     # [V] int32: the value whose sharding v's buffer takes in XLA, where that is not v's own
     # while v keeps its classes (and so the layout plan.jit exports): only its bytes per
@@ -58,13 +61,16 @@ class PassAnalyses:
     held_like: np.ndarray
 
 
-def pass_analyses(prog, reducers: set) -> PassAnalyses:
+def pass_analyses(prog, reducers: set, uniform=None) -> PassAnalyses:
     """The PassAnalyses of program `prog`; `reducers`: the ops that leave partial sums XLA
-    all-reduces (a sharded contraction's)."""
+    all-reduces (a sharded contraction's); `uniform`: {value: the one number it holds} of
+    the constants (_folding.uniform_constants)."""
     attention_inside, kernel_own, kernel, flop_scale = attention_kernels(prog)
     sum_leader = _sum_leaders(prog, reducers)
     early, ready, deadline, body_first, body_last_trip, nested = _schedule(prog, sum_leader)
     invariant_loop, invariant_source, outside_buffer = _loop_invariants(prog)
+    outside_buffer |= barrier_sources(prog) != np.arange(len(prog.values))
+    outside_buffer |= sunk_constants(prog, uniform or {})
     return PassAnalyses(
         fused=fused_values(prog), attention_inside=attention_inside, kernel=kernel,
         kernel_own=kernel_own, flop_scale=flop_scale, sum_leader=sum_leader, early=early,
@@ -217,6 +223,31 @@ def _loop_invariants(prog) -> tuple:
             loop[b] = loop[u] if loop[u] >= 0 else op.id
             source[b] = source[u]
     return loop, source, outside
+
+
+def sunk_constants(prog, uniform: dict) -> np.ndarray:
+    """[V] bool: splat constants (one number broadcast: a mask's fill, the zeros of its
+    gradient) that loops read as constants and fusions read, and nothing else: no buffers.
+    The module jax 0.10 hands XLA already makes such a constant inside the body of the loop
+    that reads it (a Llama step's while operands hold the causal mask's predicate, not the
+    -inf fill jnp.where broadcasts next to it), where the fusions reading it make it; outside
+    loops, fusions make it too (a scan closing over jnp.full((256, 256), -1e9): XLA:CPU's
+    temporaries are those of the same scan writing -1e9 in its body)."""
+    ops = prog.ops
+    sunk = np.zeros(len(prog.values), bool)
+
+    def made_where_read(u: int, v: int) -> bool:
+        if fusible(ops[u]):
+            return True
+        return ops[u].primitive in ("scan", "while") and any(
+            ops[u].operands[i] == v for i in region_read_operands(ops[u]))
+
+    for v in uniform:
+        if prog.values[v].ndim == 0 or v in prog.outputs:
+            continue
+        readers = prog.users(v)
+        sunk[v] = bool(readers) and all(made_where_read(u, v) for u in readers)
+    return sunk
 
 
 def in_place_body_values(op) -> list[int]:
