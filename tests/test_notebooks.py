@@ -296,6 +296,9 @@ def test_expert_in_the_loop(execute):
     assert "does not fit" in cf
     why = ex.tagged("check-explain")
     assert "batch" in why and "model" in why
+    walk = ex.tagged("check-diff").splitlines()  # dp+tp to the completed plan, priced
+    assert walk[0].startswith("dp+tp") and all(line.startswith("+ ") for line in walk[1:])
+    assert walk[-1].endswith("fits"), walk
     diff = ex.tagged("check-tl-diff")  # tl.diff's text: the classes that differ and the price
     assert "dp+tp" in diff and "completed" in diff and "step" in diff, diff
 

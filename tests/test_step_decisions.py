@@ -288,7 +288,7 @@ def test_diff_shows_the_step_decisions_that_differ():
     assert "remat@block*: everything → full" in d.to_text()
     assert d.to_dict()["steps"][1] == {"name": "micro_batches", "before": 1, "after": 4}
     priced = tl.diff(a, b, mesh=MESH)
-    assert "the estimates price the step as remat and micro-batches rewrite it" in priced.note
+    assert "the estimates price the step as remat, micro-batches and stages rewrite it" in priced.note
     assert priced.peak_memory_bytes[1] < priced.peak_memory_bytes[0]  # priced, not ignored
 
 
