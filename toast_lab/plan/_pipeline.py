@@ -75,7 +75,8 @@ class Pipeline:
     chunks: int = 1
 
     def __str__(self) -> str:
-        """"<axis>:<stages>", and "x<chunks>" for a circular schedule ("stage:4x2")."""
+        """The value text: "<axis>:<stages>", with "x<chunks>" for a circular schedule
+        ("stage:4x2")."""
         return f"{self.axis}:{self.stages}" + (f"x{self.chunks}" if self.chunks > 1 else "")
 
     def bubble(self, micro_batches: int) -> float:
@@ -129,7 +130,21 @@ class StackPipeline:
 
 
 def stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
-    """The StackPipeline of `pipeline` on `analysis`'s step, or PipelineRefused."""
+    """The StackPipeline of `pipeline` on `analysis`'s step, or PipelineRefused. Kept with the
+    analysis (the plan, the search's space, the rewrite and the cost model all ask for it),
+    refusals too."""
+    def build():
+        try:
+            return _stack_pipeline(analysis, pipeline)
+        except PipelineRefused as err:
+            return err
+    found = analysis.derived(("plan.stack_pipeline", pipeline), build)
+    if isinstance(found, PipelineRefused):
+        raise PipelineRefused(str(found))
+    return found
+
+
+def _stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
     groups = {g.name: g for g in analysis.layer_groups}
     group = groups.get(pipeline.group)
     if group is None or group.kind != SCANNED:
@@ -196,8 +211,10 @@ def stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
     if any(prog.values[bwd.operands[g_nc + k]].dtype.kind not in "fc" for k in acc):
         raise PipelineRefused(f"{where}: the backward scan carries a value that is neither "
                               f"per example nor a gradient sum")
-    split = lambda op, n: (tuple(p for p in range(n) if holds(op.operands[p])),  # noqa: E731
-                           tuple(p for p in range(n) if not holds(op.operands[p])))
+    def split(op, n):  # its first n operands: (those that hold examples, the others)
+        held = [holds(v) for v in op.operands[:n]]
+        return (tuple(p for p in range(n) if held[p]), tuple(p for p in range(n) if not held[p]))
+
     f_b, f_s = split(fwd, f_nc)
     g_b, g_s = split(bwd, g_nc)
     stacks = fwd.operands[f_nc + f_nk:]
@@ -478,8 +495,9 @@ class PipelinedScans:
             take = [jnp.take(c, m, axis=0) for c in cut_consts]
             fwd_b = [jnp.take(c, m, axis=0) for c in fwd_cut] if fwd_consts_at else []
             pos = (items + s_count - 2 - u) % items
-            here = lambda buf: jax.lax.dynamic_index_in_dim(buf, pos, 1,  # noqa: E731
-                                                            keepdims=False)
+            def here(buf):  # this tick's residuals of each stage's item
+                return jax.lax.dynamic_index_in_dim(buf, pos, 1, keepdims=False)
+
             res = [here(kept[f_nk + sp.g_xs_residual[p]]) for p in residual_at]
             h_out, a_out, ys = staged(h_in, acc, take, fwd_b,
                                       self._chunk(list(layers.values()), run), res,
