@@ -39,13 +39,25 @@ def _permutes(report) -> dict:
             if kind == "collective-permute"}
 
 
+def _peak_near_xla(estimate, report) -> None:
+    """The estimate's peak within 20% of XLA's, as the issue's goal for a pipelined step."""
+    ratio = estimate.peak_memory_bytes / report.stats.peak_bytes
+    assert 0.8 <= ratio <= 1.2, (f"peak {estimate.peak_memory_bytes / 2**20:.2f} MiB, XLA "
+                                 f"{report.stats.peak_bytes / 2**20:.2f} MiB ({ratio:.2f}x)")
+
+
 @pytest.mark.parametrize("name,stages,micro_batches", [("gpt_scan", 2, 4), ("llama", 4, 4)])
 def test_pipelined_step_matches_the_step_as_written(name, stages, micro_batches):
+    """Numerics, the hand-offs, each stage's weights its own, and the estimate's peak against
+    XLA's (the loops' state in place, the stages' views of the stacks bitcasts, each
+    stage's run of layers picked from its own shard)."""
     fn, args, an = analysed(name)
     mesh = tl.Mesh({"stage": stages, "data": 8 // stages // 2, "model": 2}, device="cpu")
     plan = _pipelined(an, mesh, stages, micro_batches)
-    report = tl.verify(fn, args, plan, mesh)
+    estimate = tl.CostModel(an, mesh).estimate(plan)
+    report = tl.verify(fn, args, plan, mesh, estimate=estimate)
     assert report.numerics_ok, report
+    _peak_near_xla(estimate, report)
     # the hand-offs between stages: collective-permutes over the stage axis, in both loops
     permutes = _permutes(report)
     assert ("stage",) in permutes and permutes[("stage",)].count >= 2 * micro_batches
@@ -130,9 +142,12 @@ def test_remat_inside_the_stages(policy):
     mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
     plan = _pipelined(an, mesh, 2, 4)
     kept = tl.verify(fn, args, plan, mesh)
-    report = tl.verify(fn, args, plan.with_remat(_stack(an), policy), mesh)
+    plan = plan.with_remat(_stack(an), policy)
+    estimate = tl.CostModel(an, mesh).estimate(plan)
+    report = tl.verify(fn, args, plan, mesh, estimate=estimate)
     assert report.numerics_ok, report
     assert report.stats.peak_bytes < 0.8 * kept.stats.peak_bytes
+    _peak_near_xla(estimate, report)
 
 
 def test_the_search_takes_stages_as_a_decision():
@@ -190,9 +205,12 @@ def test_a_circular_schedule_sends_micro_batches_round_again():
     plan = _pipelined(an, mesh, 2, 2).with_pipeline(_stack(an), "stage", 2, "circular")
     assert plan.step.pipeline.chunks == 2 and str(plan.step.pipeline) == "stage:2x2"
     assert plan.step.pipeline.bubble(2) == pytest.approx(1 / 5)
-    report = tl.verify(fn, args, plan.with_remat(_stack(an), "full"), mesh)
+    remat = plan.with_remat(_stack(an), "full")
+    estimate = tl.CostModel(an, mesh).estimate(remat)
+    report = tl.verify(fn, args, remat, mesh, estimate=estimate)
     assert report.numerics_ok, report
     assert _permutes(report)[("stage",)].count >= 2 * (2 * 2 + 1)
+    _peak_near_xla(estimate, report)
     with pytest.raises(tl.PlanError, match="needs at least 2 micro-batches"):
         plan.with_micro_batches(1).validate(mesh)
     with pytest.raises(tl.PlanError, match="2 stages in 4 chunks each do not divide its 4"):

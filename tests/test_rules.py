@@ -191,6 +191,11 @@ INDEXING = [
     case("gather_take_along_axis", "gather",
          lambda x, i: jnp.take_along_axis(x, i, axis=1), f32(8, 16), i32(8, 5)),
     case("gather_point", "gather", lambda x, i, j: x[i, j], f32(8, 16), i32(5), i32(5)),
+    # a vmapped dynamic_index_in_dim (a pipeline stage picking its run of layers): every
+    # dim indexed, the whole ones (start clamped to 0) passing through
+    case("gather_vmapped_dynamic_index", "gather",
+         jax.vmap(lambda x, i: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)),
+         f32(2, 3, 8, 16), i32(2)),
     case("scatter-add", "scatter-add", lambda x, i, u: x.at[i].add(u),
          f32(8, 16), i32(3), f32(3, 16)),
     case("scatter-add_embedding_grad", "scatter-add",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..program import BODY_INPUT, INPUT, NO_OP
+from ._fusion import fused_values
 from ._plan_arrays import split_classes
 
 
@@ -103,12 +104,17 @@ def liveness(prog, position=None):
         readers = [_within(ops, r, loop) for r in prog.users(u)]
         start[u] = min((at[r] for r in readers), default=at[loop] + 1)
         end[u] = max(end[u], start[u] + 1)
+    for u in handed_to_loops(prog):  # its buffer is the loop's state from the loop's start
+        end[u] = at[prog.users(u)[0]]
     for v in prog.outputs:
         end[v] = N + 1
+    bitcast = bitcast_sources(prog) != np.arange(len(values))
     for op in reversed(ops):  # a barrier of a barrier's result: the outer one first
         if op.primitive == BARRIER:
             for r, u in zip(op.results, op.operands):
                 end[u] = max(end[u], end[r])
+        elif op.results and bitcast[op.results[0]]:
+            end[op.operands[0]] = max(end[op.operands[0]], end[op.results[0]])
     return start, end
 
 
@@ -138,6 +144,55 @@ def x_slices(op) -> list[int]:
         return []
     nc, nk = op.params["num_consts"], op.params["num_carry"]
     return list(op.body[nc + nk:len(op.operands)])
+
+
+# Shape changes XLA compiles to a bitcast of a buffer in its default (row-major) layout.
+BITCASTS = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def bitcast_sources(prog) -> np.ndarray:
+    """[V] int: the value whose buffer each value is once XLA has made the program's shape
+    changes bitcasts: a reshape's result (squeeze's, expand_dims') that is written, of an
+    operand that is written too, is that operand's buffer seen in another shape (a layer
+    stack reshaped into pipeline stages, read by the loop, takes no copy); every other value
+    itself. Where a fusion makes the operand, the fusion writes the reshaped result instead
+    (fused_values), and an output of the step is a buffer of its own."""
+    source = np.arange(len(prog.values))
+    fused = fused_values(prog)
+    outputs = set(prog.outputs)
+    for op in prog.ops:  # program order: an operand's own source is known first
+        if op.primitive in BITCASTS and op.results:
+            r, u = op.results[0], op.operands[0]
+            if not fused[r] and not fused[u] and r not in outputs:
+                source[r] = source[u]
+    return source
+
+
+def handed_to_loops(prog) -> list[int]:
+    """The values whose buffer a loop takes over as its state: a scan's carry (or a while's
+    operand past its constants) made by an op of the loop's own computation and read by
+    nothing else, once. XLA's while loop updates its state in place, in the init operand's
+    buffer where nothing reads that operand after the loop starts; where something does (or
+    it is an argument, a constant or an output of the step, or fills two state slots) it
+    copies the operand into a state buffer of its own."""
+    values, ops = prog.values, prog.ops
+    outputs = set(prog.outputs)
+    handed = []
+    for op in ops:
+        if op.primitive == "scan":
+            nc = op.params["num_consts"]
+            state = op.operands[nc:nc + op.params["num_carry"]]
+        elif op.primitive == "while":
+            state = op.operands[op.params["cond_nconsts"] + op.params["body_nconsts"]:]
+        else:
+            continue
+        for u in state:
+            producer = values[u].producer
+            if (producer != NO_OP and ops[producer].region == op.region
+                    and u not in outputs and tuple(prog.users(u)) == (op.id,)
+                    and list(op.operands).count(u) == 1):
+                handed.append(u)
+    return handed
 
 
 def _within(ops, o: int, region: int) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..program import NO_OP
 from ._fusion import MOVEMENT, attention_kernels, fused_values, fusible
-from ._value_facts import barrier_sources, region_read_operands
+from ._value_facts import barrier_sources, bitcast_sources, region_read_operands
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,6 +70,7 @@ def pass_analyses(prog, reducers: set, uniform=None) -> PassAnalyses:
     early, ready, deadline, body_first, body_last_trip, nested = _schedule(prog, sum_leader)
     invariant_loop, invariant_source, outside_buffer = _loop_invariants(prog)
     outside_buffer |= barrier_sources(prog) != np.arange(len(prog.values))
+    outside_buffer |= bitcast_sources(prog) != np.arange(len(prog.values))
     outside_buffer |= sunk_constants(prog, uniform or {})
     return PassAnalyses(
         fused=fused_values(prog), attention_inside=attention_inside, kernel=kernel,

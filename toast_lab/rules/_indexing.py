@@ -73,7 +73,8 @@ def gather_rule(ins, outs, params):
     - operand batching dims <-> indices batching dims <-> their result dims: pass-through;
     - other indices batch dims <-> result batch dims: pass-through (each device gathers for
       its own indices, with the operand whole);
-    - operand window dims taken whole <-> result offset dims: pass-through;
+    - operand window dims taken whole <-> result offset dims: pass-through (indexed or not:
+      the start is clamped to 0);
     - indexed dims taken one index at a time (collapsed): reduction — masked local gathers and
       an all-reduce, as Shardy and XLA do; other collapsed dims and partly-sliced window dims
       need replication on the operand. A partly-sliced result offset dim gets its own
@@ -109,7 +110,10 @@ def gather_rule(ins, outs, params):
         else:
             o = offset_dims[window.index(d)]
             expect(y[o] == sizes[d])
-            if sizes[d] == n and d not in indexed:
+            # a window as large as its dim is the whole dim even where indexed: gather
+            # clamps each start so that the window fits, to 0 (a vmapped dynamic_slice
+            # indexes every dim)
+            if sizes[d] == n:
                 b.factor(n, operands={0: d}, results={0: o})
             else:
                 b.factor(n, NEED_REPLICATION, operands={0: d})
