@@ -115,3 +115,16 @@ def test_a_users_checkpoint_is_kept_unless_the_plan_overrides_it():
         "block*", "dots_with_no_batch_dims", override=True).with_micro_batches(2)
     report = tl.verify(fn, tl.zoo.sample("gpt", layers=2, remat=True), plan, MESH)
     assert report.numerics_ok, str(report)
+
+
+@pytest.mark.slow
+def test_a_step_computing_in_bfloat16_micro_batches():
+    """A step computing in bfloat16 (whose numpy dtype kind is "V", not "f"): the casts of its
+    gradient sums to bfloat16 are linear maps of the sums, so it splits into micro-batches,
+    and plan.jit accumulates them in float32 and computes the step as written."""
+    config = dict(layers=2, compute_dtype="bfloat16")
+    fn, _, an = analysed("llama", **config)
+    assert an.micro_batching.legal, an.micro_batching
+    plan = _plan(an, "everything", 2)
+    report = tl.verify(fn, tl.zoo.sample("llama", **config), plan, MESH)
+    assert report.numerics_ok, str(report)

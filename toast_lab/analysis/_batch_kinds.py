@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..program import CONST, INPUT, LITERAL, NO_OP, user_line
@@ -254,7 +255,8 @@ def _linear(op, ins, prog) -> bool:
         return ins[0] in (SUM, ZERO) and ins[2] in (SUM, ZERO) and ins[1] != SUM
     if name == "convert_element_type":
         src, dst = prog.values[op.operands[0]].dtype, prog.values[op.results[0]].dtype
-        return not (src.kind in "fc" and dst.kind not in "fc")
+        # (bfloat16's numpy kind is "V": jnp.issubdtype knows it is a float)
+        return not (jnp.issubdtype(src, jnp.inexact) and not jnp.issubdtype(dst, jnp.inexact))
     if name in _LINEAR_UNARY:
         return sums[0] and not any(sums[1:])
     if name in ("mul", "dot_general"):

@@ -208,7 +208,8 @@ def _stack_pipeline(analysis, pipeline: Pipeline) -> StackPipeline:
         raise PipelineRefused(f"{where}: the backward scan returns per-layer examples")
     g_carries = list(range(g_nk))
     acc = tuple(k for k in g_carries if not holds(bwd.operands[g_nc + k]))
-    if any(prog.values[bwd.operands[g_nc + k]].dtype.kind not in "fc" for k in acc):
+    if any(not jnp.issubdtype(prog.values[bwd.operands[g_nc + k]].dtype, jnp.inexact)
+           for k in acc):
         raise PipelineRefused(f"{where}: the backward scan carries a value that is neither "
                               f"per example nor a gradient sum")
     def split(op, n):  # its first n operands: (those that hold examples, the others)
@@ -556,4 +557,4 @@ def _put(buf, x, keep, pos, axis: int):
 
 def _sum_dtype(dtype):
     dtype = np.dtype(dtype)
-    return np.float32 if dtype.kind == "f" and dtype.itemsize < 4 else dtype
+    return np.float32 if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4 else dtype

@@ -107,7 +107,7 @@ class StepReplay(PipelinedScans, Replay):
 
     def _zeros(self, v: int):
         dtype = np.dtype(self.program.values[v].dtype)
-        if dtype.kind == "f" and dtype.itemsize < 4:
+        if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
             dtype = np.dtype(np.float32)  # bfloat16 sums of sums lose the small ones
         return self._place(v, jnp.zeros(self.program.values[v].shape, dtype))
 
