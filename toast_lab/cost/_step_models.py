@@ -109,7 +109,7 @@ def _value_origin(prog, new_prog) -> dict[int, int]:
         if len(was.body) == len(op.body):
             pairs += zip(op.body, was.body)
         for v, w in pairs:
-            if len(new_prog.values[v].shape) == len(prog.values[w].shape):
+            if len(new_prog.values[v].shape) - len(prog.values[w].shape) in (0, 1):
                 origin.setdefault(v, w)
     return origin
 
@@ -117,7 +117,10 @@ def _value_origin(prog, new_prog) -> dict[int, int]:
 def _class_map(analysis, new, origin) -> tuple[tuple[int, ...], ...]:
     votes: dict[int, Counter] = {}
     for v, w in origin.items():
-        for c_new, c_was in zip(new.value_classes[v], analysis.value_classes[w]):
+        # a value with one dim more than its original leads with it (the pipeline's stages,
+        # which a vmap runs together): its other dims are the original's
+        lead = new.program.values[v].ndim - analysis.program.values[w].ndim
+        for c_new, c_was in zip(new.value_classes[v][lead:], analysis.value_classes[w]):
             if c_new != NO_CLASS and c_was != NO_CLASS:
                 votes.setdefault(c_new, Counter())[c_was] += 1
     out: list[list[int]] = [[] for _ in analysis.classes]

@@ -45,6 +45,9 @@ SHAPE_FREE = frozenset(UNARY + NARY) | frozenset({
     "scatter_max", "random_wrap", "random_unwrap", "random_seed", "random_fold_in",
     "threefry2x32", "custom_jvp_call", "custom_vjp_call",
     "name",  # jax.ad_checkpoint.checkpoint_name: its param is the name a remat policy reads
+    # cuDNN's flash attention (jax.nn.dot_product_attention(implementation="cudnn")): its
+    # params are the scale, mask type, layout and dropout; every size comes from q, k and v
+    "dot_product_attention_fwd_wrapper", "dot_product_attention_bwd_wrapper",
 })
 
 Resizer = Callable[[Mapping[str, Any], Shapes, Shapes], dict]
