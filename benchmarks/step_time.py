@@ -1,7 +1,7 @@
 """Estimated step time, exposed communication, MFU and peak memory of public training recipes.
 
     python benchmarks/step_time.py [--only llama2-7b-h100x8 ...] [--search SECONDS]
-        [--without-remat SECONDS] [--held-out SECONDS]
+        [--without-remat SECONDS] [--held-out SECONDS] [--pipelined]
 
 Each row traces a zoo model at full size (abstract arguments: nothing is allocated) with the
 shapes and parallelism of a public recipe, named in the table below, and estimates one
@@ -23,6 +23,11 @@ climbs its recipe's remat ladder where it does not fit as written: tl.strategies
 search's plan's decisions beyond sharding, its estimate, whether it fits, and its step time
 over the recipe's own (published remat and sharding); the search should fit every recipe,
 within 1.10x of the recipe's step.
+
+--pipelined prints the recipes with pipeline stages (PIPELINED: Llama 3.1 405B as Meta and
+torchtitan ran it): each as the expert strategy that names its parallelism, with the recipe's
+schedule and micro-batches, its bubble, exposed communication, MFU and peak beside the
+published figure; with --search S, what tl.search finds on the same mesh in S seconds.
 
 --held-out S reports the published runs kept aside (HELD_OUT: never used to tune the cost
 model or the search), each traced without jax.checkpoint and searched for S seconds around
@@ -119,6 +124,103 @@ RECIPES = (
 
 
 @dataclass(frozen=True)
+class PipelinedRecipe:
+    """A public recipe with pipeline stages: the expert strategy that names its parallelism
+    (tl.strategies.expert on the recipe's mesh, whose "stage" axis holds the stages), with the
+    recipe's schedule and micro-batch count. layers: the stack's layers as traced, where the
+    recipe's own count does not divide over its stages (`note` says why)."""
+
+    name: str
+    model: str
+    config: dict
+    mesh: dict
+    device: str
+    strategy: str
+    schedule: str
+    chunks: int
+    micro_batches: int
+    published: str
+    note: str
+    source: str
+
+
+PIPELINED = (
+    PipelinedRecipe(
+        "llama3.1-405b-h100x8192", "llama",
+        dict(size="llama3.1-405b", layers=128, batch=2048, remat=True, attention="cudnn"),
+        {"stage": 16, "data": 64, "model": 8}, "h100", "tp+pp+dp", "circular", 2, 32,
+        "BF16 MFU 43% (430 TFLOP/s per GPU)",
+        "128 layers: the SPMD pipeline stores the stack divided evenly over the stages; "
+        "Meta's own pipeline gave the first and last of 16 stages one layer fewer of 126",
+        "Llama 3.1 405B pre-training on 8,192 H100s: TP 8 x PP 16 x DP 64, seq 8192, 32 "
+        "sequences per data-parallel group (16M tokens per step), an interleaved schedule, "
+        "BF16 MFU 43% (Dubey et al., 'The Llama 3 Herd of Models', arXiv 2407.21783, table 4)"),
+    PipelinedRecipe(
+        "torchtitan-llama3.1-405b-h100x512", "llama",
+        dict(size="llama3.1-405b", layers=128, batch=256, remat=True, attention="cudnn"),
+        {"stage": 8, "data": 8, "model": 8}, "h100", "fsdp+tp+pp", "circular", 2, 32,
+        "32.0 s (4,096 tokens per GPU at 128 per second, Float8 matmuls)",
+        "128 layers, as above (torchtitan splits 126 over its 8 stages unevenly)",
+        "torchtitan's Llama 3.1 405B on 512 H100s (96 GB): FSDP 8 x TP 8 x PP 8, seq 8192, local "
+        "batch 32, global batch 256, full activation checkpointing, torch.compile, Float8 and "
+        "async TP, Interleaved 1F1B: 128 tokens per second per GPU, 72.7 GiB (torchtitan "
+        "benchmarks/llama3_h100_202412_torchtitan.md, table 5)"),
+)
+
+
+def pipelined(rows, budget_s: float) -> None:
+    """The pipelined recipes' table: each recipe's plan (an expert strategy with the
+    recipe's stages, schedule and micro-batches), its bubble, exposed communication, MFU and
+    peak; with --search S, tl.search on the same mesh for S seconds (the recipe's batch
+    sharding pinned) and whether it finds the recipe's plan or a faster one that fits."""
+    print("| recipe | devices | parallelism | schedule | bubble | step (s) | compute (s) | "
+          "exposed comm (s) | MFU | peak / device (GiB) | fits | published |"
+          + (" search: plan | step (s) | fits | step / recipe's |" if budget_s else ""))
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|"
+          + ("---|---:|---|---:|" if budget_s else ""))
+    for r in rows:
+        fn, fargs = tl.zoo.get(r.model, **r.config)
+        cfg = fn.config
+        an = tl.analyze(tl.trace(fn, *fargs))
+        mesh = tl.Mesh(r.mesh, device=r.device)
+        base = tl.strategies.expert(an, mesh, fit=False)[r.strategy]
+        p = base.step.pipeline
+        plan = base.with_micro_batches(r.micro_batches).with_pipeline(
+            p.group, p.axis, p.stages, r.schedule, chunks=r.chunks)
+        est = tl.estimate(an, plan, mesh)
+        peak = mesh.device.peak_flops["bfloat16"]
+        mfu = model_flops(an, cfg, cfg.batch * cfg.seq) / (est.step_time_s * mesh.size * peak)
+        pipe = plan.step.pipeline
+        cells = [r.name, f"{mesh.size}", r.strategy,
+                 f"{r.schedule} {pipe}, {r.micro_batches} micro-batches",
+                 f"{pipe.bubble(r.micro_batches):.1%}", f"{est.step_time_s:.3f}",
+                 f"{est.compute_s:.3f}", f"{est.exposed_communication_s:.3f}", f"{mfu:.1%}",
+                 f"{est.peak_memory_bytes / 2**30:.1f}", "yes" if est.feasible else "NO",
+                 r.published]
+        if budget_s:
+            t0 = time.perf_counter()
+            res = tl.search(an, mesh, pins={"batch": plan.axes_of("batch")},
+                            budget_s=budget_s, seed=0)
+            took = time.perf_counter() - t0
+            found, fe = (res.plan, res.estimate) if res.feasible else (res.closest,
+                                                                       res.closest_estimate)
+            cells += [_brief(found),
+                      f"{fe.step_time_s:.3f}", "yes" if res.feasible else "NO",
+                      f"{fe.step_time_s / est.step_time_s:.3f} ({took:.0f} s)"]
+        print("| " + " | ".join(cells) + " |", flush=True)
+    print("\nSources:")
+    for r in rows:
+        print(f"- {r.name}: {r.source}. Traced with {r.note}.")
+
+
+def _brief(plan) -> str:
+    """The plan's sharded classes and its decisions beyond sharding, on one line."""
+    parts = [f"{name} {'×'.join(axes)}" for name, axes in plan.class_axes.items() if axes]
+    parts += [f"{name}={value}" for name, value in plan.step.names().items()]
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class PublishedRun:
     """A published training run kept aside: never used to tune the cost model or the search
     (--held-out). Its model is traced as a user first writes it, without jax.checkpoint; the
@@ -166,7 +268,12 @@ def main() -> None:
     parser.add_argument("--search", type=float, default=0.0)
     parser.add_argument("--without-remat", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--held-out", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--pipelined", action="store_true",
+                        help="the recipes with pipeline stages (--search: and the search)")
     args = parser.parse_args()
+    if args.pipelined:
+        return pipelined([r for r in PIPELINED if not args.only or r.name in args.only],
+                         args.search)
     if args.held_out:
         return held_out([r for r in HELD_OUT if not args.only or r.name in args.only],
                         args.held_out)

@@ -152,8 +152,9 @@ def test_remat_inside_the_stages(policy):
 
 def test_the_search_takes_stages_as_a_decision():
     """pipeline@<group> is a decision of the search's space (none, or a mesh axis whose size
-    divides the layers, GPipe or circular with two runs per stage); pinned, the search's plan pipelines on that axis, holds the stack's
-    layer class there and nothing else, and compiles to the step as written."""
+    divides the layers, GPipe or circular with two runs per stage); pinned, the search's plan
+    pipelines on that axis, holds the stack's layer class there and nothing else, and
+    compiles to the step as written."""
     from toast_lab.plan_search import STEP, Space
 
     fn, args, an = analysed("gpt_scan")

@@ -65,6 +65,10 @@ PRESETS = {
     # Meta's Llama 3.1 8B config: GQA with 8 kv heads, 14336 MLP, 128256 vocab, theta 5e5
     "llama3.1-8b": dict(batch=8, seq=8192, vocab=128256, embed=4096, heads=32, kv_heads=8,
                         mlp=14336, layers=32, rope_theta=500000.0, compute_dtype="bfloat16"),
+    # Meta's Llama 3.1 405B config ("The Llama 3 Herd of Models", arXiv 2407.21783, table 3)
+    "llama3.1-405b": dict(batch=8, seq=8192, vocab=128256, embed=16384, heads=128, kv_heads=8,
+                          mlp=53248, layers=126, rope_theta=500000.0,
+                          compute_dtype="bfloat16"),
 }
 
 
