@@ -73,6 +73,14 @@ def _spans(counts) -> np.ndarray:
     return spans
 
 
+# The expensive ops whose own fusion frees what it reads once it has written them: the
+# softmax's exp, read by the loss and by its gradient (a Llama step's logits are freed once
+# it is written, checked against XLA:CPU in tests/test_step_cost.py). A tanh read by several
+# fusions keeps its input live until its last reader, as XLA:CPU's temporaries show
+# (tests/test_cost.py's layer norm and tanh layers).
+FREES_INPUTS = frozenset({"exp"})
+
+
 def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     """(TEMP records, the values they are (the workspace pieces after them), the live ends
     fusion gives): temporaries (not arguments, not outputs) with their live ranges. A fused
@@ -82,10 +90,14 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     it."""
     prog, fused, pieces = an.program, dev_ops.fused, dev_ops.pieces
     min_nbytes = np.where(fused, np.inf, 0.0)
+    recomputed = fused.copy()  # fused values whose readers' fusions recompute them
     if compiler.clones_fused_producers:  # an expensive op read by several fusions is written
         own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
         for op in np.nonzero(own)[0]:
-            min_nbytes[list(prog.ops[op].results)] = 0.0
+            results = list(prog.ops[op].results)
+            min_nbytes[results] = 0.0
+            if prog.ops[op].primitive in FREES_INPUTS:
+                recomputed[results] = False
     readers, broadcasts = {}, []
     if compiler.reduces_in_library:
         threshold, readers, broadcasts = an.derived(
@@ -95,8 +107,9 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
                       & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
     temps = np.zeros(len(temp) + len(pieces) + len(broadcasts), TEMP)
     # a fused value its readers' fusions recompute keeps its inputs until the last of them;
-    # one written by a fusion of its own (an exp read by several) frees them once written
-    live_end = fused_live_ends(prog, live_end, fused & (min_nbytes > 0))
+    # an expensive one written by a fusion of its own (an exp read by several) frees them
+    # once written
+    live_end = fused_live_ends(prog, live_end, recomputed)
     for v, ops in readers.items():
         if fused[v]:
             live_end[v] = max(position[r] for r in ops) + 1
