@@ -55,7 +55,7 @@ def test_the_hash_covers_every_cost_source_a_constant_edit_included(tmp_path):
 
 
 def test_every_kernel_function_is_cached_under_the_hash():
-    locator = _driver.step_and_peak._cache._impl.locator
+    locator = _driver._entry._cache._impl.locator
     assert isinstance(locator, _cache.SourceHashLocator)
     assert Path(locator.get_cache_path()) == _cache.cache_dir()
     assert _cache.cache_dir().name == _cache.sources_hash()
