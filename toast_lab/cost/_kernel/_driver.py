@@ -158,17 +158,27 @@ def _run(state, plan, live, mode, fresh, overlap=OVERLAP_SCHEDULED):
     not the state's own); the caller holds the state's lock."""
     host = state.host
     if plan is not host.plan:
-        for mine, given in zip(host.plan, plan):
-            np.copyto(mine, given)
+        for name, mine, given in zip(plan._fields, host.plan, plan):
+            _copy_in(mine, given, "the plan's", name)
     if live is None or live is host.live:
         return _entry(state, mode, fresh, overlap)
     if not fresh:
-        np.copyto(host.live.delta, live.delta)
-        np.copyto(host.live.held, live.held)
+        _copy_in(host.live.delta, live.delta, "the live ranges'", "delta")
+        _copy_in(host.live.held, live.held, "the live ranges'", "held")
     out = _entry(state, mode, fresh, overlap)
     np.copyto(live.delta, host.live.delta)
     np.copyto(live.held, host.live.held)
     return out
+
+
+def _copy_in(mine, given, what, name):
+    """given (an array of the caller's) into the state's own `mine`, of the same shape: numpy
+    would broadcast a shorter one silently, and the kernel read another plan than the one
+    given."""
+    if given.shape != mine.shape:
+        raise ValueError(f"{what} {name} has shape {given.shape}; this cost model's kernel "
+                         f"reads {mine.shape} (arrays of another analysis's plan?)")
+    np.copyto(mine, given)
 
 
 def step_and_peak(state, plan, live, fresh, overlap):
