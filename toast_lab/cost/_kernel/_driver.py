@@ -17,7 +17,7 @@ first and read back after, under the state's lock (threads of one Lab share a st
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof, types
 
 from ._jit import inline, jit
 from ._ledger import LEDGER
@@ -151,6 +151,12 @@ def _entry(state, mode, fresh, overlap):
     if mode == LIVE_BYTES:
         _outputs_apart(state)
     return step, peak
+
+
+def entry_types(state) -> tuple:
+    """The numba types _entry is compiled for: the ones every Python entry below calls it
+    with (a state, an int mode, a bool, an int overlap)."""
+    return typeof(state), types.int64, types.boolean, types.int64
 
 
 def _run(state, plan, live, mode, fresh, overlap=OVERLAP_SCHEDULED):
