@@ -40,8 +40,11 @@ def cached() -> bool:
     """Whether the kernel is compiled in this process, or its entries are in numba's cache."""
     if _driver._entry.signatures:
         return True
-    return all(Path(f._cache._cache_file._index_path).exists()
-               for f in (_driver._entry, _state._new_state))
+    try:  # (numba's own cache objects: _cache.py installs the locator they use)
+        return all(Path(f._cache._cache_file._index_path).exists()
+                   for f in (_driver._entry, _state._new_state))
+    except AttributeError:  # another numba's internals: compile ahead all the same
+        return False
 
 
 def start() -> bool:
