@@ -259,7 +259,8 @@ def test_random_plans_priced_in_turn_by_two_models_are_priced_as_a_fresh_model_d
     for i in range(120):
         choices = np.array([rng.integers(len(d.choices)) for d in space.decisions])
         choices[steps] = 0
-        choices[steps[i % len(steps)]] = i % 3  # as written, then a remat or a count
+        step = steps[i % len(steps)]  # as written, or one remat, count or pipeline each
+        choices[step] = (i // len(steps)) % len(space.decisions[step].choices)
         priced.append((space.step_of(choices), space.decision_lists(choices),
                        space.price(model, choices)))
     assert sum(not step.is_default for step, _, _ in priced) > 60
