@@ -32,7 +32,9 @@ print(json.dumps({"dir": str(_cache.cache_dir()), "seconds": seconds,
 
 
 def _probe(root: Path, cache: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(cache))
+    # (no kernel compiled ahead: its compile would hold numba's lock, and the probe wait for it)
+    env = dict(os.environ, PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(cache),
+               TOAST_LAB_COMPILE_AHEAD="0")
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=root, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
