@@ -82,6 +82,19 @@ def test_incremental_estimator_matches_full_evaluation(gpt, mesh):
         assert peak == pytest.approx(full_peak, rel=1e-12)
 
 
+def test_plan_arrays_of_another_length_are_refused_not_broadcast(gpt, mesh):
+    """The kernel reads a plan from arrays of its own, each of one length per model: a plan's
+    arrays of another length (another analysis's) are an error, not copied in by numpy's
+    broadcasting (a single class's mask across every class)."""
+    _, _, an = gpt
+    model = tl.cost_model(an, mesh)
+    mask, rank, res = model.plan_arrays(tl.Plan.replicated(an).with_axes("batch", ("data",)))
+    with pytest.raises(ValueError, match=rf"plan's mask has shape \(1,\); .* \({len(mask)},\)"):
+        model.step_and_peak(mask[:1], rank, res)
+    with pytest.raises(ValueError, match=r"plan's rank has shape"):
+        model.evaluate(mask, rank[:1], res)
+
+
 def test_estimate_details_are_consistent(gpt, mesh):
     _, _, an = gpt
     plan = tl.strategies.expert(an, mesh)["fsdp+tp"]

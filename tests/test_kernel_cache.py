@@ -32,7 +32,9 @@ print(json.dumps({"dir": str(_cache.cache_dir()), "seconds": seconds,
 
 
 def _probe(root: Path, cache: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(cache))
+    # (no kernel compiled ahead: its compile would hold numba's lock, and the probe wait for it)
+    env = dict(os.environ, PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(cache),
+               TOAST_LAB_COMPILE_AHEAD="0")
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=root, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -55,7 +57,7 @@ def test_the_hash_covers_every_cost_source_a_constant_edit_included(tmp_path):
 
 
 def test_every_kernel_function_is_cached_under_the_hash():
-    locator = _driver.step_and_peak._cache._impl.locator
+    locator = _driver._entry._cache._impl.locator
     assert isinstance(locator, _cache.SourceHashLocator)
     assert Path(locator.get_cache_path()) == _cache.cache_dir()
     assert _cache.cache_dir().name == _cache.sources_hash()

@@ -93,11 +93,18 @@ def test_schedule_lies_between_perfect_overlap_and_none(gpt):
             assert step == pytest.approx(compute)
 
 
+@njit
+def _peak_live(delta, gdelta, op_state, op_type, runs):
+    """peak_live, called from compiled code (the kernel's inner functions have no Python
+    entry of their own)."""
+    return _memory.peak_live(delta, gdelta, op_state, op_type, runs)
+
+
 def _sweep(delta, gdelta, held, runs):
     """peak_live on plain arrays: held bytes per op type, one op type per position."""
     op_state = np.zeros(len(held), OP_STATE)
     op_state["gathered"] = held
-    return _memory.peak_live(delta, gdelta, op_state, np.arange(len(held)), runs)
+    return _peak_live(delta, gdelta, op_state, np.arange(len(held)), runs)
 
 
 def test_memory_sweep_of_a_run_equals_its_copies_laid_out():

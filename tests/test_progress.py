@@ -104,7 +104,8 @@ def test_a_numba_cache_hit_is_not_a_compile(tmp_path):
             kern.f(3)
         print(sorted({e.key for e in events}))
     """)
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+    # (no kernel compiled ahead: its compile would hold numba's lock, and kern.f wait for it)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), TOAST_LAB_COMPILE_AHEAD="0",
                PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                            text=True, timeout=300, cwd=tmp_path) for _ in range(2)]

@@ -213,6 +213,75 @@ def test_a_search_builds_rewritten_step_models_only_while_its_budget_affords_the
     assert stopped.price(fresh_space, full) == (float("inf"), float("inf"))
 
 
+def test_every_price_a_seeded_search_takes_is_what_a_fresh_model_prices(monkeypatch):
+    """Each plan a search prices, as written or with remat and micro-batches (the rewritten
+    steps' models built as it runs, every model's state reused plan after plan), is priced
+    the same by the models of a fresh analysis asked in the reverse order: no evaluation
+    leaves behind anything that the next one reads."""
+    import math
+
+    from toast_lab.cost import plan_arrays
+    from toast_lab.plan_search import StepModels
+
+    fn, args, an = analysed()
+    model = tl.cost_model(an, MESH)
+    cap = 0.6 * min(model.estimate(p).peak_memory_bytes
+                    for p in tl.strategies.expert(an, MESH).values())
+    priced = []
+    price = StepModels.price
+
+    def recording(self, space, choices):
+        got = price(self, space, choices)
+        priced.append((space.step_of(choices), space.decision_lists(choices), got))
+        return got
+
+    monkeypatch.setattr(StepModels, "price", recording)
+    tl.search(an, MESH, simulations=120, budget_s=None, memory_cap=cap, seed=1)
+    assert len({step for step, _, _ in priced}) > 3
+    again = tl.analyze(tl.trace(fn, *args))
+    fresh = tl.cost_model(again, MESH)
+    for step, lists, got in reversed(priced):
+        if step.is_default:
+            assert fresh.step_and_peak(*plan_arrays(again, *lists)) == got
+        elif math.isfinite(got[0]):
+            assert fresh.for_step(step).step_and_peak(*lists) == got
+
+
+def test_random_plans_priced_in_turn_by_two_models_are_priced_as_a_fresh_model_does():
+    """Random plans (conflicts resolved every way, classes over every axis set) priced in
+    turn as written and with remat or micro-batches, each model's state reused plan after
+    plan, are priced the same by the models of a fresh analysis asked in the reverse
+    order."""
+    import math
+
+    import numpy as np
+
+    from toast_lab.cost import plan_arrays
+    from toast_lab.plan_search import STEP, Space
+
+    fn, args, an = analysed()
+    model = tl.cost_model(an, MESH)
+    space = Space(an, MESH)
+    steps = [p for p, d in enumerate(space.decisions) if d.kind == STEP]
+    rng = np.random.default_rng(0)
+    priced = []
+    for i in range(120):
+        choices = np.array([rng.integers(len(d.choices)) for d in space.decisions])
+        choices[steps] = 0
+        step = steps[i % len(steps)]  # as written, or one remat, count or pipeline each
+        choices[step] = (i // len(steps)) % len(space.decisions[step].choices)
+        priced.append((space.step_of(choices), space.decision_lists(choices),
+                       space.price(model, choices)))
+    assert sum(not step.is_default for step, _, _ in priced) > 60
+    again = tl.analyze(tl.trace(fn, *args))
+    fresh = tl.cost_model(again, MESH)
+    for step, lists, got in reversed(priced):
+        if step.is_default:
+            assert fresh.step_and_peak(*plan_arrays(again, *lists)) == got
+        elif math.isfinite(got[0]):
+            assert fresh.for_step(step).step_and_peak(*lists) == got
+
+
 def test_the_memory_timeline_of_a_rewritten_step_names_the_ops_as_written():
     """The memory chart of a plan with remat shows the rewritten step (its peak the
     estimate's, lower than the step as written), each position an op of the program as

@@ -35,10 +35,10 @@ STATES = ("start", "done", "failed")
 # Whose numba compiles are reported (functions of modules under this prefix).
 COMPILED_MODULES = "toast_lab."
 # The stage numba's compiles of toast_lab's functions are reported as: (key, message, note).
-# The cost model's kernel is toast_lab's only numba code; from empty caches it took 2 to 7
-# minutes on a shared 2-core machine (benchmarks/lab_latency.py, cold start).
+# The cost model's kernel is toast_lab's only numba code; from empty caches it takes about 40 s
+# of CPU (benchmarks/lab_latency.py, cold start), begun at the import (cost/_kernel/_ahead.py).
 COMPILE = ("compile", "compiling the cost model",
-           "first run only, a few minutes; numba caches it for the next runs")
+           "first run only, about 40 s of CPU; numba caches it for the next runs")
 
 
 @dataclass(frozen=True)

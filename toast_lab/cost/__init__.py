@@ -20,6 +20,12 @@ from ._timeline import CATEGORIES as MEMORY_CATEGORIES, MemoryTimeline
 from ..plan import PlanError, check_analysis
 from ._plan_arrays import PlanArrays, axis_bits, live_axis_bits, plan_arrays
 
+from . import _kernel
+
+# The kernel compiles on a thread of its own from the first import (unless it is cached, or
+# TOAST_LAB_COMPILE_AHEAD=0), while the user writes, traces and analyses: _kernel/_ahead.py.
+_kernel.start_compile()
+
 
 def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> Estimate:
     """Step time and peak memory per device of `plan` on `mesh` (see CostModel). donate: the

@@ -135,6 +135,7 @@ class CostModel:
         if not (self.compiler.schedules_breadth_first or self.compiler.combines_all_reduces):
             self._compress()
         tables = self.ty.tables
+        _kernel.wait_for_compile()  # (compiled code from here on)
         self.fixed = fixed_charges(prog, self.axis_bit, self.mesh_table, self.ty.op_type,
                                    len(tables.ops), self.ty.value_type)
         self.ty = self.ty._replace(tables=tables._replace(fixed=self.fixed.records,

@@ -12,12 +12,14 @@
     _charge      what one collective costs (alpha-beta), and how a charge is recorded
     _state       a model's tables and workspace (ModelState), allocated once
     _driver      the entries: step_and_peak, evaluate, charges, value_type_masks, fill_temps
+    _ahead       the kernel compiled on a thread of its own from the first import
     _result      the totals, as a record with named fields
 
 Masks are integers with one bit per mesh axis; the `mesh` table (MESH records) is indexed by
 mask; `device` is one DEVICE record (cost/_tables.py).
 """
 
+from . import _ahead
 from ._charge import A2A, AG, AR, CP, NUM_KINDS, RS
 from ._driver import (OVERLAP_NONE, OVERLAP_PERFECT, OVERLAP_SCHEDULED, charges, empty_ledger,
                       evaluate, fill_temps, live_bytes, step_and_peak,
@@ -33,4 +35,7 @@ __all__ = ["AR", "AG", "RS", "A2A", "CP", "NUM_KINDS", "OVERLAP_SCHEDULED", "OVE
            "empty_ledger",
            "value_type_masks", "fill_temps", "live_bytes", "LEDGER", "OP_ROWS", "OP_ROW_OPERANDS",
            "LedgerLayout", "ledger_layout", "PATTERNS", "PATTERN_NAMES", "Pattern", "RESULT",
-           "as_result", "Liveness", "ModelState", "liveness", "model_state"]
+           "as_result", "Liveness", "ModelState", "liveness", "model_state",
+           "start_compile", "wait_for_compile"]
+
+start_compile, wait_for_compile = _ahead.start, _ahead.wait

@@ -3,16 +3,23 @@
     masks -> operand classification -> op costs (with reshard pricing and the partitioner's
     patterns) -> shared reads -> overlap schedule -> liveness and memory
 
-Each entry takes a ModelState (_state.py) and the plan (PlanArrays); `step_and_peak` is the
-search's hot path, `evaluate` gives everything an Estimate needs, `charges` the ledger.
+Every entry runs one compiled function, `_entry`, with a mode. numba compiles a function's
+callees into it and has LLVM optimise and emit the whole again for each compiled caller: an
+entry per purpose, each calling the pipeline, compiled the kernel once per entry (a cold start
+of minutes). One compiled entry compiles it once. Its inputs are those the state holds (the
+plan, the live ranges, the ledger: `Host`, _state.py), which the Python entries below fill
+first and read back after, under the state's lock (threads of one Lab share a state).
+
+`step_and_peak` is the search's hot path, `step_and_peak_edited` the incremental estimator's,
+`evaluate` gives everything an Estimate needs, `charges` the ledger.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof, types
 
-from ._jit import jit
+from ._jit import inline, jit
 from ._ledger import LEDGER
 from ._dirty import mark_dirty
 from ._masks import group_consensus, type_masks
@@ -28,8 +35,13 @@ from ._schedule import schedule
 # How communication and compute add up in the step time (CostModel's `overlap`)
 OVERLAP_SCHEDULED, OVERLAP_NONE, OVERLAP_PERFECT = 0, 1, 2
 
+# What one call of _entry does: the whole plan (RUN), the live bytes at each position after it
+# (LIVE_BYTES), phases 1-5 into the ledger (CHARGES), the masks alone (TYPE_MASKS), or the
+# temporaries sized afresh (FILL_TEMPS)
+RUN, LIVE_BYTES, CHARGES, TYPE_MASKS, FILL_TEMPS = range(5)
 
-@jit
+
+@inline
 def _clear(ws):
     """Zeroes what the phases add into."""
     ws.totals[:] = 0.0
@@ -63,11 +75,10 @@ def _collectives(tables, mesh, dev, layout, ws, plan, ledger, incremental):
 
 
 @jit
-def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fresh):
-    """One plan, whole, into the workspace's totals. live: the temporaries' live ranges,
-    sized afresh (fresh) or moved from the masks they were sized under, and the last plan's
-    costs kept where nothing changed (incremental, with the workspace of one estimator)."""
-    _collectives(tables, mesh, dev, layout, ws, plan, no_ledger, not fresh)
+def _sweep(tables, memory, sched, mesh, ws, live, fresh):
+    """Phases 6 and 7 after _collectives: the schedule, and the peak of the live bytes. live:
+    the temporaries' live ranges, sized afresh (fresh) or moved from the masks they were sized
+    under."""
     totals = ws.totals
     step = schedule(sched, tables.ops, tables.shared_reads, ws)
     totals[T_SCHEDULED] = step
@@ -93,18 +104,42 @@ def _run(tables, memory, sched, mesh, dev, layout, ws, no_ledger, plan, live, fr
                                memory.runs)
 
 
-@njit(cache=True)
-def _run_state(state, plan, live, fresh):
-    _run(state.tables, state.memory, state.schedule, state.mesh, state.device[0],
-         state.layout, state.ws, state.no_ledger, plan, live, fresh)
+@inline
+def _outputs_apart(state):
+    """After a RUN: ws.added the live-byte deltas the plan adds (outputs included), ws.gdelta
+    the outputs' alone, ws.op_held the bytes each op holds while it runs."""
+    ws, memory = state.ws, state.memory
+    for n in range(ws.gdelta.shape[0]):  # (a loop: an array copy compiles numba's error text)
+        ws.added[n] = ws.gdelta[n]
+    ws.gdelta[:] = 0.0
+    arguments_and_outputs(state.mesh, memory, ws, ws.totals)
+    op_type = memory.op_type
+    for n in range(op_type.shape[0]):
+        ws.op_held[n] = ws.op_state[op_type[n]].gathered
 
 
 @njit(cache=True)
-def step_and_peak(state, plan, live, fresh, overlap):
-    """(step seconds, peak bytes per device) of one plan: the search's hot path. overlap:
-    OVERLAP_*."""
-    _run_state(state, plan, live, fresh)
-    totals = state.ws.totals
+def _entry(state, mode, fresh, overlap):
+    """The plan and live ranges `state` holds through the kernel, as `mode` says (RUN, ...);
+    fresh: the live ranges sized afresh, not moved (and every operand and op type costed
+    again, not only those the last edit changed). Returns (step seconds, peak bytes per
+    device) after a RUN or LIVE_BYTES (overlap: OVERLAP_*), else zeros."""
+    ws, tables, memory, mesh, plan, live = (state.ws, state.tables, state.memory, state.mesh,
+                                            state.plan, state.scratch)
+    if mode == TYPE_MASKS:
+        type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
+        return 0.0, 0.0
+    if mode == FILL_TEMPS:
+        live.delta[:] = 0.0
+        add_temps(live.delta, live.held, mesh, memory)
+        return 0.0, 0.0
+    charging = mode == CHARGES
+    _collectives(tables, mesh, state.device[0], state.layout, ws, plan,
+                 state.ledger if charging else state.no_ledger, not (fresh or charging))
+    if charging:
+        return 0.0, 0.0
+    _sweep(tables, memory, state.schedule, mesh, ws, live, fresh)
+    totals = ws.totals
     compute, comm = totals[T_COMPUTE], totals[T_COMM]
     if overlap == OVERLAP_SCHEDULED:
         step = totals[T_SCHEDULED]
@@ -112,51 +147,100 @@ def step_and_peak(state, plan, live, fresh, overlap):
         step = max(compute, comm)
     else:
         step = compute + comm
-    return step, totals[T_ARG] + totals[T_OUT] + totals[T_TEMP] - totals[T_ALIAS]
+    peak = totals[T_ARG] + totals[T_OUT] + totals[T_TEMP] - totals[T_ALIAS]
+    if mode == LIVE_BYTES:
+        _outputs_apart(state)
+    return step, peak
 
 
-@njit(cache=True)
+def entry_types(state) -> tuple:
+    """The numba types _entry is compiled for: the ones every Python entry below calls it
+    with (a state, an int mode, a bool, an int overlap)."""
+    return typeof(state), types.int64, types.boolean, types.int64
+
+
+def _run(state, plan, live, mode, fresh, overlap=OVERLAP_SCHEDULED):
+    """_entry on `plan` and `live` (copied into the state's, and `live` back out when it is
+    not the state's own); the caller holds the state's lock."""
+    host = state.host
+    if plan is not host.plan:
+        for name, mine, given in zip(plan._fields, host.plan, plan):
+            _copy_in(mine, given, "the plan's", name)
+    if live is None or live is host.live:
+        return _entry(state, mode, fresh, overlap)
+    if not fresh:
+        _copy_in(host.live.delta, live.delta, "the live ranges'", "delta")
+        _copy_in(host.live.held, live.held, "the live ranges'", "held")
+    out = _entry(state, mode, fresh, overlap)
+    np.copyto(live.delta, host.live.delta)
+    np.copyto(live.held, host.live.held)
+    return out
+
+
+def _copy_in(mine, given, what, name):
+    """given (an array of the caller's) into the state's own `mine`, of the same shape: numpy
+    would broadcast a shorter one silently, and the kernel read another plan than the one
+    given."""
+    if given.shape != mine.shape:
+        raise ValueError(f"{what} {name} has shape {given.shape}; this cost model's kernel "
+                         f"reads {mine.shape} (arrays of another analysis's plan?)")
+    np.copyto(mine, given)
+
+
+def step_and_peak(state, plan, live, fresh, overlap):
+    """(step seconds, peak bytes per device) of one plan (PlanArrays): the search's hot path.
+    live: a Liveness, written; fresh: sized afresh (else moved from what `live` holds);
+    overlap: OVERLAP_*."""
+    with state.host.lock:
+        return _run(state, plan, live, RUN, fresh, overlap)
+
+
 def step_and_peak_edited(state, overlap):
     """step_and_peak of the plan an incremental estimator holds in `state` (state.plan, its
     live ranges state.scratch), costing only what its last edit changed."""
-    return step_and_peak(state, state.plan, state.scratch, False, overlap)
+    return _entry(state, RUN, False, overlap)
 
 
-@njit(cache=True)
 def evaluate(state, plan, live, fresh):
     """Everything an Estimate needs of one plan: (totals, collectives [kind, mask, count |
     bytes | seconds], compute and communication seconds per op type), copies the caller
     keeps."""
-    _run_state(state, plan, live, fresh)
-    ws = state.ws
-    return ws.totals.copy(), ws.coll.copy(), ws.op_state.compute.copy(), \
-        ws.op_state.comm.copy()
+    ws = state.host.ws
+    with state.host.lock:
+        _run(state, plan, live, RUN, fresh)
+        return ws.totals.copy(), ws.coll.copy(), ws.op_state["compute"].copy(), \
+            ws.op_state["comm"].copy()
 
 
-@njit(cache=True)
 def charges(state, plan, ledger):
     """(`ledger`, an empty one (empty_ledger), filled: every collective the kernel charges in
     the row of the place that charges it (_ledger.py); compute seconds per op type). Not the
     hot path."""
-    _collectives(state.tables, state.mesh, state.device[0], state.layout, state.ws, plan,
-                 ledger, False)
-    return ledger, state.ws.op_state.compute.copy()
+    host = state.host
+    n = min(len(ledger), len(host.ledger))  # (charges past the caller's rows are not kept)
+    with host.lock:
+        host.ledger[:] = 0
+        host.ledger[:n] = ledger[:n]
+        _run(state, plan, None, CHARGES, True)
+        ledger[:n] = host.ledger[:n]
+        return ledger, host.ws.op_state["compute"].copy()
 
 
-@njit(cache=True)
 def value_type_masks(state, plan):
     """(eff[T, D], vmask[T]) of a plan: per value type, the mesh-axis bits of each dim."""
-    ws = state.ws
-    type_masks(plan, state.tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
-    return ws.eff.copy(), ws.vmask.copy()
+    ws = state.host.ws
+    with state.host.lock:
+        _run(state, plan, None, TYPE_MASKS, True)
+        return ws.eff.copy(), ws.vmask.copy()
 
 
-@njit(cache=True)
 def fill_temps(state, live, held):
     """Sizes the temporaries of `live` afresh under the masks `held`."""
-    live.delta[:] = 0.0
-    add_temps(live.delta, held, state.mesh, state.memory)
-    live.held[:] = held
+    host = state.host
+    with host.lock:
+        np.copyto(host.live.held, held)
+        _run(state, host.plan, live, FILL_TEMPS, True)
+        np.copyto(live.held, held)
 
 
 def empty_ledger(layout) -> np.ndarray:
@@ -164,22 +248,15 @@ def empty_ledger(layout) -> np.ndarray:
     return np.zeros(layout.rows, LEDGER)
 
 
-@njit(cache=True)
 def live_bytes(state, plan, live):
     """What is live at each position of the memory sweep under one plan (not the hot path):
     (temporaries' deltas [N + 2], the deltas of every buffer a plan adds but outputs [N + 2],
     the outputs' deltas [N + 2] (negative for those not written yet), the bytes each op holds
     while it runs [N], totals). The peak is the largest prefix sum of the three deltas plus the
     held bytes, over the positions."""
-    _run_state(state, plan, live, True)
-    ws, memory = state.ws, state.memory
-    added = ws.gdelta.copy()
-    totals = ws.totals.copy()
-    ws.gdelta[:] = 0.0
-    arguments_and_outputs(state.mesh, memory, ws, totals)
-    outputs = ws.gdelta.copy()
-    op_type = memory.op_type
-    held = np.empty(op_type.shape[0])
-    for n in range(op_type.shape[0]):
-        held[n] = ws.op_state[op_type[n]].gathered
-    return live.delta.copy(), added - outputs, outputs, held, totals
+    ws = state.host.ws
+    with state.host.lock:
+        _run(state, plan, live, LIVE_BYTES, True)
+        outputs = ws.gdelta.copy()
+        return live.delta.copy(), ws.added - outputs, outputs, ws.op_held.copy(), \
+            ws.totals.copy()

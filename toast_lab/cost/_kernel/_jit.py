@@ -9,7 +9,14 @@ function it cannot inline, two atomic operations per array (measured: a helper t
 arrays, called for each of 131 operands, ran in 92 ns a call counted, 16 ns not). The entries
 that allocate what they hand back (_driver.py) keep it.
 
-`inline` is the same for small helpers called in the inner loops, inlined into their callers.
+Nor has any of them a Python entry (`no_cpython_wrapper`, `no_cfunc_wrapper`): only the
+kernel's one entry (_driver._entry) is called from Python, and a wrapper unboxes every array
+of the tables and workspace it is handed, code that numba generates, optimises and emits for
+each function (about a seventh of a cold compile).
+
+`inline` is the same for small helpers called in the inner loops, inlined into their callers;
+being inlined by numba, they keep a Python entry (the cost model prices shard_map bodies'
+collectives with _charge's time functions).
 """
 
 from __future__ import annotations
@@ -21,5 +28,5 @@ from . import _cache
 # every kernel function is cached under a hash of the cost model's sources (_cache.py)
 _cache.install()
 
-jit = njit(cache=True, _nrt=False)
+jit = njit(cache=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 inline = njit(cache=True, _nrt=False, inline="always")

@@ -20,6 +20,7 @@ Per operand type (TypeTables.operands), an OPERAND_STATE record:
 
 from __future__ import annotations
 
+import numpy as np
 
 from ._jit import inline, jit
 from .._operand_rows import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
@@ -284,7 +285,7 @@ def _axis_order(o, v, mask, value_classes, mesh):
         reduced = 0
         if operands[o].sliced_first:
             reduced = state.added & v.vmask[operands[o].value_type] & ~rem
-        moved_order = -1
+        moved_order = np.int64(-1)  # (a literal -1 would compile out_of_order twice)
         if moved & (moved - 1) != 0 and reduced == 0:
             for j in range(operands[o].start, operands[o].end):
                 if rstate[operand_rows[j]].removed & moved == moved:

@@ -74,7 +74,7 @@ def shared_reads(plan, tables, mesh, ws, coll, ledger, layout, totals):
     shared_values, gdelta, num_ops = tables.shared_values, ws.gdelta, tables.num_ops
     for value in range(shared_values.shape[0]):
         nk = 0
-        nc = 0
+        nc = np.int64(0)  # (a literal 0 would compile _copy twice)
         for j in range(shared_values[value].start, shared_values[value].end):
             nk, nc = _read(j, overridden, nk, nc, num_ops, v, r, mesh, coll, ledger, layout,
                            totals)

@@ -9,6 +9,7 @@ several ways; XLA runs a dry run of each method and keeps the cheapest
 
 from __future__ import annotations
 
+import numpy as np
 
 from ._jit import jit
 from .._operand_rows import ROW_RESULT
@@ -40,7 +41,7 @@ def scatter_passthrough(coll, op, eff, vmask, psum, res_mask, mesh, w, ledger, r
     axes where index passthrough wins or nothing is contested. Ledger rows `row` (the
     all-to-all) and `row + 1` (the all-gather), and those of regrouped_indices, which
     partitions the rest of the mesh the way XLA does after it."""
-    window = 0
+    window = np.int64(0)  # (a literal 0 would compile regrouped_indices twice)
     for d in range(eff.shape[1]):
         if op.scatter_window >> d & 1:
             window |= eff[op.result_type, d]

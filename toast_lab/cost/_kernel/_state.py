@@ -13,6 +13,8 @@ out or lives in a `Liveness` of its own.
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -74,6 +76,8 @@ class Workspace(NamedTuple):
     kept: np.ndarray             # [MAX_SHARDINGS] KEPT records (_reads)
     copies: np.ndarray           # [MAX_SHARDINGS] COPY records
     gdelta: np.ndarray           # [N + 2] live-byte deltas a plan adds (_memory)
+    added: np.ndarray            # [N + 2] gdelta before the outputs are taken apart (live_bytes)
+    op_held: np.ndarray          # [N] the bytes each op holds while it runs (live_bytes)
     reducing: np.ndarray         # [N] bool (_memory)
     feeds: np.ndarray            # [N] bool
     combined: np.ndarray         # [C]
@@ -119,7 +123,8 @@ def workspace(tables, memory, masks: int) -> Workspace:
         operand_state=z(len(tables.operands), OPERAND_STATE),
         op_state=z(len(tables.ops), OP_STATE), member_bytes=z(len(tables.op_operands), _F),
         read_time=z(len(tables.shared_reads), _F), kept=z(MAX_SHARDINGS, KEPT),
-        copies=z(MAX_SHARDINGS, COPY), gdelta=z(N + 2, _F), reducing=z(N, _B),
+        copies=z(MAX_SHARDINGS, COPY), gdelta=z(N + 2, _F), added=z(N + 2, _F),
+        op_held=z(N, _F), reducing=z(N, _B),
         feeds=z(N, _B), combined=z(max(memory.num_computations, 1), _I),
         finish=z(N, _F), wait=z(N + 1, _F),
         totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F), no_ops=z(0, _B),
@@ -143,29 +148,55 @@ class ModelStateType(types.StructRef):
 
 
 class ModelState(structref.StructRefProxy):
-    """One model's tables and workspace, as the kernel takes them (see the module docstring)."""
+    """One model's tables and workspace, as the kernel takes them (see the module docstring);
+    `host`: the Host of the state model_state made (a state numba hands back has none)."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """What Python keeps of a ModelState: the arrays it shares with the kernel (the plan and
+    live ranges the kernel's entry reads, _driver.py; the workspace; the ledger it charges in
+    CHARGES mode) and a lock that makes filling them, the entry and reading them back one step
+    for the threads that share the state."""
+
+    plan: PlanArrays
+    live: Liveness
+    ws: Workspace
+    ledger: np.ndarray  # [layout.rows] LEDGER records
+    lock: threading.Lock
 
 
 _FIELDS = ("tables", "memory", "schedule", "mesh", "device", "layout", "ws", "no_ledger",
-           "scratch", "plan")
+           "ledger", "scratch", "plan")
 structref.define_proxy(ModelState, ModelStateType, list(_FIELDS))
 
 
 @njit(cache=True)
-def _new_state(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch, plan):
-    return ModelState(tables, memory, schedule, mesh, device, layout, ws, no_ledger, scratch,
-                      plan)
+def _new_state(tables, memory, schedule, mesh, device, layout, ws, no_ledger, ledger, scratch,
+               plan):
+    return ModelState(tables, memory, schedule, mesh, device, layout, ws, no_ledger, ledger,
+                      scratch, plan)
 
 
 def model_state(tables, memory, schedule, mesh_table, device_table, plan=None,
                 live=None) -> ModelState:
     """The ModelState of a model's tables (TypeTables, MemoryTables, ScheduleTables), its MESH
     table and its DEVICE record; `plan` and `live`: the PlanArrays and Liveness an incremental
-    estimator edits in place (shared, not copied)."""
+    estimator edits in place (shared, not copied). Its `host` is what Python keeps of it."""
     if plan is None:
         plan = PlanArrays(np.zeros(len(tables.split_base), _I),
                           np.zeros(len(tables.split_base), _I),
                           np.zeros(len(tables.conflict_class), _I))
-    return _new_state(tables, memory, schedule, mesh_table, device_table, ledger_layout(tables),
-                      workspace(tables, memory, len(mesh_table)), np.zeros(0, LEDGER),
-                      liveness(tables, memory) if live is None else live, plan)
+    for name, a in zip(PlanArrays._fields, plan):
+        # (another array type would be another compiled kernel, minutes of compiling)
+        if a.dtype != _I or not a.flags.c_contiguous or not a.flags.writeable:
+            raise TypeError(f"the plan's {name} must be a writeable C-contiguous int64 array "
+                            f"(as_plan_arrays), not {a.dtype} {a.flags}")
+    live = liveness(tables, memory) if live is None else live
+    layout = ledger_layout(tables)
+    ws = workspace(tables, memory, len(mesh_table))
+    ledger = np.zeros(layout.rows, LEDGER)
+    state = _new_state(tables, memory, schedule, mesh_table, device_table, layout, ws,
+                       np.zeros(0, LEDGER), ledger, live, plan)
+    state.host = Host(plan, live, ws, ledger, threading.Lock())
+    return state
