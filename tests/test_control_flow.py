@@ -114,13 +114,15 @@ def test_a_while_loop_keeps_one_copy_of_its_state():
 
 
 def test_a_loop_accumulates_in_place():
-    """The accumulator a loop carries is its state: each iteration's sum is written there, so
-    the temporaries hold it once, with one micro-batch's gradients, not a second copy."""
+    """The accumulator a loop carries is its state: each iteration's sum is written there, and
+    the zeros it starts from are that buffer too (the loop takes over the buffer of a carry
+    made for it alone), so the temporaries hold it once, with one micro-batch's gradients,
+    not a second copy: XLA:CPU's temporaries are 1.81x the weights here."""
     fn, args = fori_accumulate()
     an = tl.analyze(tl.trace(fn, *args))
     weights = sum(a.nbytes for a in jax.tree.leaves(args[0]))
     est = tl.estimate(an, tl.Plan.replicated(an).with_axes("x[0]", "data"), MESH)
-    assert 2 * weights < est.temp_bytes < 2.5 * weights
+    assert 1.6 * weights < est.temp_bytes < 2.0 * weights
 
 
 @pytest.mark.slow
