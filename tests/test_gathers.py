@@ -653,7 +653,15 @@ def test_a_reshard_that_moves_one_axis_out_of_a_dim_another_leaves_gathers_it_wh
     # partitioner cannot take "data" away and move "model" in one step ("involuntary full
     # rematerialization"): it all-gathers over (data, model) and slices, no all-to-all. The
     # model charged an all-gather over data and an all-to-all over model: 2x XLA's all-to-all.
-    step, sample, an, plan = _third_party_random("equinox-attention", 0)
+    # (The plan fidelity.py drew as equinox-attention's first random plan.)
+    from tests.third_party.models import BUILDERS
+
+    step, sample = BUILDERS["equinox-attention"][0]()
+    an = tl.analyze(tl.trace(step, *sample))
+    plan = tl.Plan.from_decisions(an, [
+        ("embed", ("model", "data")), ("vocab(emb)", ("data", "model")),
+        ("heads(key_proj)", ("model",)), ("mlp", ("data",)), ("heads(output_proj)", ("model",)),
+        ("head_dim(v)", ("model", "data"))])
     xla = _xla_bytes(step, sample, plan)
     model = _model_bytes(an, plan)
     key = ("all-to-all", ("model",))
