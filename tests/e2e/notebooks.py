@@ -136,3 +136,16 @@ WATCH_OUTPUTS = '''() => {
   new MutationObserver(look).observe(document.body,
     {subtree: true, childList: true, characterData: true, attributes: true});
 }'''
+
+
+def open_step_decisions(server, page, name: str, lab_cell: str):
+    """(the Lab, its decisions-beyond-sharding section): notebook `name` with `lab_cell` run at
+    1280 x 800, once the graph is drawn, on the Decisions tab."""
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    open_notebook(server, page, name, [lab_cell])
+    lab = page.locator(".tl-widget .tl-lab")
+    expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
+    lab.locator('.tl-tab[data-tab="decisions"]').click()
+    return lab, lab.locator(".tl-steps")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import shoot
-from .notebooks import kernel_execute, kernel_json, open_notebook
+from .notebooks import kernel_execute, kernel_json, open_step_decisions
 
 pytestmark = pytest.mark.e2e
 
@@ -50,12 +50,7 @@ def _figure(lab, name: str) -> str:
 def test_stages_are_priced_pinned_and_their_schedule_drawn(page, lab_server):
     from playwright.sync_api import expect
 
-    page.set_viewport_size({"width": 1280, "height": 800})
-    open_notebook(lab_server, page, "lab_pipeline.ipynb", [LAB_CELL])
-    lab = page.locator(".tl-widget .tl-lab")
-    expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
-    lab.locator('.tl-tab[data-tab="decisions"]').click()
-    steps = lab.locator(".tl-steps")
+    lab, steps = open_step_decisions(lab_server, page, "lab_pipeline.ipynb", LAB_CELL)
     expect(steps.locator("h4")).to_have_text("Remat, micro-batches & stages (3)")
     stages = steps.locator('.tl-decision[data-step="pipeline@block"]')
     expect(stages.locator(".tl-decision-name")).to_have_text(

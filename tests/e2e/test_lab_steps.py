@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import shoot
-from .notebooks import kernel_execute, kernel_json, open_notebook
+from .notebooks import kernel_execute, kernel_json, open_step_decisions
 
 pytestmark = pytest.mark.e2e
 
@@ -31,12 +31,7 @@ def _peak(lab) -> str:
 def test_remat_full_is_priced_then_pinned_and_the_peak_drops(page, lab_server):
     from playwright.sync_api import expect
 
-    page.set_viewport_size({"width": 1280, "height": 800})
-    open_notebook(lab_server, page, "lab_steps.ipynb", [LAB_CELL])
-    lab = page.locator(".tl-widget .tl-lab")
-    expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
-    lab.locator('.tl-tab[data-tab="decisions"]').click()
-    steps = lab.locator(".tl-steps")
+    lab, steps = open_step_decisions(lab_server, page, "lab_steps.ipynb", LAB_CELL)
     # (and stages over data, the one axis whose size divides the 2 layers)
     expect(steps.locator("h4")).to_have_text("Remat, micro-batches & stages (3)")
     remat = steps.locator('.tl-decision[data-step="remat@block"]')
