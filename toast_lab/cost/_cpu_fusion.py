@@ -201,10 +201,11 @@ def _ynn_reduction(prog, op) -> bool:
                for v in (*op.operands, *op.results)) >= _YNN_MIN_ELEMENTS
 
 
-def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
-    """(threshold [V], readers, broadcasts): for a fused value that a YNNPACK reduction reads
-    from memory, the per-device bytes from which it does (inf elsewhere), {value: the
-    reductions reading it}, and the broadcasts those reductions read (LibraryBroadcast).
+def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list, np.ndarray]:
+    """(threshold [V], readers, broadcasts, taken_in [N]): for a fused value that a YNNPACK
+    reduction reads from memory, the per-device bytes from which it does (inf elsewhere),
+    {value: the reductions reading it}, the broadcasts those reductions read
+    (LibraryBroadcast), and the elementwise ops a reduction's library fusion takes in.
 
     XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
     all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
@@ -214,6 +215,9 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
     read it (the loop fusions reading it still recompute it from its operands). The
     reduction is the library's only where an operand or its result has 4096 elements per
     device (IsInstructionPreferredByYnn), so the value is written from a per-device size on.
+    An op it takes in is computed inside the library fusion and never written, though
+    fusion_copies counts it a fusion of its own (softmax's gradient times its output, read by
+    the sum alone).
     Values XLA's CSE merges (common_values) count once, read by the readers of all.
 
     A broadcast is never taken in: one the jaxpr leaves implicit (an elementwise op of
@@ -229,6 +233,7 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
     canon = common_values(prog)
     readers: dict[int, set] = {}
     broadcasts: dict[tuple, LibraryBroadcast] = {}
+    taken_in = np.zeros(len(ops), bool)
     for op in ops:
         if op.body or not _ynn_capable(prog, op):
             continue
@@ -261,11 +266,12 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list]:
                                 for r in prog.users(w))):
                     absorbed.add(p)
                     stack.append(p)
+                    taken_in[p] = _ynn_reduction(prog, op)
                     continue
                 c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
                 threshold[c] = min(threshold[c], from_size(u))
                 readers.setdefault(int(c), set()).add(op.id)
-    return threshold, readers, list(broadcasts.values())
+    return threshold, readers, list(broadcasts.values()), taken_in
 
 
 # Ops a YNNPACK library fusion does not grow into: their results are its inputs.

@@ -91,17 +91,20 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     prog, fused, pieces = an.program, dev_ops.fused, dev_ops.pieces
     min_nbytes = np.where(fused, np.inf, 0.0)
     recomputed = fused.copy()  # fused values whose readers' fusions recompute them
+    readers, broadcasts = {}, []
+    taken_in = np.zeros(len(prog.ops), bool)
+    if compiler.reduces_in_library:
+        threshold, readers, broadcasts, taken_in = an.derived(
+            "cost.library_inputs", lambda: library_inputs(prog, st.passes.fused))
     if compiler.clones_fused_producers:  # an expensive op read by several fusions is written
         own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
-        for op in np.nonzero(own)[0]:
+        # (unless a reduction's library fusion takes it in: it is computed there)
+        for op in np.nonzero(own & ~taken_in)[0]:
             results = list(prog.ops[op].results)
             min_nbytes[results] = 0.0
             if prog.ops[op].primitive in FREES_INPUTS:
                 recomputed[results] = False
-    readers, broadcasts = {}, []
     if compiler.reduces_in_library:
-        threshold, readers, broadcasts = an.derived(
-            "cost.library_inputs", lambda: library_inputs(prog, st.passes.fused))
         min_nbytes = np.minimum(min_nbytes, threshold)
     temp = np.nonzero(~st.values.is_input & ~st.values.is_output & np.isfinite(min_nbytes)
                       & (st.values.nbytes > 0) & ~st.passes.outside_buffer)[0]
