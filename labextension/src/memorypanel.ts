@@ -23,7 +23,9 @@ export function memoryPanel(view: ViewModel, chart: MemoryChart, host: MemoryHos
   }
   if (m === null) {
     return unavailable(
-      est
+      view.pricing
+        ? `No memory chart yet: ${view.pricing}.`
+        : est
         ? 'No memory chart in this view.'
         : 'No memory chart: no mesh was given, so nothing prices the plan\u2019s memory. plan.with_mesh(tl.Mesh({...}, device=...)) does.'
     );

@@ -60,9 +60,13 @@ export function decisionsPanel(view: ViewModel, host: PanelHost, schedule: Sched
     h(
       'div',
       { className: 'tl-section-note' },
-      view.search.running ? 'While the search runs, each choice is priced against its best plan so far' : 'Each choice shows its step time and peak memory against the current plan',
+      view.pricing
+        ? `Prices pending: ${view.pricing}. Each choice shows its step time and peak memory once it is ready`
+        : view.search.running
+          ? 'While the search runs, each choice is priced against its best plan so far'
+          : 'Each choice shows its step time and peak memory against the current plan',
       est ? ` (${fmt.seconds(est.step_time_s)}, ${fmt.bytes(est.peak_memory_bytes)}).` : '.',
-      host.interactive ? ' Click one to pin it.' : ''
+      host.interactive ? (view.pricing ? ' Click one to pin it now; it is priced then.' : ' Click one to pin it.') : ''
     ),
     stepSection(view, host, schedule),
     h('div', { className: 'tl-section-note tl-at-stake-note' }, `${AT_STAKE}.`),
@@ -330,7 +334,7 @@ function deltaClass(d: number | null): string {
 export function estimatePanel(view: ViewModel): HTMLElement {
   const est = view.estimate;
   if (!est) {
-    return h('div', { className: 'tl-empty' }, 'No estimate: no mesh was given.');
+    return h('div', { className: 'tl-empty' }, view.pricing ? `No estimate yet: ${view.pricing}.` : 'No estimate: no mesh was given.');
   }
   const axes = Object.entries(est.communication_by_axis ?? {});
   const timeParts: [string, number, string][] = [

@@ -277,9 +277,17 @@ export class LabGraphView implements PanelHost, MemoryHost {
     );
     this.titleBox.title = `${v.program.name}: ${v.program.ops.toLocaleString()} ops · ${mesh}`;
     const start = v.start ?? null;
-    this.startLine.hidden = start === null;
-    this.startLine.textContent = start ? start.label : '';
-    this.startLine.title = start ? `The plan this Lab started on: ${start.note}` : '';
+    const pricing = v.pricing ?? null;
+    // Before its prices, the line says why they are not there yet (the kernel's progress
+    // line above the Lab counts the seconds).
+    this.startLine.hidden = start === null && pricing === null;
+    this.startLine.textContent = pricing ? `prices pending: ${pricing}` : start ? start.label : '';
+    this.startLine.title = pricing
+      ? 'The graph and the decisions are drawn; every price follows once the cost model is ready. Pins and a Search clicked meanwhile are kept and applied then.'
+      : start
+        ? `The plan this Lab started on: ${start.note}`
+        : '';
+    this.startLine.classList.toggle('tl-pending', pricing !== null);
     fill(
       this.figures,
       figure('step time', est ? fmt.seconds(est.step_time_s) : '–', '', est ? stepSplit(est) : null),
@@ -294,6 +302,9 @@ export class LabGraphView implements PanelHost, MemoryHost {
       figure('pinned', String(v.pinned.length), '')
     );
     this.searchButton.disabled = s.running;
+    this.searchButton.title = pricing
+      ? 'Search once the cost model is compiled (the click is kept until then)'
+      : 'Search for a better plan in the background (pins are kept)';
     this.stopButton.disabled = !s.running;
     this.progress.className = `tl-progress${s.running ? ' tl-running' : ''}`;
     this.progress.dataset.running = String(s.running);
@@ -495,7 +506,7 @@ export class LabGraphView implements PanelHost, MemoryHost {
   private tabInputs(v: ViewModel): unknown {
     switch (this.tab) {
       case 'decisions':
-        return [v.classes, v.conflicts, v.steps ?? [], v.schedule ?? null, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
+        return [v.classes, v.conflicts, v.steps ?? [], v.schedule ?? null, v.pricing ?? null, v.estimate?.step_time_s, v.estimate?.peak_memory_bytes, v.estimate?.memory_capacity_bytes, v.search.running];
       case 'estimate':
         return [v.estimate, v.experts, v.classes.map(c => c.axes)];
       case 'memory':

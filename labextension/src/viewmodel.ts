@@ -35,6 +35,9 @@ export interface ViewModel {
   steps?: StepDecisionView[];
   /** A pipelined plan's schedule (null: no stages; absent: a view saved before it). */
   schedule?: ScheduleView | null;
+  /** Why the prices (estimate, choices, expert plans, memory) are not there yet, in words
+   * ("compiling the cost model (...)"); null once they are: every price shows "–". */
+  pricing?: string | null;
 }
 
 export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';

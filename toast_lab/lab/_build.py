@@ -14,7 +14,8 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from ._counterfactuals import axes_label, class_choices, conflict_choices, unpriced_choice
+from ._counterfactuals import (axes_label, class_choices, conflict_choices, shared_values,
+                               unpriced_choice)
 from ._details import op_details, snippet
 from ._dot import to_dot
 from ._explain import Explainer
@@ -56,6 +57,7 @@ class ViewBuilder:
         self._explained: tuple = (None, None)        # ((plan, selection, open groups), view)
         self._memory: tuple = (None, None, None)     # (model, plan, its MemoryView)
         self._steps: tuple | None = None             # the STEP decisions offered (once)
+        self._shared = None  # shared_values, for the choices' notes before a session has them
         self.op_costs: tuple = (np.zeros(len(prog.ops)), np.zeros(len(prog.ops)))
 
     @property
@@ -171,29 +173,46 @@ class ViewBuilder:
                                            start.peak_memory_bytes, start.note, start.label),
             explained=explained, memory=memory, steps=steps, schedule=schedule)
 
-    def build_unpriced(self, plan, expanded=None, notice: str | None = None) -> ViewModel:
-        """The ViewModel of `plan` with no mesh (built with mesh=None): the graph coloured by
-        the plan and its decisions, with no costs, prices, estimate, expert rows or memory chart."""
+    def build_unpriced(self, plan, expanded=None, notice: str | None = None, *,
+                       pricing: str | None = None, error: str | None = None) -> ViewModel:
+        """The ViewModel of `plan` with no prices: the graph coloured by the plan and its
+        decisions, with no costs, estimate, expert rows or memory chart. With no mesh (built
+        with mesh=None) a class offers only its axes; on a mesh whose cost model is not
+        ready yet (`pricing` says why, the Lab's first view) every choice is offered, "–"."""
         expanded = self.default_expanded if expanded is None else expanded
         graph = self.graph(expanded)
         zeros = np.zeros(len(self.analysis.program.ops))
         colors, legend = self.colors(plan)
-        classes = tuple(self._class_view(plan, c, colors, legend,
-                                         (unpriced_choice(plan.axes_of(c.id)),))
+        steps = ()
+        if self.mesh is None:
+            class_choice = {c.id: (unpriced_choice(plan.axes_of(c.id)),)
+                            for c in self.analysis.classes}
+            conflict_choice = {c.id: tuple(
+                unpriced_choice(r, r == plan.resolution_of(c.id), self.words[c.id][r].label)
+                for r in c.resolutions) for c in self.analysis.conflicts}
+        else:
+            if self._shared is None:
+                self._shared = shared_values(self.analysis)
+            class_choice, conflict_choice, step_choice = self._choices(
+                None, plan, None, self._shared, price=False)
+            steps = tuple(step_view(self.analysis, plan, name, choices)
+                          for name, choices in step_choice.items())
+        classes = tuple(self._class_view(plan, c, colors, legend, class_choice[c.id])
                         for c in self.analysis.classes)
-        conflicts = tuple(self._conflict_view(plan, c, tuple(
-            unpriced_choice(r, r == plan.resolution_of(c.id), self.words[c.id][r].label)
-            for r in c.resolutions)) for c in self.analysis.conflicts)
+        conflicts = tuple(self._conflict_view(plan, c, conflict_choice[c.id])
+                          for c in self.analysis.conflicts)
         schedule = schedule_view(self.analysis, plan, None, self.tree)
         nodes, edges = self._decorate(graph, plan, zeros, zeros, {}, conflicts, schedule)
         dot = to_dot(self.program["name"], graph, nodes, edges, colors, conflicts, self.tree,
                      _stage_notes(schedule))
         return ViewModel(
-            program=dict(self.program), mesh=None, classes=classes, conflicts=conflicts,
+            program=dict(self.program), mesh=None if self.mesh_view is None
+            else dict(self.mesh_view), classes=classes, conflicts=conflicts,
             groups=self._group_views(graph, zeros, zeros), graph=GraphView(dot, nodes, edges),
             estimate=None, experts=(), search=SearchView(False, 0, 0.0, 0.0, None, ()),
-            snippet=snippet(plan, None), error=None, selected=None, details=None,
-            pinned=tuple(sorted(plan.pinned)), notice=notice, schedule=schedule)
+            snippet=snippet(plan, self.mesh), error=error,
+            selected=None, details=None, pinned=tuple(sorted(plan.pinned)), notice=notice,
+            steps=steps, schedule=schedule, pricing=pricing)
 
     def op_collectives(self, model, plan) -> dict:
         """{op id: its OpCollectives} under `plan`, as the cost model charges them
@@ -238,7 +257,7 @@ class ViewBuilder:
         if price and cached_model is model and cached_plan == plan:
             return cached
         an = self.analysis
-        current = (est.step_time_s, est.peak_memory_bytes)
+        current = (None, None) if est is None else (est.step_time_s, est.peak_memory_bytes)
         classes = {c.id: class_choices(an, self.mesh, model, plan, current, c, shared, price)
                    for c in an.classes}
         # (the incremental estimator prices the step as written: a rewritten one is priced

@@ -224,31 +224,47 @@ class LabCharts:
     def __init__(self, view, width: int = 1060) -> None:
         import ipywidgets
 
-        self.references = _references(view)
+        self.width = width
         est = view.estimate or {}
         self._last_history = self._history(view)
-        # Both stretch to the width the page gives them (the Lab's card is as wide as the
-        # notebook), the progress chart taking the larger share.
-        self.progress = SearchProgressChart(self._last_history, self.references,
-                                            width=int(width * 0.56), sizing_mode="stretch_width")
+        self._ruled = _ruled_out(view)
+        self.progress = self._progress_chart(view)
         self._last_memory = (dict(est.get("memory_breakdown", {})),
                              est.get("memory_capacity_bytes", 0.0))
         self.memory = MemoryChart(*self._last_memory, width=int(width * 0.42), height=220,
                                   sizing_mode="stretch_width")
-        # Side by side when the card is wide enough for both to read, else one under the other
-        # (a 1280 px screen with JupyterLab's side bar open): Bokeh draws on canvases, which
-        # clip what does not fit them.
-        self.progress.widget.layout = ipywidgets.Layout(flex="1.4 1 520px", min_width="420px")
         self.memory.widget.layout = ipywidgets.Layout(flex="1 1 340px", min_width="320px")
-        self._ruled = _ruled_out(view)
-        self.progress.rule_out(self._ruled)
         self.dirty = False  # whether a chart changed since its widget's document was saved
         self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget],
                                       layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.widget.add_class("tl-charts")  # drawn as the bottom of the Lab's card
 
+    def _progress_chart(self, view) -> SearchProgressChart:
+        """The search's chart, the expert plans of `view` its reference lines."""
+        import ipywidgets
+
+        self.references = _references(view)
+        # Both stretch to the width the page gives them (the Lab's card is as wide as the
+        # notebook), the progress chart taking the larger share.
+        chart = SearchProgressChart(self._last_history, self.references,
+                                    width=int(self.width * 0.56), sizing_mode="stretch_width")
+        # Side by side when the card is wide enough for both to read, else one under the other
+        # (a 1280 px screen with JupyterLab's side bar open): Bokeh draws on canvases, which
+        # clip what does not fit them.
+        chart.widget.layout = ipywidgets.Layout(flex="1.4 1 520px", min_width="420px")
+        chart.rule_out(self._ruled)
+        return chart
+
     def update(self, view) -> None:
         """Moves both charts to `view`; only what changed travels to the page."""
+        if _references(view) != self.references:
+            # the expert plans priced after the charts were made (a Lab whose prices were
+            # pending): a new chart with their lines, in the old one's place
+            self._last_history = self._history(view)
+            self._ruled = _ruled_out(view)
+            self.progress = self._progress_chart(view)
+            self.widget.children = (self.progress.widget, self.memory.widget)
+            self.dirty = True
         ruled = _ruled_out(view)
         if ruled != self._ruled:
             self.progress.rule_out(ruled)

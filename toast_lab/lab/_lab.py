@@ -8,10 +8,17 @@ Every change of the session — from a call here, a click in the widget, or the 
 rebuilds the view model and assigns it to the widget's `view` traitlet (and the per-op costs to
 `op_costs`). Front-end events go to the session; whatever goes wrong in handling one becomes
 the view's `error`, never a dead widget.
+
+In a notebook, while the cost model's kernel still compiles (a first run from empty caches,
+cost/_kernel/_ahead.py), the Lab does not wait for it: its first view comes at once, every
+price pending (_pending.py), and a thread of its own builds the session once the compile is
+done, replays what the person clicked meanwhile and sends the complete view. Whatever needs
+the session (`plan`, `estimate`, `pin`, `search`, ...) waits for it, as it waited before.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -21,6 +28,7 @@ import numpy as np
 
 from ..analysis import analyze
 from ..cost import cost_model
+from ..cost._kernel import _ahead
 from ..plan import Plan, PlanError
 from ..program import trace
 from ..progress import stage
@@ -28,6 +36,7 @@ from ._build import ViewBuilder
 from ._scopes import ROOT
 from ._session import PinError, Session
 from ._chartfeed import ChartFeed
+from ._pending import QUEUED, STARTING, Pending, status_line
 from ._startup import building, in_kernel
 from ._viewmodel import ViewModel
 
@@ -103,43 +112,110 @@ class Lab:
         return lab
 
     def _setup(self, analysis, mesh, plan=None, *, pins=None, donate: bool = True,
-               overlap="scheduled",
-               memory_cap: float | None = None, seed: int = 0, expanded=None, widget=None,
-               progress_every_s: float = 0.2):
-        with stage("cost model", "building the cost model and estimating the first plan"):
-            # the first estimate compiles the cost model's kernel on a first run
-            cost_model(analysis, mesh, donate, overlap).estimate(Plan.replicated(analysis))
-        # its stages: the expert plans, and a short search where none of them fits
-        self.session = Session(analysis, mesh, plan, pins=pins, donate=donate,
-                               overlap=overlap, memory_cap=memory_cap, seed=seed,
-                               progress_every_s=progress_every_s)
-        self.session.expert_plans()
+               overlap="scheduled", memory_cap: float | None = None, seed: int = 0,
+               expanded=None, widget=None, progress_every_s: float = 0.2):
+        options = dict(donate=donate, overlap=overlap, memory_cap=memory_cap, seed=seed,
+                       progress_every_s=progress_every_s)  # the Session's
         self.builder = ViewBuilder(analysis, mesh)
         self._expanded = set(self.builder.default_expanded if expanded is None
                              else set(expanded) | {ROOT})
         self._error: str | None = None        # a crash of the view layer itself
         self._refreshed_at = 0.0
         self._refresh_lock = threading.RLock()
+        self._events_lock = threading.RLock()  # one event at a time, queued ones first
         self._view: ViewModel | None = None
+        self._lines = {"pricing": "", "charts": ""}  # the widget's progress line, by source
         self._feed = ChartFeed(self)
         self.widget = _default_widget() if widget is None else (widget or None)
+        self._session: Session | None = None
+        self._ready: concurrent.futures.Future = concurrent.futures.Future()  # the session
+        self._pending: Pending | None = None
+        if self.widget is not None and in_kernel() and _ahead.running():
+            # a notebook, the kernel still compiling: the first view now, its prices later
+            self._pending = Pending(analysis, mesh, plan, pins)
+            self._building_line(status_line(_ahead.elapsed_s()), "pricing")
+        else:
+            session = self._new_session(analysis, mesh, plan, pins, options)
+            self._use(session)
+            self._ready.set_result(session)
         if self.widget is not None:
             self.widget.on_event(self._on_event)
-        self.session.add_listener(self._on_change)
-        with stage("first view", "pricing the choices and drawing the first view"):
+        with stage("first view", "drawing the first view" if self._pending is not None
+                   else "pricing the choices and drawing the first view") as run:
             self.refresh()
+            if self._pending is not None:
+                run.detail = f"prices pending: {self._pending.status}"
+        if self._pending is not None:
+            threading.Thread(target=self._price_later, args=(plan, pins, options),
+                             name="toast-lab pricing", daemon=True).start()
         if self.widget is not None and in_kernel():
             self._feed.prepare()
+
+    def _new_session(self, analysis, mesh, plan, pins, options) -> Session:
+        """The session: the cost model, the expert plans, the first plan."""
+        with stage("cost model", "building the cost model and estimating the first plan"):
+            # the first estimate compiles the cost model's kernel on a first run
+            cost_model(analysis, mesh, options["donate"], options["overlap"]).estimate(
+                Plan.replicated(analysis))
+        # its stages: the expert plans, and a short search where none of them fits
+        session = Session(analysis, mesh, plan, pins=pins, **options)
+        session.expert_plans()
+        return session
+
+    def _use(self, session: Session) -> None:
+        """Makes `session` the Lab's: from here on the view has prices."""
+        with self._refresh_lock:
+            self._session = session
+        session.add_listener(self._on_change)
+
+    def _price_later(self, plan, pins, options) -> None:
+        """The pending Lab's setup, on a thread of its own: waits for the kernel's compile
+        (the progress line counting its seconds), builds the session, replays the events
+        queued meanwhile, and sends the complete view."""
+        while not _ahead.done(timeout=1.0):
+            self._building_line(status_line(_ahead.elapsed_s()), "pricing")
+        self._building_line(f"pricing: {STARTING}", "pricing")
+        try:
+            # (built outside the events' lock: a click meanwhile is queued, not kept waiting)
+            session = self._new_session(self.builder.analysis, self.builder.mesh, plan, pins,
+                                        options)
+            with self._events_lock:
+                self._use(session)
+                queued, self._pending = self._pending.events, None
+                for event in queued:
+                    self._handle(event)
+            self.refresh()
+            self._ready.set_result(session)
+        except BaseException as err:  # noqa: BLE001 - shown, and raised where it is waited for
+            log.exception("toast-lab: the Lab could not price its plans")
+            self._pending.status = f"the cost model could not be built ({type(err).__name__})"
+            self._error = f"the Lab could not price its plans: {type(err).__name__}: {err}"
+            self.refresh()
+            self._ready.set_exception(err)
+        finally:
+            self._building_line("", "pricing")
 
     # --- the session, as a notebook uses it -------------------------------------------------------
 
     @property
+    def session(self) -> Session:
+        """The Session; while the kernel still compiles (see the module docstring), waits
+        for it (and raises what kept it from being built)."""
+        return self._ready.result()
+
+    @property
+    def pending(self) -> bool:
+        """Whether the prices are still pending (the kernel compiling; see the module
+        docstring)."""
+        return self._pending is not None
+
+    @property
     def analysis(self):
-        return self.session.analysis
+        return self.builder.analysis
 
     @property
     def mesh(self):
-        return self.session.mesh
+        return self.builder.mesh
 
     @property
     def plan(self):
@@ -191,25 +267,33 @@ class Lab:
         """Writes the plan file (with the estimate and this view model, for the JupyterLab
         viewer); `tl.Plan.load(path, lab.analysis)` gives `lab.plan` back. Atomic; replaces an
         earlier plan file, but any other file only with overwrite=True (see Session.export)."""
+        self.session  # (waits for the prices: the file holds them)
+        return self._export(path, overwrite)
+
+    def _export(self, path, overwrite: bool = False):
         view = self._view.to_dict() if self._view is not None else None
-        out = self.session.export(path, extra={"view": view} if view else None,
-                                  overwrite=overwrite)
-        self.session.notice = f"wrote {out}"
+        out = self._session.export(path, extra={"view": view} if view else None,
+                                   overwrite=overwrite)
+        self._session.notice = f"wrote {out}"
         self.refresh()
         return out
 
     def select(self, kind: str | None, id=None):
         """Selects an op, group, class, conflict or drawn edge (see Session.select); an op or
         an edge shows its collectives explained (`view.explained`)."""
+        self.session  # (waits for the prices: an op's details show them)
+        return self._select(kind, id)
+
+    def _select(self, kind: str | None, id=None):
         if kind == "group" and str(id) not in self.builder.tree.groups:
-            self.session.fail(f"no group {id!r}")
+            self._session.fail(f"no group {id!r}")
             raise ValueError(f"no group {id!r}; groups: {list(self.builder.tree.groups)[:20]}")
         if kind == "edge":
             edges = [e.id for e in self.builder.graph(self._expanded).edges]
             if str(id) not in edges:
-                self.session.fail(f"no edge {id!r} is drawn")
+                self._session.fail(f"no edge {id!r} is drawn")
                 raise ValueError(f"no edge {id!r} is drawn; edges: {edges[:10]}")
-        return self.session.select(kind, id)
+        return self._session.select(kind, id)
 
     def toggle(self, group: str) -> bool:
         """Opens a collapsed group or closes an open one; returns whether it is open now."""
@@ -235,7 +319,13 @@ class Lab:
         error (the last good view stays drawn)."""
         with self._refresh_lock:
             try:
-                vm = self.builder.build(self.session, self._expanded, error=self._error)
+                if self._session is None:
+                    pending = self._pending
+                    vm = self.builder.build_unpriced(
+                        pending.plan, self._expanded, pending.notice, pricing=pending.status,
+                        error=self._error)
+                else:
+                    vm = self.builder.build(self._session, self._expanded, error=self._error)
                 costs = op_costs_buffer(*self.builder.op_costs)
             except Exception as err:  # noqa: BLE001 - the widget must outlive a bug
                 log.exception("toast-lab: the view could not be rebuilt")
@@ -285,32 +375,43 @@ class Lab:
         # rebuild (on the search's own thread) and the page a redraw and a new layout (on the
         # same cores): while it runs, a better plan goes out at most every PLAN_EVERY_S and
         # the counts alone every COUNTS_EVERY_S. Its end always goes out.
-        if change in ("search", "plan") and self.session.search_state.running:
+        if change in ("search", "plan") and self._session.search_state.running:
             wait = COUNTS_EVERY_S if change == "search" else PLAN_EVERY_S
             if time.perf_counter() - self._refreshed_at < wait:
                 return
         self.refresh()
 
     def _on_event(self, event: dict) -> None:
-        """One front-end message; the events are listed in _viewmodel.py's docstring."""
+        """One front-end message; the events are listed in _viewmodel.py's docstring. While
+        the prices are pending, all but a toggle wait for them (_pending.py)."""
+        with self._events_lock:
+            name = event.get("event") if isinstance(event, dict) else None
+            if self._session is None and name in QUEUED:
+                self._pending.queue(event)
+                self.refresh()
+                return
+            self._handle(event)
+
+    def _handle(self, event: dict) -> None:
         name = event.get("event") if isinstance(event, dict) else None
         self._error = None
+        session = self._session
         try:
             if name == "pin":
-                self.session.pin(_field(event, "name"), event.get("value"))
+                session.pin(_field(event, "name"), event.get("value"))
             elif name == "unpin":
-                self.session.unpin(_field(event, "name"))
+                session.unpin(_field(event, "name"))
             elif name == "toggle":
                 self.toggle(_field(event, "group"))
             elif name == "select":
-                self.select(event.get("kind"), event.get("id"))
+                self._select(event.get("kind"), event.get("id"))
             elif name == "search":
                 budget = event.get("budget_s")
-                self.session.search(float(budget) if budget else DEFAULT_BUDGET_S)
+                session.search(float(budget) if budget else DEFAULT_BUDGET_S)
             elif name == "stop":
-                self.session.stop()
+                session.stop()
             elif name == "export":
-                self.export(event.get("path") or "plan.json")
+                self._export(event.get("path") or "plan.json")
             else:
                 raise ValueError(f"unknown event {name!r}; events: pin, unpin, toggle, select, "
                                  f"search, stop, export")
@@ -323,7 +424,10 @@ class Lab:
             self._report(f"{name} failed: {type(err).__name__}: {err}")
 
     def _report(self, message: str) -> None:
-        self.session.fail(message)
+        if self._session is None:
+            self._show_error(message)
+        else:
+            self._session.fail(message)
 
     # --- display ------------------------------------------------------------------------------
 
@@ -345,11 +449,12 @@ class Lab:
         """Displays the charts, up to date (ChartFeed.show)."""
         self._feed.show()
 
-    def _building_line(self, text: str) -> None:
+    def _building_line(self, text: str, source: str = "charts") -> None:
         """What the Lab is still doing once displayed, on the widget's progress line ("":
-        nothing)."""
+        nothing), for one `source` of work ("pricing", "charts"): the line says them all."""
+        self._lines[source] = text
         if self.widget is not None and hasattr(self.widget, "progress"):
-            self.widget.progress = text
+            self.widget.progress = " · ".join(t for t in self._lines.values() if t)
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         w = self.widget
@@ -367,8 +472,12 @@ class Lab:
         return bundle
 
     def __repr__(self) -> str:
+        if self._session is None:  # (a display must not wait for the prices)
+            status = "pricing failed" if self._ready.done() else f"pricing pending: " \
+                f"{self._pending.status}"
+            return f"Lab({self.analysis.program.fn_name!r} on {self.mesh}: {status})"
         est = self.estimate
-        state = "searching" if self.session.running else "idle"
+        state = "searching" if self._session.running else "idle"
         return (f"Lab({self.analysis.program.fn_name!r} on {self.mesh}: {self.plan!r}; "
                 f"{est.step_time_s * 1e3:.3f} ms/step, {est.peak_memory_bytes / 2**30:.2f} GiB"
                 f" per device; {state})")

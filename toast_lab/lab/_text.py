@@ -34,6 +34,8 @@ def render(vm) -> str:
         by_axis = ", ".join(f"{a} {_ms(t)}" for a, t in est["communication_by_axis"].items())
         if by_axis:
             lines.append(f"  communication by axis: {by_axis}")
+    if vm.pricing:
+        lines.append(f"pricing: {vm.pricing}; every price is pending")
     if vm.memory is not None:
         lines.append(_memory(vm.memory))
     if vm.start:

@@ -420,6 +420,9 @@ class ViewModel:
     memory: MemoryView | None = None      # live bytes over the step (None: no mesh)
     steps: tuple[StepDecisionView, ...] = ()  # remat per layer group, micro-batches, stages
     schedule: ScheduleView | None = None  # the pipeline's ticks (None: no stages)
+    # Why the prices (estimate, choices, expert plans, memory) are not there yet, in words
+    # ("compiling the cost model (...)"); None once they are. The view draws "–" meanwhile.
+    pricing: str | None = None
     format: str = FORMAT
     version: int = VERSION
 

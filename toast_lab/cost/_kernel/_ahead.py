@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from ...progress import COMPILE, stage
@@ -34,6 +35,7 @@ ENV = "TOAST_LAB_COMPILE_AHEAD"
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _done = threading.Event()
+_began: float | None = None  # time.perf_counter() when `start` began the compile
 
 
 def cached() -> bool:
@@ -50,7 +52,7 @@ def cached() -> bool:
 def start() -> bool:
     """Begins compiling the kernel on a daemon thread (see the module docstring); False where
     nothing began: compiled or cached already, begun already, or turned off by ENV."""
-    global _thread
+    global _thread, _began
     if os.environ.get(ENV, "1").strip() == "0":
         return False
     with _lock:
@@ -58,6 +60,7 @@ def start() -> bool:
             return False
         _thread = threading.Thread(target=_compile, name="toast-lab kernel compile",
                                    daemon=True)
+        _began = time.perf_counter()
         _thread.start()
     return True
 
@@ -65,6 +68,17 @@ def start() -> bool:
 def running() -> bool:
     """Whether a compile `start` began is still under way."""
     return _thread is not None and not _done.is_set()
+
+
+def elapsed_s() -> float | None:
+    """Seconds since `start` began the compile (None where it began none)."""
+    return None if _began is None else time.perf_counter() - _began
+
+
+def done(timeout: float = 0.0) -> bool:
+    """Whether no compile `start` began is under way, after waiting up to `timeout` seconds for
+    the one that is (quietly: `wait` is the waiting that reports itself)."""
+    return not running() or _done.wait(timeout)
 
 
 def wait() -> None:
