@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ._compiler import CompilerProfile, compiler_profile
 from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
-from ._model import OVERLAP_MODES, CostModel, IncrementalEstimator, cost_model
+from ._incremental import IncrementalEstimator
+from ._model import OVERLAP_MODES, CostModel, cost_model
 from ._op_collectives import OpCollective
 from ._timeline import CATEGORIES as MEMORY_CATEGORIES, MemoryTimeline
 from ..plan import PlanError, check_analysis

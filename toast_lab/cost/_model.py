@@ -29,9 +29,10 @@ Ops inside a scan body count `length` times for time, once for memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..plan import Plan
 from ..program import state_inputs
 from . import _kernel
 from ._collectives import collective_costs
@@ -44,13 +45,15 @@ from ._memory_tables import memory_tables
 from ._op_collectives import OpCollective, op_charges, op_collectives
 from ._order import memory_order
 from ._repeats import position_map
-from ._plan_arrays import (PlanArrays, as_plan_arrays, axes_mask, live_axis_bits, plan_arrays,
-                           split_classes)
+from ._plan_arrays import PlanArrays, as_plan_arrays, axes_mask, live_axis_bits, plan_arrays
 from ._schedule_tables import schedule_tables
 from ._static import static_tables
 from ._step_models import StepCostModel, rewritten
 from ._timeline import MemoryTimeline, memory_timeline
 from ._types import build_types
+
+if TYPE_CHECKING:
+    from ._incremental import IncrementalEstimator
 
 # How communication and compute add up: "scheduled" overlaps collectives with compute the way
 # XLA's scheduler runs them (_kernel.schedule), "none" adds them, "perfect" takes their max.
@@ -93,8 +96,6 @@ class CostModel:
         self.st = static_tables(analysis)  # mesh-independent: one set per analysis
         self._mesh_tables(mesh)
         self._device_tables(analysis, mesh)
-        # a full evaluation's live ranges
-        self._scratch = _kernel.liveness(self.ty.tables, self.memory)
         self._overlap_code = {"scheduled": _kernel.OVERLAP_SCHEDULED,
                               "none": _kernel.OVERLAP_NONE,
                               "perfect": _kernel.OVERLAP_PERFECT}[self.overlap]
@@ -209,7 +210,7 @@ class CostModel:
 
     def evaluate(self, mask, rank, res, details: bool = True) -> Estimate:
         """The Estimate for plan arrays (see plan_arrays); details: collectives and scopes."""
-        result, coll, op_compute, op_comm = self._evaluate(as_plan_arrays(mask, rank, res))
+        result, coll, op_compute, op_comm = self._evaluate(_int64_plan(mask, rank, res))
         compute_s, comm_s = float(result["compute_s"]), float(result["communication_s"])
         step = self._step_and_peak(result)[0]
         arg, out = float(result["argument_bytes"]), float(result["output_bytes"])
@@ -255,16 +256,16 @@ class CostModel:
 
     def step_and_peak(self, mask, rank, res) -> tuple[float, float]:
         """(step time s, peak memory bytes): the search's hot path."""
-        step, peak = _kernel.step_and_peak(self.state, as_plan_arrays(mask, rank, res),
-                                           self._scratch, True, self._overlap_code)
+        # (the state's own live ranges take the plan's, sized afresh: none are kept)
+        step, peak = _kernel.step_and_peak(self.state, _int64_plan(mask, rank, res), None,
+                                           True, self._overlap_code)
         return float(step), float(peak)
 
     def _evaluate(self, plan):
         """One plan (PlanArrays) through the kernel: (its RESULT record, its collectives
         [kind, mask, count | bytes | seconds], compute and communication seconds per op
         type)."""
-        totals, coll, op_compute, op_comm = _kernel.evaluate(self.state, plan, self._scratch,
-                                                             True)
+        totals, coll, op_compute, op_comm = _kernel.evaluate(self.state, plan, None, True)
         return _kernel.as_result(totals), coll, op_compute, op_comm
 
     def _step_and_peak(self, result) -> tuple[float, float]:
@@ -322,6 +323,7 @@ class CostModel:
 
     def incremental(self, plan=None) -> "IncrementalEstimator":
         """An estimator for editing one plan a decision at a time (search, what-if sliders)."""
+        from ._incremental import IncrementalEstimator  # (it builds on this module)
         return IncrementalEstimator(self, plan)
 
     def value_type_masks(self, mask, rank, res):
@@ -329,70 +331,14 @@ class CostModel:
         return _kernel.value_type_masks(self.state, as_plan_arrays(mask, rank, res))
 
 
-class IncrementalEstimator:
-    """One plan under edit: each change re-costs the per-type tables (a few hundred entries,
-    whatever the depth) and moves only the live ranges of the values whose sharding changed.
+_INT64 = np.dtype(np.int64)
 
-        inc = model.incremental(plan)
-        step_s, peak_bytes = inc.set_axes(class_id, ("data",))
-        step_s, peak_bytes = inc.set_axes(class_id, ("fsdp",), domain="parameters")
 
-    mask, rank and res are the kernel's arrays (per split class, see _plan_arrays.py).
-    """
+def _int64_plan(mask, rank, res) -> PlanArrays:
+    """as_plan_arrays, without its conversions where the arrays are int64 already (the
+    search's): the kernel's entry copies them into arrays of its own (_driver._run)."""
+    if (type(mask) is np.ndarray and type(rank) is np.ndarray and type(res) is np.ndarray
+            and mask.dtype is _INT64 and rank.dtype is _INT64 and res.dtype is _INT64):
+        return PlanArrays(mask, rank, res)
+    return as_plan_arrays(mask, rank, res)
 
-    def __init__(self, model: CostModel, plan=None):
-        self.model = model
-        an = model.analysis
-        if plan is None:
-            plan = Plan.replicated(an)
-        self.mask, self.rank, self.res = (a.copy() for a in model.plan_arrays(plan))
-        self._next_rank = len(plan.assignments)
-        self._split = split_classes(an)
-        # Per class: its own mask, whether it holds a place in the decision order, and which
-        # of its split classes an override sets (they keep their mask when the class changes).
-        self._own = np.zeros(len(an.classes), np.int64)
-        for k, axes in plan.assignments:
-            self._own[k] = axes_mask(model.axis_bit, axes)
-        self._overridden = {self._split.index[(k, d)] for k, d, _ in plan.overrides
-                            if (k, d) in self._split.index}
-        self._held = {k for k, _, _ in plan.overrides}
-        # a workspace of its own, which keeps what the last edit left unchanged, and the
-        # temporaries' live ranges, sized replicated to begin with
-        self._live = _kernel.liveness(model.ty.tables, model.memory)
-        self._state = model.new_state(PlanArrays(self.mask, self.rank, self.res), self._live)
-        _kernel.fill_temps(self._state, self._live, self._live.held)
-        self.result = self._update()
-
-    def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
-        """Shards class id `cls` over `axes` (names) — decided after every earlier decision
-        if it was not decided yet — or, with `domain`, only that domain's values of it (an
-        override; its class keeps or takes a place in the decision order)."""
-        m = axes_mask(self.model.axis_bit, axes)
-        splits = self._split.splits_of[cls]
-        was = bool(self._own[cls]) or cls in self._held
-        if domain is None:
-            self._own[cls] = m
-            for s in splits:
-                if s not in self._overridden:
-                    self.mask[s] = m
-        else:
-            self._held.add(cls)
-            s = self._split.index.get((cls, domain))
-            if s is not None:  # else the class has no value there: nothing changes
-                self._overridden.add(s)
-                self.mask[s] = m
-        if not was and (self._own[cls] or cls in self._held):
-            self.rank[list(splits)] = self._next_rank
-            self._next_rank += 1
-        self.result = self._update()
-        return self.result
-
-    def set_resolution(self, conflict: int, index: int) -> tuple[float, float]:
-        self.res[conflict] = index
-        self.result = self._update()
-        return self.result
-
-    def _update(self) -> tuple[float, float]:
-        model = self.model
-        step, peak = _kernel.step_and_peak_edited(self._state, model._overlap_code)
-        return float(step), float(peak)
