@@ -65,8 +65,12 @@ def _edits(tl, an, mesh, model) -> list:
         c = int(rng.integers(len(d.choices)))
         if d.kind == "class":
             out.append(inc.set_axes(d.index, d.choices[c]))
-        else:
+        elif d.kind == "conflict":
             out.append(inc.set_resolution(d.index, c))
+        elif d.kind == "override" and d.choices[c] is not None:
+            out.append(inc.set_axes(d.index, d.choices[c], domain=d.domain))
+        # (an estimator edits sharding only: a step decision, or an override given back to
+        # its class, has no edit of its own)
     return out
 
 
@@ -122,7 +126,8 @@ def _differences(a, b, where: str) -> list[str]:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         if len(a) != len(b):
             return [f"{where}: length {len(a)} != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{where}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b))
+                for d in _differences(x, y, f"{where}[{i}]")]
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
