@@ -205,7 +205,8 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list, np.
     """(threshold [V], readers, broadcasts, taken_in [N]): for a fused value that a YNNPACK
     reduction reads from memory, the per-device bytes from which it does (inf elsewhere),
     {value: the reductions reading it}, the broadcasts those reductions read
-    (LibraryBroadcast), and the elementwise ops a reduction's library fusion takes in.
+    (LibraryBroadcast), and for each elementwise op a reduction's library fusion takes in,
+    the elements of that reduction's operand (0 for the others).
 
     XLA:CPU's library rewriter grows a YNNPACK reduction upward through the elementwise ops
     all of whose readers it has already taken in (LibraryRewriter::FuseNeighbors); an operand
@@ -233,7 +234,7 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list, np.
     canon = common_values(prog)
     readers: dict[int, set] = {}
     broadcasts: dict[tuple, LibraryBroadcast] = {}
-    taken_in = np.zeros(len(ops), bool)
+    taken_in = np.zeros(len(ops), np.int64)
     for op in ops:
         if op.body or not _ynn_capable(prog, op):
             continue
@@ -266,7 +267,7 @@ def library_inputs(prog, fused: np.ndarray) -> tuple[np.ndarray, dict, list, np.
                                 for r in prog.users(w))):
                     absorbed.add(p)
                     stack.append(p)
-                    taken_in[p] = _ynn_reduction(prog, op)
+                    taken_in[p] = max(taken_in[p], numel(op.operands[0]))
                     continue
                 c = canon[u]  # XLA's CSE computes x - mean once for the two the jaxpr has
                 threshold[c] = min(threshold[c], from_size(u))

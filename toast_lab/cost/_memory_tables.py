@@ -16,7 +16,7 @@ import numpy as np
 
 from ..plan import donated_arguments
 from ..program import NO_OP
-from ._cpu_fusion import library_inputs, own_fusions
+from ._cpu_fusion import _YNN_MIN_ELEMENTS, library_inputs, own_fusions
 from ._fusion import NOT_FUSIBLE, fused_live_ends
 from ._order import ready_positions, workspace_temps
 from ._xla_passes import LINEAR
@@ -25,16 +25,16 @@ from ._tables import (INPUT, OPERAND_READ, OUTPUT, RUN, SLICE_READ, SPAN, TEMP, 
 
 
 def memory_tables(an, st, ty, compiler, dev_ops, order, donate, is_state,
-                  fixed_held) -> MemoryTables:
+                  fixed_held, devices: int) -> MemoryTables:
     """The MemoryTables of analysis `an` (static tables `st`, types `ty`) as `compiler` runs
     it (dev_ops: _device_tables.DeviceOps; order: (position, live_start, live_end) from
     _order.memory_order); donate: the step donates its state; is_state [V]; fixed_held [T]
-    (a shard_map's results' out_specs axes). Sets the shared reads' memory positions (where
-    their buffers live) in ty.tables.shared_reads."""
+    (a shard_map's results' out_specs axes); devices: the mesh's. Sets the shared reads'
+    memory positions (where their buffers live) in ty.tables.shared_reads."""
     prog = an.program
     position, live_start, live_end = order
     temps, temp, live_end = _temporaries(an, st, ty, compiler, dev_ops, position, live_start,
-                                         live_end)
+                                         live_end, devices)
     counts = np.bincount(temps["value_type"], minlength=len(ty.tables.value_classes))
     pruned = _unused_inputs(prog)
     inputs, outputs = _arguments_and_outputs(prog, st, ty, position, pruned, is_state, donate)
@@ -81,7 +81,7 @@ def _spans(counts) -> np.ndarray:
 FREES_INPUTS = frozenset({"exp"})
 
 
-def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
+def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end, devices):
     """(TEMP records, the values they are (the workspace pieces after them), the live ends
     fusion gives): temporaries (not arguments, not outputs) with their live ranges. A fused
     value a library fusion reads is written once large enough (min_nbytes), and lives until
@@ -94,11 +94,15 @@ def _temporaries(an, st, ty, compiler, dev_ops, position, live_start, live_end):
     readers, broadcasts = {}, []
     taken_in = np.zeros(len(prog.ops), bool)
     if compiler.reduces_in_library:
-        threshold, readers, broadcasts, taken_in = an.derived(
+        threshold, readers, broadcasts, elements = an.derived(
             "cost.library_inputs", lambda: library_inputs(prog, st.passes.fused))
+        # an op a reduction's library fusion takes in is computed there, where the reduction
+        # stays YNNPACK's however the plan shards it (a smaller one may run as XLA's own
+        # reduce, its producer written as fusion_copies counts it: a 4,096-element layer
+        # norm's square split 8 ways)
+        taken_in = elements >= _YNN_MIN_ELEMENTS * devices
     if compiler.clones_fused_producers:  # an expensive op read by several fusions is written
         own = an.derived("cost.own_fusions", lambda: own_fusions(prog))
-        # (unless a reduction's library fusion takes it in: it is computed there)
         for op in np.nonzero(own & ~taken_in)[0]:
             results = list(prog.ops[op].results)
             min_nbytes[results] = 0.0

@@ -129,7 +129,8 @@ class CostModel:
         self.op_count = tables.ops["count"]
         held = out_spec_masks(prog, self.ty.value_type, self.axis_bit, len(tables.value_classes))
         self.memory = memory_tables(an, st, self.ty, self.compiler, dev_ops,
-                                    memory_order(an, dev), self.donate, self.is_state, held)
+                                    memory_order(an, dev), self.donate, self.is_state, held,
+                                    mesh.size)
         self.schedule = schedule_tables(st, self.ty)
         self.positions = position_map(st.num_ops)
         self.read_share = np.ones(len(tables.shared_reads))
