@@ -22,6 +22,7 @@ from ..plan import PlanError, check_analysis
 from ._plan_arrays import PlanArrays, axis_bits, live_axis_bits, plan_arrays
 
 from . import _kernel
+from ._kernel import compile_done, compile_running, compile_seconds
 
 # The kernel compiles on a thread of its own from the first import (unless it is cached, or
 # TOAST_LAB_COMPILE_AHEAD=0), while the user writes, traces and analyses: _kernel/_ahead.py.
@@ -51,4 +52,5 @@ def estimate(analysis, plan, mesh, donate: bool = True, overlap="scheduled") -> 
 __all__ = ["estimate", "cost_model", "Estimate", "CostModel", "IncrementalEstimator",
            "CollectiveCost", "OpCollective", "MemoryTimeline", "MEMORY_CATEGORIES",
            "COLLECTIVE_KINDS", "OVERLAP_MODES", "PlanArrays",
-           "axis_bits", "live_axis_bits", "plan_arrays", "CompilerProfile", "compiler_profile"]
+           "axis_bits", "live_axis_bits", "plan_arrays", "CompilerProfile", "compiler_profile",
+           "compile_running", "compile_seconds", "compile_done"]

@@ -7,7 +7,6 @@ import numpy as np
 
 from ..plan import Plan
 from . import _kernel
-from ._model import CostModel
 from ._plan_arrays import PlanArrays, axes_mask, split_classes
 
 
@@ -22,7 +21,7 @@ class IncrementalEstimator:
     mask, rank and res are the kernel's arrays (per split class, see _plan_arrays.py).
     """
 
-    def __init__(self, model: CostModel, plan=None):
+    def __init__(self, model, plan=None):
         self.model = model
         an = model.analysis
         if plan is None:

@@ -257,9 +257,12 @@ class LabCharts:
 
     def update(self, view) -> None:
         """Moves both charts to `view`; only what changed travels to the page."""
-        if _references(view) != self.references:
+        if not self.references and _references(view):
             # the expert plans priced after the charts were made (a Lab whose prices were
-            # pending): a new chart with their lines, in the old one's place
+            # pending): a new chart with their lines, in the old one's place. Only then: a
+            # new child re-renders the memory chart after it too, and later changes of the
+            # experts' prices (a step decision pinned) keep the lines the search set out to
+            # beat
             self._last_history = self._history(view)
             self._ruled = _ruled_out(view)
             self.progress = self._progress_chart(view)

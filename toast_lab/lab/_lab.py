@@ -27,8 +27,7 @@ import traceback
 import numpy as np
 
 from ..analysis import analyze
-from ..cost import cost_model
-from ..cost._kernel import _ahead
+from ..cost import compile_done, compile_running, compile_seconds, cost_model
 from ..plan import Plan, PlanError
 from ..program import trace
 from ..progress import stage
@@ -130,10 +129,10 @@ class Lab:
         self._session: Session | None = None
         self._ready: concurrent.futures.Future = concurrent.futures.Future()  # the session
         self._pending: Pending | None = None
-        if self.widget is not None and in_kernel() and _ahead.running():
+        if self.widget is not None and in_kernel() and compile_running():
             # a notebook, the kernel still compiling: the first view now, its prices later
             self._pending = Pending(analysis, mesh, plan, pins)
-            self._building_line(status_line(_ahead.elapsed_s()), "pricing")
+            self._building_line(status_line(compile_seconds()), "pricing")
         else:
             session = self._new_session(analysis, mesh, plan, pins, options)
             self._use(session)
@@ -172,8 +171,8 @@ class Lab:
         """The pending Lab's setup, on a thread of its own: waits for the kernel's compile
         (the progress line counting its seconds), builds the session, replays the events
         queued meanwhile, and sends the complete view."""
-        while not _ahead.done(timeout=1.0):
-            self._building_line(status_line(_ahead.elapsed_s()), "pricing")
+        while not compile_done(timeout=1.0):
+            self._building_line(status_line(compile_seconds()), "pricing")
         self._building_line(f"pricing: {STARTING}", "pricing")
         try:
             # (built outside the events' lock: a click meanwhile is queued, not kept waiting)

@@ -36,6 +36,8 @@ __all__ = ["AR", "AG", "RS", "A2A", "CP", "NUM_KINDS", "OVERLAP_SCHEDULED", "OVE
            "value_type_masks", "fill_temps", "live_bytes", "LEDGER", "OP_ROWS", "OP_ROW_OPERANDS",
            "LedgerLayout", "ledger_layout", "PATTERNS", "PATTERN_NAMES", "Pattern", "RESULT",
            "as_result", "Liveness", "ModelState", "liveness", "model_state",
-           "start_compile", "wait_for_compile"]
+           "start_compile", "wait_for_compile", "compile_running", "compile_seconds",
+           "compile_done"]
 
 start_compile, wait_for_compile = _ahead.start, _ahead.wait
+compile_running, compile_seconds, compile_done = _ahead.running, _ahead.elapsed_s, _ahead.done
