@@ -97,6 +97,22 @@ def test_cell_progress_draws_each_stage_as_it_goes_and_ends_as_totals():
     assert len(handle.bundles) == shown  # no more ticks
 
 
+def test_cell_progress_ends_saying_the_prices_are_pending():
+    """A Lab drawn before the kernel's compile ends says, in its totals line, that its prices
+    follow (the widget counts the compile's seconds)."""
+    display = Display()
+    cell = CellProgress("building the Lab on step", display=display, tick_s=10.0)
+    cell(ProgressEvent("trace", "tracing the step", "start"))
+    cell(ProgressEvent("trace", "tracing the step", "done", 0.8))
+    cell(ProgressEvent("first view", "drawing the first view", "start"))
+    cell(ProgressEvent("first view", "drawing the first view", "done", 0.1,
+                       detail="prices pending: compiling the cost model"))
+    cell.close(1.0)
+    assert display.handles[0].bundles[-1]["text/plain"] == (
+        "toast-lab · Lab built in 1.0 s: trace 0.8 s · first view 0.1 s; prices pending: "
+        "compiling the cost model, the Lab fills them in")
+
+
 def test_cell_progress_keeps_a_failure_on_screen():
     display = Display()
     cell = CellProgress("building", display=display, tick_s=10)

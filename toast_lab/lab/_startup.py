@@ -90,6 +90,9 @@ class CellProgress:
             parts = [f"{e.key} {_seconds(e.elapsed_s)}" for e in top]
             note = (f"; compiled the cost model in {_seconds(sum(e.elapsed_s for e in compiled))}"
                     f" (cached for the next runs)" if compiled else "")
+            # a first view drawn before the kernel's compile ends says its prices follow
+            note += "".join(f"; {e.detail}, the Lab fills them in" for e in top
+                            if e.detail.startswith("prices pending"))
             self.summary = f"Lab built in {_seconds(total_s)}: {' · '.join(parts)}{note}"
         self._draw()
 
