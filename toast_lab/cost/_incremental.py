@@ -43,6 +43,7 @@ class IncrementalEstimator:
         self._live = _kernel.liveness(model.ty.tables, model.memory)
         self._state = model.new_state(PlanArrays(self.mask, self.rank, self.res), self._live)
         _kernel.fill_temps(self._state, self._live, self._live.held)
+        self._evaluate = _kernel.edit_evaluator(self._state, model._overlap_code)
         self.result = self._update()
 
     def set_axes(self, cls: int, axes, domain: str | None = None) -> tuple[float, float]:
@@ -85,5 +86,5 @@ class IncrementalEstimator:
         return self.result
 
     def _update(self) -> tuple[float, float]:
-        step, peak = _kernel.step_and_peak_edited(self._state, self.model._overlap_code)
+        step, peak = self._evaluate()
         return float(step), float(peak)

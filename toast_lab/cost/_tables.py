@@ -124,6 +124,33 @@ OPERAND_READ = record(position=_I, ready=_I, member=_I)
 FIXED = record(op_type=_I, kind=_I, mask=_I, count=_F, nbytes=_F, seconds=_F, scale_type=_I)
 
 
+class Fanout(NamedTuple):
+    """Per source i, its targets: items[start[i]:start[i + 1]] (start has one more entry than
+    there are sources)."""
+
+    start: np.ndarray
+    items: np.ndarray
+
+
+class ChangeMaps(NamedTuple):
+    """What an edit of a plan reaches (built by _change_maps.py, followed by _kernel/_dirty.py):
+    per source, the targets whose costs read it."""
+
+    class_types: Fanout     # [S] split class -> value types whose masks read its mask or rank
+    conflict_types: Fanout  # [C] conflict -> value types whose masks read its resolution
+    type_groups: Fanout     # [T] -> contraction groups with a member of the type
+    type_rows: Fanout       # [T] -> operand rows of the type, or wanted like one of its dims
+    group_rows: Fanout      # [G] -> operand rows wanted like the group's consensus
+    type_operands: Fanout   # [T] -> operands of the type or with one of its type_rows
+    group_operands: Fanout  # [G] -> operands with one of its group_rows
+    type_ops: Fanout        # [T] -> op types whose result axes or costs read its masks, or
+                            #   reading one of its type_operands
+    group_ops: Fanout       # [G] -> op types reducing over the group, or reading one of its
+                            #   group_operands
+    sum_followers: Fanout   # [P] -> op types whose partial sums the op type reduces
+    batched: np.ndarray     # op types recosted at every edit
+
+
 class TypeTables(NamedTuple):
     """What the kernel needs of a program's types (shapes: T value types, D dims, K conflict
     sides, R resolutions, C conflicts)."""
@@ -154,6 +181,7 @@ class TypeTables(NamedTuple):
     # indices and updates): an incremental evaluation recosts the op when one changes
     op_depends: np.ndarray
     op_depends_on: np.ndarray
+    changes: ChangeMaps         # what an edit reaches (incremental evaluations)
     num_ops: int
     # the collectives shard_map bodies run whatever the plan (FIXED records, by op type), and
     # each op type's run of them (SPAN records [P]; none where the program has no shard_map)

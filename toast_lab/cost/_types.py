@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._change_maps import change_maps
 from ._device_tables import DeviceOps
 from ._interning import Interner, records, runs
 from ._op_types import op_dependencies, op_types
@@ -67,7 +68,8 @@ def build_types(*, static: Static, analysis, device_ops: DeviceOps) -> Types:
         op_groups=ops.op_groups, op_io=ops.op_io, op_operands=ops.op_operands,
         op_dims=ops.op_dims, shared_values=reads.shared_values,
         shared_reads=reads.shared_reads, split_base=split_classes(an).base, halos=ops.halos,
-        num_ops=st.num_ops, **op_dependencies(ops.ops, ops.op_io))
+        num_ops=st.num_ops, changes=None, **op_dependencies(ops.ops, ops.op_io))
+    tables = tables._replace(changes=change_maps(tables))
     return Types(values.value_type, ops.op_type, tables, ops.operand_member,
                  reads.operand_read, reads.read_loop)
 

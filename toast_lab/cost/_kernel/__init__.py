@@ -21,17 +21,16 @@ mask; `device` is one DEVICE record (cost/_tables.py).
 
 from . import _ahead
 from ._charge import A2A, AG, AR, CP, NUM_KINDS, RS
-from ._driver import (OVERLAP_NONE, OVERLAP_PERFECT, OVERLAP_SCHEDULED, charges, empty_ledger,
-                      evaluate, fill_temps, live_bytes, step_and_peak,
-                      step_and_peak_edited,
-                      value_type_masks)
+from ._driver import (OVERLAP_NONE, OVERLAP_PERFECT, OVERLAP_SCHEDULED, charges,
+                      edit_evaluator, empty_ledger, evaluate, fill_temps, live_bytes,
+                      step_and_peak, value_type_masks)
 from ._ledger import LEDGER, OP_ROW_OPERANDS, OP_ROWS, LedgerLayout, ledger_layout
 from ._patterns import PATTERN_NAMES, PATTERNS, Pattern
 from ._result import RESULT, as_result
 from ._state import Liveness, ModelState, liveness, model_state
 
 __all__ = ["AR", "AG", "RS", "A2A", "CP", "NUM_KINDS", "OVERLAP_SCHEDULED", "OVERLAP_NONE",
-           "OVERLAP_PERFECT", "step_and_peak", "step_and_peak_edited", "evaluate", "charges",
+           "OVERLAP_PERFECT", "step_and_peak", "edit_evaluator", "evaluate", "charges",
            "empty_ledger",
            "value_type_masks", "fill_temps", "live_bytes", "LEDGER", "OP_ROWS", "OP_ROW_OPERANDS",
            "LedgerLayout", "ledger_layout", "PATTERNS", "PATTERN_NAMES", "Pattern", "RESULT",

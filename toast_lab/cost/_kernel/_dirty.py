@@ -1,114 +1,132 @@
 """Phase 0 of an incremental evaluation: what changed since the last plan this workspace costed.
 
-An edit of one decision (IncrementalEstimator.set_axes) changes the masks of the value types
-whose dims are in that class, and through them some operand rows, operands and op types; the
-rest cost what they cost before. `mark_dirty` computes the new masks, compares them with the
-workspace's (and the plan's class masks with the last plan's: an axis order that changes
-moves no bit of a type's masks but may move its tiles), and marks what the operand
-classification and the op costs must redo (the `dirty_*` arrays of the Workspace). Shared
-reads, the schedule and the memory sweep are redone whole: they add up every op.
+An edit of one decision (IncrementalEstimator.set_axes) changes the mask or rank of a few split
+classes (or a conflict's resolution), through them the masks of the value types whose dims
+they are on, and through those some groups, operand rows, operands and op types; the rest cost
+what they cost before. `mark_dirty` compares the plan with the last one and follows the model's
+fixed maps (ChangeMaps, _change_maps.py) from what changed: it recomputes the masks of the
+types reached, and the consensus of their groups and the partial-sum and result axes of their
+op types, and marks what the operand classification and the op costs must redo (the `dirty_*`
+arrays of the Workspace). An edit visits what it reaches, not every type. Shared reads, the
+schedule and the memory sweep are redone whole: they add up every op.
 """
 
 from __future__ import annotations
 
-from ._jit import jit
-from ._masks import group_consensus, type_masks
-from ._ops import op_masks
-from .._operand_rows import ROW_FROM_WHOLE, ROW_GROUP, ROW_RESULT
+from ._jit import inline, jit
+from ._masks import consensus_of, group_consensus, type_mask, type_masks
+from ._ops import op_mask, op_masks
 
 
 @jit
 def mark_dirty(plan, tables, ws):
     """Sets ws.eff, vmask, consensus and the op types' psum and res for `plan`, and the
     dirty_* arrays: everything where the workspace has no earlier evaluation."""
-    first = not ws.evaluated[0]
-    ws.evaluated[0] = True
-    _dirty_types(plan, tables, ws, first)
-    group_consensus(tables, ws.eff, ws.consensus_new)
-    consensus, consensus_new, dirty_group = ws.consensus, ws.consensus_new, ws.dirty_group
-    for g in range(consensus.shape[0]):
-        dirty_group[g] = first or consensus_new[g] != consensus[g]
-        consensus[g] = consensus_new[g]
-    _dirty_rows(tables, ws)
-    _dirty_operands(tables, ws)
-    pstate = ws.op_state
-    for p in range(pstate.shape[0]):
-        ws.prev_psum[p] = pstate[p].psum
-        ws.prev_res[p] = pstate[p].res
-    op_masks(tables, ws)
-    _dirty_ops(tables, ws, first)
+    if ws.evaluated[0]:
+        for a in (ws.dirty_type, ws.dirty_group, ws.dirty_row, ws.dirty_operand, ws.dirty_op):
+            a[:] = False
+        _changed_types(plan, tables, ws)
+        _changed_groups(tables, ws)
+        _reached(tables, ws)
+    else:
+        type_masks(plan, tables, ws.eff, ws.vmask, ws.ranks, ws.dims)
+        group_consensus(tables, ws.eff, ws.consensus)
+        op_masks(tables, ws)
+        for a in (ws.dirty_type, ws.dirty_group, ws.dirty_row, ws.dirty_operand, ws.dirty_op):
+            a[:] = True
+        ws.evaluated[0] = True
+    for s in range(plan.mask.shape[0]):  # (loops: an array copy compiles numba's error text)
+        ws.prev_mask[s] = plan.mask[s]
+        ws.prev_rank[s] = plan.rank[s]
+    for k in range(plan.resolution.shape[0]):
+        ws.prev_resolution[k] = plan.resolution[k]
 
 
 @jit
-def _dirty_types(plan, tables, ws, first):
-    """The new masks into ws.eff and vmask; dirty_type where they, or the mask of a class on
-    one of the type's dims, changed."""
-    type_masks(plan, tables, ws.eff_new, ws.vmask_new, ws.ranks, ws.dims)
-    mask, prev = plan.mask, ws.prev_mask
-    eff, eff_new, vmask, vmask_new = ws.eff, ws.eff_new, ws.vmask, ws.vmask_new
-    value_classes, dirty = tables.value_classes, ws.dirty_type
-    T, D = value_classes.shape
-    for t in range(T):
-        changed = first or vmask_new[t] != vmask[t]
-        for d in range(D):
-            c = value_classes[t, d]
-            changed = changed or eff_new[t, d] != eff[t, d] or (c >= 0 and mask[c] != prev[c])
-            eff[t, d] = eff_new[t, d]
-        vmask[t] = vmask_new[t]
-        dirty[t] = changed
+def _changed_types(plan, tables, ws):
+    """New masks for the value types reading a split class whose mask or rank changed, or a
+    conflict whose resolution did; dirty_type where a type's masks, or the mask of a class on
+    one of its dims (its axis order: _axis_order.order_of), changed."""
+    mask, rank, res = plan.mask, plan.rank, plan.resolution
+    prev_mask, prev_rank, prev_res = ws.prev_mask, ws.prev_rank, ws.prev_resolution
+    maps = tables.changes
     for s in range(mask.shape[0]):
-        prev[s] = mask[s]
+        if mask[s] != prev_mask[s] or rank[s] != prev_rank[s]:
+            for i in range(maps.class_types.start[s], maps.class_types.start[s + 1]):
+                _new_type_mask(maps.class_types.items[i], plan, tables, ws)
+    for k in range(res.shape[0]):
+        if res[k] != prev_res[k]:
+            for i in range(maps.conflict_types.start[k], maps.conflict_types.start[k + 1]):
+                _new_type_mask(maps.conflict_types.items[i], plan, tables, ws)
 
 
 @jit
-def _dirty_rows(tables, ws):
-    """dirty_row: a row of a dirty type, read as one (its source), or of a changed group."""
-    rows, dirty_type, dirty_group, dirty = tables.rows, ws.dirty_type, ws.dirty_group, \
-        ws.dirty_row
-    for r in range(rows.shape[0]):
-        row = rows[r]
-        d = dirty_type[row.value_type]
-        if row.kind == ROW_RESULT or row.kind == ROW_FROM_WHOLE:
-            d = d or dirty_type[row.source_type]
-        elif row.kind == ROW_GROUP:
-            d = d or dirty_group[row.group]
-        dirty[r] = d
+def _new_type_mask(t, plan, tables, ws):
+    """Value type t's masks under `plan` into ws.eff and vmask, dirty_type[t] set where they
+    or a class mask on its dims changed (a type reached twice stays dirty: its second visit
+    finds its masks changed already)."""
+    eff, eff_new, mask, prev_mask = ws.eff, ws.eff_new, plan.mask, ws.prev_mask
+    value_classes = tables.value_classes
+    vmask = type_mask(t, plan, tables, eff_new, ws.ranks, ws.dims)
+    changed = vmask != ws.vmask[t]
+    for d in range(eff.shape[1]):
+        c = value_classes[t, d]
+        changed = changed or eff_new[t, d] != eff[t, d] or (c >= 0 and mask[c] != prev_mask[c])
+        eff[t, d] = eff_new[t, d]
+    ws.vmask[t] = vmask
+    if changed:
+        ws.dirty_type[t] = True
 
 
 @jit
-def _dirty_operands(tables, ws):
-    """dirty_operand: an operand of a dirty type or with a dirty row."""
-    operands, operand_rows = tables.operands, tables.operand_rows
-    dirty_type, dirty_row, dirty = ws.dirty_type, ws.dirty_row, ws.dirty_operand
-    for o in range(operands.shape[0]):
-        d = dirty_type[operands[o].value_type]
-        for i in range(operands[o].start, operands[o].end):
-            d = d or dirty_row[operand_rows[i]]
-        dirty[o] = d
+def _changed_groups(tables, ws):
+    """The consensus of the groups with a member of a dirty type; dirty_group where it
+    changed."""
+    type_groups, dirty_type, consensus = tables.changes.type_groups, ws.dirty_type, ws.consensus
+    for t in range(dirty_type.shape[0]):
+        if not dirty_type[t]:
+            continue
+        for i in range(type_groups.start[t], type_groups.start[t + 1]):
+            g = type_groups.items[i]
+            c = consensus_of(g, tables, ws.eff)
+            if c != consensus[g]:
+                consensus[g] = c
+                ws.dirty_group[g] = True
 
 
 @jit
-def _dirty_ops(tables, ws, first):
-    """dirty_op: an op type whose partial-sum or result axes (or its reducing leader's)
-    changed, with a dirty operand, a changed group or a dirty value type it depends on; and
-    every explicitly batched gather or scatter (they re-tile their indices once between them,
-    in order)."""
-    ops, op_operands, op_groups = tables.ops, tables.op_operands, tables.op_groups
-    depends, depends_on = tables.op_depends, tables.op_depends_on
-    pstate, prev_psum, prev_res = ws.op_state, ws.prev_psum, ws.prev_res
-    dirty_type, dirty_operand, dirty_group, dirty = ws.dirty_type, ws.dirty_operand, \
-        ws.dirty_group, ws.dirty_op
-    for p in range(ops.shape[0]):
-        op = ops[p]
-        d = first or op.batch_index_dims != 0 or pstate[p].psum != prev_psum[p] \
-            or pstate[p].res != prev_res[p]
-        lead = op.sum_leader
-        if lead >= 0:
-            d = d or pstate[lead].psum != prev_psum[lead] or pstate[lead].res != prev_res[lead]
-        for i in range(op.operands_start, op.operands_end):
-            d = d or dirty_operand[op_operands[i].operand_type]
-        for i in range(op.groups_start, op.groups_end):
-            d = d or dirty_group[op_groups[i]]
-        for i in range(depends[p].start, depends[p].end):
-            d = d or dirty_type[depends_on[i]]
-        dirty[p] = d
+def _reached(tables, ws):
+    """dirty_row: a row of a dirty type, read as one (its source), or of a changed group;
+    dirty_operand: an operand of a dirty type or with a dirty row; dirty_op: an op type with a
+    dirty operand, a changed group or a dirty value type its result axes or costs read, one
+    whose reducing leader's partial-sum or result axes changed, and every explicitly batched
+    gather or scatter (they re-tile their indices once between them, in order). The psum and
+    res of the op types marked anew (no other op type's can change)."""
+    maps, dirty_op = tables.changes, ws.dirty_op
+    for t in range(ws.dirty_type.shape[0]):
+        if ws.dirty_type[t]:
+            _mark(maps.type_rows, t, ws.dirty_row)
+            _mark(maps.type_operands, t, ws.dirty_operand)
+            _mark(maps.type_ops, t, dirty_op)
+    for g in range(ws.dirty_group.shape[0]):
+        if ws.dirty_group[g]:
+            _mark(maps.group_rows, g, ws.dirty_row)
+            _mark(maps.group_operands, g, ws.dirty_operand)
+            _mark(maps.group_ops, g, dirty_op)
+    for i in range(maps.batched.shape[0]):
+        dirty_op[maps.batched[i]] = True
+    pstate = ws.op_state
+    for p in range(dirty_op.shape[0]):
+        if dirty_op[p]:
+            psum, res = op_mask(p, tables, ws.consensus, ws.vmask)
+            if psum != pstate[p].psum or res != pstate[p].res:
+                pstate[p].psum = psum
+                pstate[p].res = res
+                _mark(maps.sum_followers, p, dirty_op)
+
+
+@inline
+def _mark(fanout, i, dirty):
+    """Marks every target of source i in `fanout` (a Fanout) in `dirty`."""
+    for j in range(fanout.start[i], fanout.start[i + 1]):
+        dirty[fanout.items[j]] = True

@@ -35,16 +35,21 @@ from ._views import OperandView
 def op_masks(tables, ws):
     """Fills the `psum` (the axes of each op type's sharded reductions) and `res` (its
     result's axes) of ws.op_state."""
+    pstate = ws.op_state
+    for p in range(tables.ops.shape[0]):
+        pstate[p].psum, pstate[p].res = op_mask(p, tables, ws.consensus, ws.vmask)
+
+
+@inline
+def op_mask(p, tables, consensus, vmask):
+    """(psum, res) of op type p under the groups' `consensus` and the types' `vmask`."""
     ops, groups, op_groups = tables.ops, tables.groups, tables.op_groups
-    pstate, consensus, vmask = ws.op_state, ws.consensus, ws.vmask
-    for p in range(ops.shape[0]):
-        psum = 0
-        for i in range(ops[p].groups_start, ops[p].groups_end):
-            g = op_groups[i]
-            if groups[g].is_reduction:
-                psum |= consensus[g]
-        pstate[p].psum = psum
-        pstate[p].res = vmask[ops[p].result_type] if ops[p].result_type >= 0 else 0
+    psum = 0
+    for i in range(ops[p].groups_start, ops[p].groups_end):
+        g = op_groups[i]
+        if groups[g].is_reduction:
+            psum |= consensus[g]
+    return psum, (vmask[ops[p].result_type] if ops[p].result_type >= 0 else 0)
 
 
 @jit

@@ -86,15 +86,12 @@ class Workspace(NamedTuple):
     totals: np.ndarray           # [NUM_TOTALS] (_result)
     coll: np.ndarray             # [NUM_KINDS, K, 3] count, bytes, seconds (_charge)
     no_ops: np.ndarray           # [0] bool: op_costs' `only` for every op type
-    # what an incremental evaluation compares with the last one (_dirty.py): the new masks
-    # and consensus, the plan's masks and the op types' partial-sum and result axes before,
-    # and what changed
+    # what an incremental evaluation compares with the last one (_dirty.py): a type's new
+    # masks, the last plan's masks, ranks and resolutions, and what changed
     eff_new: np.ndarray          # [T, D]
-    vmask_new: np.ndarray        # [T]
-    consensus_new: np.ndarray    # [G]
     prev_mask: np.ndarray        # [S] split classes
-    prev_psum: np.ndarray        # [P]
-    prev_res: np.ndarray         # [P]
+    prev_rank: np.ndarray        # [S]
+    prev_resolution: np.ndarray  # [C] conflicts
     dirty_type: np.ndarray       # [T] bool
     dirty_group: np.ndarray      # [G] bool
     dirty_row: np.ndarray        # [R] bool
@@ -128,9 +125,9 @@ def workspace(tables, memory, masks: int) -> Workspace:
         feeds=z(N, _B), combined=z(max(memory.num_computations, 1), _I),
         finish=z(N, _F), wait=z(N + 1, _F),
         totals=z(NUM_TOTALS, _F), coll=z((NUM_KINDS, masks, 3), _F), no_ops=z(0, _B),
-        eff_new=z((T, D), _I), vmask_new=z(T, _I), consensus_new=z(len(tables.groups), _I),
-        prev_mask=z(len(tables.split_base), _I), prev_psum=z(len(tables.ops), _I),
-        prev_res=z(len(tables.ops), _I), dirty_type=z(T, _B),
+        eff_new=z((T, D), _I), prev_mask=z(len(tables.split_base), _I),
+        prev_rank=z(len(tables.split_base), _I),
+        prev_resolution=z(len(tables.conflict_class), _I), dirty_type=z(T, _B),
         dirty_group=z(len(tables.groups), _B), dirty_row=z(len(tables.rows), _B),
         dirty_operand=z(len(tables.operands), _B), dirty_op=z(len(tables.ops), _B),
         evaluated=z(1, _B))
