@@ -122,7 +122,10 @@ def graph_fit(locator) -> dict:
 # The memory chart as BokehJS drew it (null until drawn): where its peak marker is on the page
 # (x, y), its size, its labels, lines and stacked areas, and its axes' labels.
 MEMORY_CHART = '''() => {
-  const views = Object.values(window.Bokeh?.index ?? {});
+  // the root views of every document in the page, by their models' ids (enumerating
+  // Bokeh.index itself fails while another notebook shows a view twice)
+  const views = (window.Bokeh?.documents ?? []).flatMap(d => d.roots())
+    .map(m => window.Bokeh.index[m.id]).filter(v => v);
   const plot = views.find(v => v.model?.name === 'toast-lab-memory-timeline');
   if (!plot) { return null; }
   const marker = plot.model.renderers.find(r => r.glyph?.type === 'Scatter');

@@ -26,7 +26,10 @@ lab'''
 
 # The schedule chart as BokehJS drew it (null until drawn): its cells by kind and its labels.
 SCHEDULE_CHART = '''() => {
-  const views = Object.values(window.Bokeh?.index ?? {});
+  // the root views of every document in the page, by their models' ids (enumerating
+  // Bokeh.index itself fails while another notebook shows a view twice)
+  const views = (window.Bokeh?.documents ?? []).flatMap(d => d.roots())
+    .map(m => window.Bokeh.index[m.id]).filter(v => v);
   const plot = views.find(v => v.model?.name === 'toast-lab-pipeline-schedule');
   if (!plot) { return null; }
   const rects = plot.model.renderers.filter(r => r.glyph?.type === 'Rect');

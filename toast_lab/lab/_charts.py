@@ -235,7 +235,17 @@ class LabCharts:
                                   sizing_mode="stretch_width")
         self.memory.widget.layout = ipywidgets.Layout(flex="1 1 340px", min_width="320px")
         self.dirty = False  # whether a chart changed since its widget's document was saved
-        self.widget = ipywidgets.HBox([self.progress.widget, self.memory.widget],
+        # The search's chart sits in a box of its own, so that replacing it (update) leaves
+        # the row's children as they are: a new child list re-renders the memory chart's
+        # view in the page beside a view of it not yet gone, and BokehJS indexes its root
+        # views by model id.
+        # Side by side when the card is wide enough for both to read, else one under the other
+        # (a 1280 px screen with JupyterLab's side bar open): Bokeh draws on canvases, which
+        # clip what does not fit them.
+        self._progress_box = ipywidgets.Box(
+            [self.progress.widget],
+            layout=ipywidgets.Layout(flex="1.4 1 520px", min_width="420px"))
+        self.widget = ipywidgets.HBox([self._progress_box, self.memory.widget],
                                       layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.widget.add_class("tl-charts")  # drawn as the bottom of the Lab's card
 
@@ -248,10 +258,7 @@ class LabCharts:
         # notebook), the progress chart taking the larger share.
         chart = SearchProgressChart(self._last_history, self.references,
                                     width=int(self.width * 0.56), sizing_mode="stretch_width")
-        # Side by side when the card is wide enough for both to read, else one under the other
-        # (a 1280 px screen with JupyterLab's side bar open): Bokeh draws on canvases, which
-        # clip what does not fit them.
-        chart.widget.layout = ipywidgets.Layout(flex="1.4 1 520px", min_width="420px")
+        chart.widget.layout = ipywidgets.Layout(width="100%")  # the width of its box
         chart.rule_out(self._ruled)
         return chart
 
@@ -259,14 +266,13 @@ class LabCharts:
         """Moves both charts to `view`; only what changed travels to the page."""
         if not self.references and _references(view):
             # the expert plans priced after the charts were made (a Lab whose prices were
-            # pending): a new chart with their lines, in the old one's place. Only then: a
-            # new child re-renders the memory chart after it too, and later changes of the
-            # experts' prices (a step decision pinned) keep the lines the search set out to
-            # beat
+            # pending): a new chart with their lines, in the old one's place. Only then:
+            # later changes of the experts' prices (a step decision pinned) keep the lines
+            # the search set out to beat
             self._last_history = self._history(view)
             self._ruled = _ruled_out(view)
             self.progress = self._progress_chart(view)
-            self.widget.children = (self.progress.widget, self.memory.widget)
+            self._progress_box.children = (self.progress.widget,)
             self.dirty = True
         ruled = _ruled_out(view)
         if ruled != self._ruled:
