@@ -35,6 +35,20 @@ def notebook(cells: list[str]) -> dict:
                        "source": src, "outputs": []} for i, src in enumerate(cells)]}
 
 
+def watched_page(browser_context, width: int, height: int, console_words=()):
+    """A new page of `width` x `height` whose uncaught errors, and console errors naming one
+    of `console_words` (lower case), collect in `page.errors`."""
+    page = browser_context.new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    if console_words:
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" and any(
+            w in m.text.lower() for w in console_words) else None)
+    page.errors = errors
+    return page
+
+
 def open_notebook(server, page, name: str, cells: list[str] | None = None,
                   run: bool = True) -> None:
     """Writes `cells` as notebook `name` in the server's root (unless None: it exists), opens

@@ -18,7 +18,7 @@ import pytest
 
 from .conftest import shoot
 from .layout import graph_fit
-from .notebooks import kernel_execute, kernel_json, open_notebook
+from .notebooks import kernel_execute, kernel_json, open_notebook, watched_page
 
 pytestmark = pytest.mark.e2e
 
@@ -80,16 +80,11 @@ def _ms(text: str) -> float | None:
 def content(lab_server, browser_context):
     from playwright.sync_api import expect
 
-    page = browser_context.new_page()
-    page.set_viewport_size({"width": 1500, "height": 1200})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text)
-            if m.type == "error" and "toast" in m.text.lower() else None)
+    page = watched_page(browser_context, 1500, 1200, console_words=("toast",))
     open_notebook(lab_server, page, "lab_content.ipynb", [LAB_CELL])
     lab = page.locator(".tl-widget .tl-lab")
     expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=180_000)
-    yield Content(page, lab, errors)
+    yield Content(page, lab, page.errors)
     page.close()
 
 

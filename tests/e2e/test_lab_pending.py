@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import shoot
-from .notebooks import kernel_execute, kernel_json, open_notebook
+from .notebooks import kernel_execute, kernel_json, open_notebook, watched_page
 
 pytestmark = pytest.mark.e2e
 
@@ -33,14 +33,10 @@ lab'''
 def pending(lab_server, browser_context):
     from playwright.sync_api import expect
 
-    page = browser_context.new_page()
-    page.set_viewport_size({"width": 1280, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page = watched_page(browser_context, 1280, 900)
     open_notebook(lab_server, page, NOTEBOOK, [LAB_CELL])
     lab = page.locator(".tl-widget .tl-lab")
     expect(lab.locator(".tl-svg g.node").first).to_be_visible(timeout=300_000)
-    page.errors = errors
     yield page
     kernel_execute(page, "_ahead._done.set()")  # (the kernel's pricing thread ends)
     page.close()

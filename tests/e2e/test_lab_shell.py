@@ -15,7 +15,8 @@ import pytest
 
 from .conftest import shoot
 from .layout import clipped, graph_fit
-from .notebooks import WATCH_OUTPUTS, kernel_execute, kernel_json, open_notebook, save_notebook
+from .notebooks import (WATCH_OUTPUTS, kernel_execute, kernel_json, open_notebook,
+                        save_notebook, watched_page)
 
 pytestmark = pytest.mark.e2e
 
@@ -36,13 +37,7 @@ MIN_FIT_SCALE = 0.8  # graph.ts: below it a graph opens as wide as its pane, fro
 def shell(lab_server, browser_context):
     from playwright.sync_api import expect
 
-    page = browser_context.new_page()
-    page.set_viewport_size({"width": 1280, "height": 800})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text)
-            if m.type == "error" and ("toast" in m.text.lower() or "bokeh" in m.text.lower())
-            else None)
+    page = watched_page(browser_context, 1280, 800, console_words=("toast", "bokeh"))
     open_notebook(lab_server, page, NOTEBOOK, [LAB_CELL], run=False)
     page.evaluate(WATCH_OUTPUTS)
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -51,7 +46,6 @@ def shell(lab_server, browser_context):
     expect(page.locator(".tl-charts canvas").first).to_be_visible(timeout=60_000)
     page.wait_for_function("!document.querySelector('.tl-widget .tl-building:not([hidden])')",
                            timeout=60_000)
-    page.errors = errors
     yield page
     page.close()
 
