@@ -99,6 +99,47 @@ def test_the_first_view_comes_before_the_prices_and_says_why(gpt, compiling):
     assert "pricing" not in widget.progress and "ms/step" in repr(lab)
 
 
+def test_until_priced_the_graph_is_coloured_by_an_expert_plan_and_says_which(gpt, compiling):
+    fn, args, mesh = gpt
+    widget = RecordingWidget()
+    lab = Lab(fn, *args, mesh=mesh, widget=widget, progress=False)
+    vm = lab.view
+    assert vm.start.how == "unpriced" and vm.start.label == "start until priced: fsdp"
+    assert vm.start.step_time_s is None and vm.start.peak_memory_bytes is None
+    assert "until the expert plans are priced" in vm.start.note
+    assert widget.views[0]["start"]["label"] == "start until priced: fsdp"
+    fsdp = tl.strategies.expert(lab.analysis, mesh, fit=False)["fsdp"]
+    shown = {c.name: c.axes for c in vm.classes if c.axes}
+    assert shown and shown == {c.name: fsdp.axes_of(c.id) for c in lab.analysis.classes
+                               if fsdp.axes_of(c.id)}
+    # coloured: each class the plan shards is in the legend, in its colour, and in the graph
+    for c in vm.classes:
+        if c.axes:
+            assert c.legend and c.color.lower() in vm.graph.dot.lower()
+    assert "start until priced: fsdp" in vm.to_text()
+
+    compiling.set()
+    _priced(lab)
+    start = lab.view.start
+    assert start.how == "expert" and start.step_time_s > 0 and start.label.startswith("start: ")
+
+
+def test_until_priced_the_pins_go_on_the_expert_plan_they_overrule_least(gpt, compiling):
+    fn, args, mesh = gpt
+    lab = Lab(fn, *args, mesh=mesh, widget=RecordingWidget(), progress=False,
+              pins={"batch": "model"})
+    vm = lab.view
+    # every expert shards the batch otherwise: fsdp, the first, with the pin on top
+    assert vm.start.how == "unpriced" and vm.start.name == "fsdp"
+    assert "with your pins of batch on top" in vm.start.note
+    batch = next(c for c in vm.classes if c.name == "batch")
+    assert batch.axes == ("model",) and batch.pinned
+    assert len([c for c in vm.classes if c.axes]) > 1
+    compiling.set()
+    _priced(lab)
+    assert lab.plan.axes_of("batch") == ("model",)
+
+
 def test_what_is_clicked_while_pending_is_shown_at_once_and_applied_once_priced(gpt, compiling):
     fn, args, mesh = gpt
     widget = RecordingWidget()

@@ -281,9 +281,10 @@ export class LabGraphView implements PanelHost, MemoryHost {
     // Before its prices, the line says why they are not there yet (the kernel's progress
     // line above the Lab counts the seconds).
     this.startLine.hidden = start === null && pricing === null;
-    this.startLine.textContent = pricing ? `prices pending: ${pricing}` : start ? start.label : '';
+    const pending = pricing ? `prices pending: ${pricing}` : '';
+    this.startLine.textContent = start && pending ? `${start.label} · ${pending}` : pending || (start ? start.label : '');
     this.startLine.title = pricing
-      ? 'The graph and the decisions are drawn; every price follows once the cost model is ready. Pins and a Search clicked meanwhile are kept and applied then.'
+      ? `The graph and the decisions are drawn${start ? ` (${start.note})` : ''}; every price follows once the cost model is ready. Pins and a Search clicked meanwhile are kept and applied then.`
       : start
         ? `The plan this Lab started on: ${start.note}`
         : '';

@@ -44,9 +44,10 @@ export type SelectionKind = 'op' | 'group' | 'class' | 'conflict' | 'edge';
 
 export interface StartView {
   name: string;
-  how: 'expert' | 'search' | 'given' | 'smallest';
-  step_time_s: number;
-  peak_memory_bytes: number;
+  /** 'unpriced': the plan shown until the prices come (its figures null). */
+  how: 'expert' | 'search' | 'given' | 'smallest' | 'unpriced';
+  step_time_s: number | null;
+  peak_memory_bytes: number | null;
   note: string;
   label: string;
 }

@@ -110,6 +110,19 @@ def send_to_widget(page, widget_model_id: str, content: dict) -> None:
 
 
 # Reads a chart's data source back from BokehJS in the page: what the browser really holds.
+# The colours the graph is drawn in: every node's fill and outline, every edge's stroke.
+GRAPH_COLOURS = r'''(root) => {
+  const colours = new Set();
+  for (const el of root.querySelectorAll('.tl-svg g.node > polygon, .tl-svg g.node > path, .tl-svg g.node > ellipse, .tl-svg g.edge > path')) {
+    for (const a of ['fill', 'stroke']) {
+      const c = (el.getAttribute(a) || '').toLowerCase();
+      if (c && c !== 'none' && c !== 'transparent') { colours.add(c); }
+    }
+  }
+  return [...colours];
+}'''
+
+
 BOKEH_SOURCE = '''name => {
   for (const doc of (window.Bokeh?.documents ?? [])) {
     const m = doc.get_model_by_name(name);

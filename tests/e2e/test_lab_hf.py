@@ -11,7 +11,7 @@ import pytest
 
 from .conftest import shoot, unavailable
 from .layout import clipped, graph_fit
-from .notebooks import kernel_execute, kernel_json, open_notebook, save_notebook
+from .notebooks import GRAPH_COLOURS, kernel_execute, kernel_json, open_notebook, save_notebook
 
 pytestmark = pytest.mark.e2e
 
@@ -51,17 +51,6 @@ TABS = ("decisions", "estimate", "scopes", "details", "export")
 MIN_EDGE_LABEL_PX = 11
 MIN_NODE_TEXT_PX = 8  # a graph too wide to fit at 0.8 px/pt is fitted to the pane's width
 
-# The colours the graph is drawn in: every node's fill and outline, every edge's stroke.
-GRAPH_COLOURS = r'''(root) => {
-  const colours = new Set();
-  for (const el of root.querySelectorAll('.tl-svg g.node > polygon, .tl-svg g.node > path, .tl-svg g.node > ellipse, .tl-svg g.edge > path')) {
-    for (const a of ['fill', 'stroke']) {
-      const c = (el.getAttribute(a) || '').toLowerCase();
-      if (c && c !== 'none' && c !== 'transparent') { colours.add(c); }
-    }
-  }
-  return [...colours];
-}'''
 
 
 def test_a_hugging_face_flax_model_in_the_lab(lab_server, page):

@@ -1,6 +1,7 @@
 """The Lab's first view in the page while the cost model's kernel still compiles: the graph
-and the decisions drawn, every price "–", a line saying why and counting the seconds; a pin
-clicked meanwhile shows at once and holds once the prices come.
+(coloured by an expert plan, named) and the decisions drawn, every price "–", a line saying
+why and counting the seconds; a pin clicked meanwhile shows at once and holds once the prices
+come.
 
 The compile is simulated in the notebook's kernel (a compile "under way" that the test ends),
 so the test needs no empty cache; tests/test_lab_pending.py holds the same in Python.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import shoot
-from .notebooks import kernel_execute, kernel_json, open_notebook, watched_page
+from .notebooks import GRAPH_COLOURS, kernel_execute, kernel_json, open_notebook, watched_page
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +49,11 @@ def test_the_pending_view_draws_everything_but_the_prices_and_says_why(pending):
     page = pending
     lab = page.locator(".tl-widget .tl-lab")
     expect(lab.locator(".tl-start")).to_contain_text("prices pending: compiling the cost model")
+    # coloured already, by an expert plan that the header names
+    expect(lab.locator(".tl-start")).to_contain_text("start until priced: fsdp")
+    sharded = kernel_json(page, "[c.color.lower() for c in lab.view.classes if c.axes]")
+    colours = lab.evaluate(GRAPH_COLOURS)
+    assert sharded and set(sharded) & set(colours), (sharded, colours)
     building = page.locator(".tl-widget .tl-building")
     expect(building).to_contain_text("pricing: compiling the cost model")
     expect(building).to_contain_text("s so far (about 40 s the first time; cached after)")

@@ -169,16 +169,17 @@ class ViewBuilder:
             conflicts=conflicts, groups=groups, graph=GraphView(dot, nodes, edges),
             estimate=estimate_view(est), experts=experts, search=_search_view(state),
             snippet=snip, error=error, selected=selected, details=details, pinned=pinned,
-            notice=notice, start=StartView(start.name, start.how, start.step_time_s,
-                                           start.peak_memory_bytes, start.note, start.label),
+            notice=notice, start=_start_view(start),
             explained=explained, memory=memory, steps=steps, schedule=schedule)
 
     def build_unpriced(self, plan, expanded=None, notice: str | None = None, *,
-                       pricing: str | None = None, error: str | None = None) -> ViewModel:
+                       pricing: str | None = None, start=None,
+                       error: str | None = None) -> ViewModel:
         """The ViewModel of `plan` with no prices: the graph coloured by the plan and its
         decisions, with no costs, estimate, expert rows or memory chart. With no mesh (built
         with mesh=None) a class offers only its axes; on a mesh whose cost model is not
-        ready yet (`pricing` says why, the Lab's first view) every choice is offered, "–"."""
+        ready yet (`pricing` says why, the Lab's first view) every choice is offered, "–".
+        start: the _start.Start saying which plan this is, or None."""
         expanded = self.default_expanded if expanded is None else expanded
         graph = self.graph(expanded)
         zeros = np.zeros(len(self.analysis.program.ops))
@@ -212,7 +213,8 @@ class ViewBuilder:
             estimate=None, experts=(), search=SearchView(False, 0, 0.0, 0.0, None, ()),
             snippet=snippet(plan, self.mesh), error=error,
             selected=None, details=None, pinned=tuple(sorted(plan.pinned)), notice=notice,
-            steps=steps, schedule=schedule, pricing=pricing)
+            steps=steps, schedule=schedule, pricing=pricing,
+            start=None if start is None else _start_view(start))
 
     def op_collectives(self, model, plan) -> dict:
         """{op id: its OpCollectives} under `plan`, as the cost model charges them
@@ -420,6 +422,11 @@ def estimate_view(est) -> dict | None:
     doc["communication_by_axis"] = by_axis
     doc["by_scope"] = {k: {"compute_s": a, "comm_s": b} for k, (a, b) in est.by_scope.items()}
     return _plain(doc)
+
+
+def _start_view(start) -> StartView:
+    return StartView(start.name, start.how, start.step_time_s, start.peak_memory_bytes,
+                     start.note, start.label)
 
 
 def _search_view(state) -> SearchView:

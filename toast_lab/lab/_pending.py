@@ -4,9 +4,11 @@ From empty caches numba compiles the kernel in about 40 s of CPU (cost/_kernel/_
 begins it at `import toast_lab`); tracing and analysing a model take seconds. So in a notebook
 the Lab draws its first view without waiting for the compile: the graph, the classes and
 conflicts, the decisions and the mesh, every price "–", and the status saying why
-(`Pending.status`). What the person does meanwhile is kept in order (`events`) and replayed on
-the session once it exists: a pin shows at once as pinned, and is priced (or refused, with the
-reason) then; a Search starts then.
+(`Pending.status`). The graph is coloured by an expert plan chosen without prices
+(_start.unpriced: fsdp, with the pins on top), and the header says it is shown until priced.
+What the person does meanwhile is kept in order (`events`) and replayed on the session once it
+exists: a pin shows at once as pinned, and is priced (or refused, with the reason) then; a
+Search starts then.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import dataclasses
 
 from ..analysis import DimClass
 from ..plan import MICRO_BATCHES, PIPELINE_PREFIX, REMAT_PREFIX, Plan, PlanError
+from ..strategies import expert
 from ._counterfactuals import axes_label, refusal
 from ._pins import PinError, decision, named, override, pin_axes
+from ._session import _pins_of
+from ._start import unpriced, unpriced_start
 from ._step_choices import with_step
 
 # What the view says while the kernel compiles; the widget's progress line adds the seconds.
@@ -36,20 +41,40 @@ def status_line(elapsed_s: float | None) -> str:
 
 
 class Pending:
-    """The plan drawn before the prices (`plan`: the given plan, else replicated, with the
-    pins), the person's events since (`events`, oldest first) and what the view says about
-    them (`notice`). Raises PinError for a starting pin the session would refuse too."""
+    """The plan drawn before the prices (`plan`: the given plan, else the expert plan
+    _start.unpriced chooses, with the pins; `start` says which, None for a given plan), the
+    person's events since (`events`, oldest first) and what the view says about them
+    (`notice`). Raises PinError for a starting pin the session would refuse too."""
 
     def __init__(self, analysis, mesh, plan: Plan | None = None, pins=None):
         if plan is not None and plan.analysis is not analysis:
             raise ValueError("the plan is for another analysis; build it from this one "
                              "(Plan.load(path, session.analysis))")
         self.analysis, self.mesh = analysis, mesh
+        pins = dict(pins or {})
         self.plan = Plan.replicated(analysis) if plan is None else plan.with_mesh(mesh)
-        for name, value in dict(pins or {}).items():
+        for name, value in pins.items():
             self.plan = _pinned(self.plan, name, value, mesh)
+        self.start = None
+        if plan is None:
+            self._start_on_expert(pins)
         self.status = f"{COMPILING} ({COMPILE_NOTE})"
         self.events: list[dict] = []
+
+    def _start_on_expert(self, pins: dict) -> None:
+        """Draws the expert plan _start.unpriced chooses, with `pins` on top, where there is
+        one and the pins hold on it; else the replicated plan with the pins stays."""
+        found = unpriced(expert(self.analysis, self.mesh, fit=False), _pins_of(self.plan))
+        if found is None:
+            return
+        name, plan, overruled = found
+        try:
+            plan = plan.with_mesh(self.mesh)
+            for pin, value in pins.items():
+                plan = _pinned(plan, pin, value, self.mesh)
+        except (PinError, PlanError):
+            return  # a pin that holds only on the replicated plan: that plan it is
+        self.plan, self.start = plan, unpriced_start(name, overruled)
 
     def queue(self, event: dict) -> None:
         """Keeps `event` for the session; a pin or unpin shows on the plan drawn now."""

@@ -20,6 +20,11 @@ from ..progress import stage
 
 SEARCH_SIMULATIONS = 2000   # the short search's simulations (seeded: the same start each time)
 SEARCH_BUDGET_S = 5.0       # ... and its wall-clock limit, on a model too large for them
+# Before the expert plans can be priced (a Lab's first view while the cost model's kernel
+# compiles), the view shows the first of these recipes that the pins leave: fsdp shards the
+# weights, the optimizer state and the batch over the data axes, the recipe that fits most
+# often; the priced start replaces it.
+UNPRICED_ORDER = ("fsdp", "fsdp+tp", "dp")
 
 
 @dataclass(frozen=True)
@@ -27,20 +32,23 @@ class Start:
     """How the session's first plan was chosen.
 
     name: the expert strategy ("fsdp"), "search" or "your plan"; how: "expert", "search",
-    "given" or "smallest" (nothing fits: the candidate with the smallest peak); step_time_s
-    and peak_memory_bytes: its estimate (s, bytes per device); note: why it is this one, in
-    words ("the fastest of 11 expert plans that fit", ...).
+    "given", "smallest" (nothing fits: the candidate with the smallest peak) or "unpriced"
+    (shown until the prices come: `unpriced`); step_time_s and peak_memory_bytes: its
+    estimate (s, bytes per device; None while unpriced); note: why it is this one, in words
+    ("the fastest of 11 expert plans that fit", ...).
     """
 
     name: str
     how: str
-    step_time_s: float
-    peak_memory_bytes: float
+    step_time_s: float | None
+    peak_memory_bytes: float | None
     note: str
 
     @property
     def label(self) -> str:
-        """'start: fsdp, 31.8 ms' (the header's words)."""
+        """'start: fsdp, 31.8 ms' (the header's words); 'start until priced: fsdp'."""
+        if self.how == "unpriced":
+            return f"start until priced: {self.name}"
         return f"start: {self.name}, {_ms(self.step_time_s)}"
 
 
@@ -94,6 +102,29 @@ def smallest(experts: dict, pins: dict):
     return (name, *pool[name])
 
 
+def unpriced(experts: dict, pins: dict):
+    """(name, plan, the pins that overrule it) of the expert plan a Lab shows before anything
+    is priced: of `experts` ({name: Plan}), the one `pins` rule out the least of, the first of
+    UNPRICED_ORDER and then of `experts` among equals; None where there is no expert plan.
+    The caller puts the pins on top."""
+    names = [n for n in UNPRICED_ORDER if n in experts]
+    names += [n for n in experts if n not in names]
+    if not names:
+        return None
+    overruled = {n: ruled_out(experts[n], pins) for n in names}
+    name = min(names, key=lambda n: (len(overruled[n]), names.index(n)))
+    return name, experts[name], overruled[name]
+
+
+def unpriced_start(name: str, overruled=()) -> Start:
+    """The Start of the plan `unpriced` chose, saying it waits for the prices (and which pins
+    overrule it)."""
+    mine = f", with your pins of {', '.join(overruled)} on top" if overruled else ""
+    return Start(name, "unpriced", None, None,
+                 f"{name}{mine} until the expert plans are priced (the recipe that fits most "
+                 f"often); the Lab then starts on the fastest plan that fits")
+
+
 def first_plan(session, pins: dict, with_pins):
     """(plan, its estimate, Start) for `session` (a Session) under `pins` (as Session.pins
     gives them); `with_pins(plan)` puts the pins on an expert plan (the session's pin rules)."""
@@ -135,5 +166,6 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3g} ms"
 
 
-__all__ = ["Start", "first_plan", "ruled_out", "fits", "best_expert", "smallest",
+__all__ = ["Start", "first_plan", "ruled_out", "fits", "best_expert", "smallest", "unpriced",
+           "unpriced_start", "UNPRICED_ORDER",
            "SEARCH_SIMULATIONS", "SEARCH_BUDGET_S"]

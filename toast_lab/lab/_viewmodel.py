@@ -254,13 +254,14 @@ class ExpertRow:
 @dataclass(frozen=True)
 class StartView:
     """The plan the session started on: name ("fsdp", "search", "your plan"), how ("expert",
-    "search", "given", "smallest"), its step time (s) and peak (bytes), why (note), and the
-    header's words (label: "start: fsdp, 31.8 ms")."""
+    "search", "given", "smallest", or "unpriced": shown until the prices come), its step time
+    (s) and peak (bytes; None while unpriced), why (note), and the header's words (label:
+    "start: fsdp, 31.8 ms", "start until priced: fsdp")."""
 
     name: str
     how: str
-    step_time_s: float
-    peak_memory_bytes: float
+    step_time_s: float | None
+    peak_memory_bytes: float | None
     note: str
     label: str
 
