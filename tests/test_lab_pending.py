@@ -170,15 +170,25 @@ def test_what_is_clicked_while_pending_is_shown_at_once_and_applied_once_priced(
     assert lab.estimate == tl.estimate(lab.analysis, lab.plan, mesh)
 
 
-def test_a_pin_refused_while_pending_is_refused_with_the_reason_once_priced(gpt, compiling):
+def test_a_pin_refused_while_pending_is_refused_at_once_by_the_sessions_rules(gpt, compiling):
     fn, args, mesh = gpt
     widget = RecordingWidget()
     lab = Lab(fn, *args, mesh=mesh, widget=widget, progress=False)
     widget.click(event="pin", name="heads", value=["data", "model"])  # 8 devices, 4 heads
-    assert lab.view.pinned == ()
+    assert lab.view.pinned == () and "not divisible" in lab.view.error
+    assert lab.view.notice is None  # nothing waits for the prices
+    widget.click(event="pin", name="batch", value=["data"])
+    assert lab.view.error is None and lab.view.pinned == ("batch",)
+    # a contradiction the session refuses is refused the same way before the prices
+    conflict = next(c for c in lab.analysis.conflicts)
+    cls = lab.analysis.classes[conflict.class_id].name
+    widget.click(event="pin", name=cls, value=[])
+    widget.click(event="pin", name=conflict.name, value=conflict.resolutions[0])
+    assert "contradictory pins" in lab.view.error
     compiling.set()
     _priced(lab)
-    assert "not divisible" in lab.view.error and "heads" not in lab.plan.pinned
+    assert "heads" not in lab.plan.pinned and conflict.name not in lab.plan.pinned
+    assert lab.plan.axes_of("batch") == ("data",) and lab.view.error is None
 
 
 def test_headless_calls_wait_for_the_prices(gpt, compiling):

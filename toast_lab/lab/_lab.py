@@ -322,7 +322,7 @@ class Lab:
                     pending = self._pending
                     vm = self.builder.build_unpriced(
                         pending.plan, self._expanded, pending.notice, pricing=pending.status,
-                        start=pending.start, error=self._error)
+                        start=pending.start, error=self._error or pending.refused)
                 else:
                     vm = self.builder.build(self._session, self._expanded, error=self._error)
                 costs = op_costs_buffer(*self.builder.op_costs)

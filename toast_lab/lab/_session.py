@@ -8,7 +8,8 @@
     s.stop()                           # within 0.2 s, keeping the best plan found
     s.export("plan.json")              # Plan.load gives the same plan; the file has the estimate
 
-How names and values of pins are read: _pins.py. Which plan a session starts on: _start.py.
+How names and values of pins are read: _pins.py; the rules a pin follows: _pinning.py. Which
+plan a session starts on: _start.py.
 
 `plan` is always a valid plan and `estimate` is always `tl.estimate` of it. Every change (a pin,
 a search's better plan, a refusal) is announced to the listeners, from whichever thread made it.
@@ -27,18 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..analysis import Conflict, DimClass
 from ..cost import cost_model
-from ..plan import (MICRO_BATCHES, PIPELINE_PREFIX, REMAT_PREFIX, Plan, PlanError,
-                    check_analysis, check_mesh, parse_pipeline, stack_pipeline,
-                    write_plan_file)
+from ..plan import Plan, PlanError, check_analysis, check_mesh, write_plan_file
 from ..plan_search import search as run_search
 from ..progress import stage
 from ..strategies import expert as expert_strategies
-from . import _pins, _start
-from ._counterfactuals import axes_label, first_decision_note, refusal, shared_values
+from . import _start
+from ._counterfactuals import shared_values
+from ._pinning import pinned, pins_of, unpinned, with_pins
 from ._pins import PinError
-from ._step_choices import step_value
 from ._viewmodel import Selection, saved_view
 
 log = logging.getLogger("toast_lab.lab")
@@ -161,7 +159,7 @@ class Session:
     def pins(self) -> dict:
         """{class name: axes, conflict name: resolution} of the pinned decisions."""
         with self.lock:
-            return _pins_of(self._plan)
+            return pins_of(self._plan)
 
     @property
     def search_state(self) -> SearchState:
@@ -186,65 +184,40 @@ class Session:
         conflict to one of its resolutions, "remat@<layer group>" to a remat policy,
         "micro_batches" to a count, "pipeline@<scanned stack>" to stages over a mesh axis
         ("stage:4"; "stage:4x2": circular, 2 runs of layers per stage; "none": no stages).
-        Raises PinError (and sets `error`) when refused.
+        The rules: _pinning.py. Raises PinError (and sets `error`) when refused.
         A running search is stopped first (its best plan kept): pins change what it explores."""
-        if _is_step(self.analysis, name):
-            return self._pin_step(name, value)
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                override = _pins.override(self.analysis, name)
-                decision = override[0] if override else _pins.decision(self.analysis, name)
-                if override:
-                    plan, note = self._pin_override(*override, value)
-                elif isinstance(decision, DimClass):
-                    plan, note = self._pin_class(decision, value)
-                else:
-                    plan, note = self._pin_conflict(decision, value)
+                done = pinned(self.analysis, self.mesh, self._plan, name, value, self.shared)
             except PinError as err:
-                self.error = str(err)
-                self.notice = None
-                refused = True
+                self.error, self.notice, refused = str(err), None, err
             else:
-                refused = False
-                self._set_plan(plan)
-                self.error = None
-                self.notice = "; ".join(n for n in (stopped, note) if n) or None
-                self._record("pin", f"{decision.name}@{override[1]}" if override
-                             else decision.name,
-                             plan.axes_of(decision.id, override[1]) if override
-                             else _value_of(plan, decision))
-        self._notify("plan" if not refused else "error")
-        if refused:
-            raise PinError(self.error)
-        return plan
+                self._set_plan(done.plan)
+                self.error, refused = None, None
+                self.notice = "; ".join(n for n in (stopped, done.note) if n) or None
+                self._record("pin", done.key, done.value)
+        self._notify("plan" if refused is None else "error")
+        if refused is not None:
+            raise PinError(str(refused))
+        return done.plan
 
     def unpin(self, name: str) -> Plan:
         """Releases a pinned decision; it keeps its current value until a search changes it."""
         stopped = self._stop_for_change()
         with self.lock:
             try:
-                override = None if _is_step(self.analysis, name) else \
-                    _pins.override(self.analysis, name)
-                key = (f"{override[0].name}@{override[1]}" if override
-                       else name if _is_step(self.analysis, name)
-                       else _pins.decision(self.analysis, name).name)
-                if key not in self._plan.pinned:
-                    raise PinError(f"{key!r} is not pinned; pinned: "
-                                   f"{sorted(self._plan.pinned) or 'nothing'}")
+                plan, key = unpinned(self.analysis, self._plan, name)
             except PinError as err:
-                self.error, self.notice = str(err), None
-                refused = True
+                self.error, self.notice, refused = str(err), None, err
             else:
-                refused = False
-                plan = dataclasses.replace(self._plan, pinned=self._plan.pinned - {key})
                 self._set_plan(plan)
-                self.error, self.notice = None, stopped
+                self.error, self.notice, refused = None, stopped, None
                 self._record("unpin", key, None)
-        self._notify("plan" if not refused else "error")
-        if refused:
-            raise PinError(self.error)
-        return self._plan
+        self._notify("plan" if refused is None else "error")
+        if refused is not None:
+            raise PinError(str(refused))
+        return plan
 
     def set_plan(self, plan: Plan) -> Plan:
         """Makes `plan` (for this analysis, e.g. an expert strategy) the current plan, its pins
@@ -308,7 +281,7 @@ class Session:
                 refused = False
                 self._generation += 1
                 generation = self._generation
-                pins, start = _pins_of(self._plan), self._plan
+                pins, start = pins_of(self._plan), self._plan
                 if seed is None:
                     seed = self.seed + generation - 1
                 stop = self._stop = threading.Event()
@@ -366,29 +339,14 @@ class Session:
     def _first_plan(self, plan: Plan | None, pins: dict):
         """(plan, its estimate, Start): `plan` with `pins`, or the start _start.py chooses."""
         if plan is not None:
-            plan = self._with_pins(plan.with_mesh(self.mesh), pins)
+            plan = with_pins(self.analysis, self.mesh, plan.with_mesh(self.mesh), pins)
             est = self.model.estimate(plan)
             return plan, est, _start.Start("your plan", "given", est.step_time_s,
                                           est.peak_memory_bytes, "the plan the session was given")
-        wanted = _pins_of(self._with_pins(Plan.replicated(self.analysis), pins))
-        return _start.first_plan(self, wanted, lambda p: self._with_pins(p, pins))
-
-    def _with_pins(self, plan: Plan, pins: dict) -> Plan:
-        """`plan` with each of `pins` pinned, in order, as `pin` would (PinError if refused)."""
-        self._plan = plan
-        for name, value in pins.items():
-            if _is_step(self.analysis, name):
-                self._plan = self._step_plan(name, value)
-                continue
-            override = _pins.override(self.analysis, name)
-            decision = override[0] if override else _pins.decision(self.analysis, name)
-            if override:
-                self._plan, _ = self._pin_override(*override, value)
-            elif isinstance(decision, DimClass):
-                self._plan, _ = self._pin_class(decision, value)
-            else:
-                self._plan, _ = self._pin_conflict(decision, value)
-        return self._plan
+        wanted = pins_of(with_pins(self.analysis, self.mesh, Plan.replicated(self.analysis),
+                                   pins))
+        return _start.first_plan(self, wanted,
+                                 lambda p: with_pins(self.analysis, self.mesh, p, pins))
 
     def stop(self, timeout: float = 5.0):
         """Ends a running search (within one simulation) and waits for it; the best plan found
@@ -478,7 +436,7 @@ class Session:
         doc.update(extra)
         return write_plan_file(doc, path, overwrite)
 
-    # --- listeners ----------------------------------------------------------------------------------
+    # --- listeners ------------------------------------------------------------------------------
 
     def add_listener(self, fn: Callable[[str], None]) -> None:
         """Calls fn(change) after every change ("plan", "search", "select", "error"), in the
@@ -510,107 +468,6 @@ class Session:
         if len(self._history) > HISTORY_LIMIT:  # keep the start, drop the oldest change
             del self._history[1]
 
-    def _pin_override(self, cls: DimClass, domain: str, value):
-        if not isinstance(cls, DimClass):
-            raise PinError(f"{cls.name!r} is a conflict: only a class takes axes per domain")
-        axes = _pins.pin_axes(cls, value, self.mesh)
-        why = refusal(self.analysis, self.mesh, cls, axes, self._plan, domain)
-        if why:
-            raise PinError(f"cannot pin {cls.name}@{domain} to {axes_label(axes)}: {why}")
-        return self._plan.with_axes(cls.id, axes, pin=True, domain=domain), None
-
-    def _pin_step(self, name: str, value) -> Plan:
-        """Pins a decision beyond sharding: "remat@<group>" to a policy, "micro_batches" to
-        a count, "pipeline@<group>" to stages (see pin)."""
-        stopped = self._stop_for_change()
-        with self.lock:
-            try:
-                plan = self._step_plan(name, value)
-            except PinError as err:
-                self.error, self.notice = str(err), None
-            else:
-                self._set_plan(plan)
-                self.error, self.notice = None, stopped
-                self._record("pin", name, value)
-        self._notify("plan" if self.error is None else "error")
-        if self.error is not None:
-            raise PinError(self.error)
-        return plan
-
-    def _step_plan(self, name: str, value) -> Plan:
-        """The current plan with step decision `name` pinned to `value`; PinError if refused."""
-        try:
-            if name == MICRO_BATCHES:
-                plan = self._plan.with_micro_batches(value, pin=True)
-            elif name.startswith(PIPELINE_PREFIX):
-                plan = self._pin_pipeline(name[len(PIPELINE_PREFIX):], value)
-            else:
-                plan = self._plan.with_remat(name[len(REMAT_PREFIX):], value, pin=True)
-            plan.validate(self.mesh)
-        except PlanError as err:
-            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
-        return plan
-
-    def _pin_pipeline(self, group: str, value) -> Plan:
-        """The plan with "pipeline@<group>" pinned to `value` (a Pipeline, "<axis>:<stages>",
-        "<axis>:<stages>x<runs>" for a circular schedule, "<axis>" or "none"). The stage axis
-        holds the stages alone: a class pinned to it is a contradiction, named; classes the
-        person left to the search lose it."""
-        name = f"{PIPELINE_PREFIX}{group}"
-        try:
-            pipeline = parse_pipeline(group, value, self.mesh)
-        except ValueError as err:
-            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
-        if pipeline is None:
-            plan = self._plan.without_pipeline()
-            return dataclasses.replace(plan, pinned=plan.pinned | {name})
-        try:
-            layer = self.analysis.classes[stack_pipeline(self.analysis, pipeline).layer_class]
-        except ValueError as err:
-            raise PinError(f"cannot pin {name} to {value!r}: {err}") from None
-        size = self.mesh.axis_size(pipeline.axis)
-        if size != pipeline.stages:  # (before the layers' class is put on it)
-            raise PinError(f"cannot pin {name} to {value!r}: {pipeline.stages} stages over mesh "
-                           f"axis {pipeline.axis!r} need an axis of that size; it has {size} "
-                           f"devices")
-        held = _stage_pins(self._plan, pipeline.axis, layer)
-        if held:
-            raise PinError(f"contradictory pins: {name}={pipeline} puts the stages alone on mesh "
-                           f"axis {pipeline.axis!r} (with class {layer.name!r}, the layers), "
-                           f"and {', '.join(held)} {'is' if len(held) == 1 else 'are'} pinned "
-                           f"otherwise; unpin {'it' if len(held) == 1 else 'them'} first")
-        return self._plan.with_pipeline(group, pipeline.axis, pipeline.stages,
-                                        pipeline.schedule, pin=True, chunks=pipeline.chunks)
-
-    def _pin_class(self, cls: DimClass, value):
-        axes = _pins.pin_axes(cls, value, self.mesh)
-        why = refusal(self.analysis, self.mesh, cls, axes, self._plan)
-        if why:
-            raise PinError(f"cannot pin {cls.name} to {axes_label(axes)}: {why}")
-        if not axes:
-            for c in self.analysis.conflicts:
-                if c.class_id == cls.id and c.name in self._plan.pinned:
-                    raise PinError(
-                        f"contradictory pins: conflict {c.name!r} is pinned to "
-                        f"{self._plan.resolution_of(c)!r}, which only matters while "
-                        f"{cls.name} is sharded; unpin the conflict first, or pin {cls.name} "
-                        f"to mesh axes")
-        note = first_decision_note(self.analysis, self._plan, cls, axes, self.shared)
-        return self._plan.with_axes(cls.id, axes, pin=True), note
-
-    def _pin_conflict(self, conflict: Conflict, value):
-        if not isinstance(value, str) or value not in conflict.resolutions:
-            raise PinError(f"conflict {conflict.name!r} has no resolution {value!r}; choose "
-                           f"one of {list(conflict.resolutions)}")
-        cls = self.analysis.classes[conflict.class_id]
-        axes = self._plan.axes_of(cls.id)
-        if not axes and cls.name in self._plan.pinned:
-            raise PinError(f"contradictory pins: {cls.name} is pinned replicated, so conflict "
-                           f"{conflict.name!r} never arises; pin {cls.name} to mesh axes first")
-        note = None if axes else (f"{cls.name} is replicated now: this resolution applies once "
-                                  f"it is sharded")
-        return self._plan.with_resolution(conflict.id, value, pin=True), note
-
     def _selection_id(self, kind: str, id) -> str:
         an = self.analysis
         if kind not in SELECTION_KINDS:
@@ -637,55 +494,3 @@ class Session:
         return (f"Session({self.analysis.program.fn_name!r} on {self.mesh}: {self.plan!r}; "
                 f"{est.step_time_s * 1e3:.3f} ms/step, {est.peak_memory_bytes / 2**30:.2f} GiB"
                 f"; {state})")
-
-
-def _pins_of(plan: Plan) -> dict:
-    """{name: axes or resolution} of the pinned decisions, as `tl.search(pins=)` takes them:
-    the classes in the plan's decision order (the search ranks pinned classes in the order
-    given, and the plan's order is the one the person built), then the rest by name."""
-    an = plan.analysis
-    ranked = [an.classes[k].name for k, _ in plan.assignments]
-    ranked = [n for n in ranked if n in plan.pinned]
-    out = {}
-    for name in ranked + sorted(plan.pinned - set(ranked)):
-        if _is_step(an, name):
-            out[name] = step_value(plan, name)
-            continue
-        try:
-            out[name] = plan.axes_of(name)
-        except PlanError:
-            out[name] = plan.resolution_of(name)
-    return out
-
-
-def _is_step(an, name) -> bool:
-    """`name` names a decision beyond sharding ("remat@<group>", "micro_batches",
-    "pipeline@<group>"), not a class or conflict called so."""
-    if not isinstance(name, str) or _pins.named(an, name) is not None:
-        return False
-    return name == MICRO_BATCHES or name.startswith((REMAT_PREFIX, PIPELINE_PREFIX))
-
-
-def _stage_pins(plan: Plan, axis: str, layer: DimClass) -> list[str]:
-    """The pins of `plan` that stages over `axis` would break ("batch=data×stage"): a class
-    or override pinned to axes with `axis` in them, or the layers' class `layer` pinned to
-    anything but `axis` alone."""
-    an = plan.analysis
-    out = []
-    for c in an.classes:
-        if c.name not in plan.pinned:
-            continue
-        axes = tuple(plan.axes_of(c.id))
-        if (axes != (axis,)) if c.id == layer.id else (axis in axes):
-            out.append(f"{c.name}={'×'.join(axes) or 'replicated'}")
-    for k, domain, axes in plan.overrides:
-        name = f"{an.classes[k].name}@{domain}"
-        if name in plan.pinned and axis in axes:
-            out.append(f"{name}={'×'.join(axes)}")
-    return out
-
-
-def _value_of(plan: Plan, decision):
-    if isinstance(decision, DimClass):
-        return plan.axes_of(decision.id)
-    return plan.resolution_of(decision.id)
