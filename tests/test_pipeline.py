@@ -134,6 +134,30 @@ def test_the_estimate_prices_the_stages_as_xla_compiles_them():
     assert estimate.argument_bytes < flat.argument_bytes
 
 
+def test_stages_folded_into_cudnn_attentions_batch_keep_their_stage_axis():
+    """cuDNN attention's batching rule folds the stages a pipeline runs together into the rows
+    of its batch, (stages, rows, ...) -> (stages x rows, ...), and unfolds its results. The
+    folded dim is sharded over the stage axis and the rows' axes, stage-major, so neither
+    reshape moves a byte: no gather of the stage dim inside the loops. (Traced only: cuDNN
+    does not run on a CPU.)"""
+    fn, args = tl.zoo.get("llama", attention="cudnn", **SHAPE)
+    an = tl.analyze(tl.trace(fn, *args))
+    mesh = tl.Mesh({"stage": 2, "data": 2, "model": 2}, device="cpu")
+    plan = _pipelined(an, mesh, 2, 4)
+    model = tl.CostModel(an, mesh)
+    stepped = model.for_step(plan.step)
+    rewrite = stepped.rewrite
+    assert rewrite.stage_merged  # the attention's folded batch
+    masks, _, _ = rewrite.translate(*model.decision_lists(plan))
+    stage, data = 1 << mesh.axis_names.index("stage"), 1 << mesh.axis_names.index("data")
+    given = dict(masks)
+    assert all(given[n] == stage | data for n in rewrite.stage_merged)
+    estimate = stepped.estimate(plan)
+    assert ("all-gather", ("stage", "data")) not in estimate.collectives
+    gathers = estimate.collectives.get(("all-gather", ("stage",)))
+    assert gathers is None or gathers.count <= 2  # the loops' results, read once each
+
+
 @pytest.mark.parametrize("policy", ["dots_with_no_batch_dims", "full"])
 def test_remat_inside_the_stages(policy):
     """Each stage recomputes its layers' residuals in the backward loop as the remat policy

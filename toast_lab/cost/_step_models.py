@@ -52,11 +52,20 @@ class RewrittenStep:
     classes: tuple[tuple[int, ...], ...]
     conflicts: tuple[tuple[tuple[int, dict[int, int]], ...], ...]
     op_origin: tuple[int, ...] = ()
+    stage_merged: tuple[int, ...] = ()
+    layer_class: int = -1
 
     def translate(self, class_masks, resolutions=(), overrides=()):
         """The (class, mask), (conflict, index) and (class, domain, mask) decisions of a plan
-        as written (plan_arrays' arguments, in rank order) as the rewritten program's."""
+        as written (plan_arrays' arguments, in rank order) as the rewritten program's. A
+        class that folds the pipeline's stages into another dim (stage_merged) takes the
+        stage axes of the stack's layer class as well, stage-major as the fold lays them."""
         masks = [(n, m) for c, m in class_masks for n in self.classes[c]]
+        if self.stage_merged:
+            stage = next((m for c, m in class_masks if c == self.layer_class), 0)
+            masks = [(n, m | stage) if n in self.stage_merged else (n, m) for n, m in masks]
+            given = {n for n, _ in masks}
+            masks += [(n, stage) for n in self.stage_merged if stage and n not in given]
         res = [(n, index.get(r, 0)) for k, r in resolutions for n, index in self.conflicts[k]]
         over = [(n, d, m) for c, d, m in overrides for n in self.classes[c]]
         return masks, res, over
@@ -77,10 +86,14 @@ def _rewrite(analysis, step) -> RewrittenStep:
     new = analyze(trace(fn, *args, **kwargs))
     origin = _value_origin(prog, new.program)
     classes = _class_map(analysis, new, origin)
+    merged, layer = (), -1
     if step.pipeline is not None:
-        classes = _with_stages(classes, new, stack_pipeline(analysis, step.pipeline).layer_class)
+        layer = stack_pipeline(analysis, step.pipeline).layer_class
+        classes = _with_stages(classes, new, layer)
+        classes, merged = _with_folds(classes, new, layer)
     return RewrittenStep(step, new, classes,
-                         _conflict_map(analysis, new, origin), _op_origin(new.program))
+                         _conflict_map(analysis, new, origin), _op_origin(new.program),
+                         merged, layer)
 
 
 def _op_origin(new_prog) -> tuple[int, ...]:
@@ -138,6 +151,58 @@ def _with_stages(classes, new, layer_class: int):
     out = [tuple(n for n in c if n not in stage) for c in classes]
     out[layer_class] += tuple(sorted(stage))
     return tuple(out)
+
+
+def _with_folds(classes, new, layer_class: int):
+    """(classes, merged): `classes` with the dims that fold the pipeline's stage dim into
+    another dim, or unfold it again, taking the decisions of what they hold; merged: the
+    rewritten classes of the folded dims. cuDNN attention's batching rule folds the stages
+    its vmap runs together into the rows of its batch, (stages, rows, ...) -> (stages x
+    rows, ...), stage-major, and unfolds its results. A folded dim takes the rows' class's
+    decisions and the stage axes too (RewrittenStep.translate); an unfolded stage dim the
+    layer class's, its rows the folded dim's. Sharded like the rows alone, the fold would
+    gather every stage's rows onto each stage, and an unfold left without a counterpart
+    would gather them back."""
+    taker = {n: c for c, taken in enumerate(classes) for n in taken}
+    out = [list(c) for c in classes]
+    merged: dict[int, int] = {}  # folded class: the class as written its rows take
+
+    def take(n, c):
+        if n != NO_CLASS and n not in taker:
+            out[c].append(n)
+            taker[n] = c
+
+    prog = new.program
+    for op in prog.ops:  # in program order: a fold comes before its unfolds
+        if op.primitive != "reshape":
+            continue
+        src, dst = op.operands[0], op.results[0]
+        src_cls, dst_cls = new.value_classes[src], new.value_classes[dst]
+        src_shape, dst_shape = prog.values[src].shape, prog.values[dst].shape
+        for j, i in _merges(src_shape, dst_shape):  # a fold: src j, j + 1 -> dst i
+            stage, rows = src_cls[j], src_cls[j + 1]
+            if taker.get(stage) == layer_class and rows in taker and dst_cls[i] != NO_CLASS:
+                merged[dst_cls[i]] = taker[rows]
+                take(dst_cls[i], taker[rows])
+        for i, j in _merges(dst_shape, src_shape):  # an unfold: src i -> dst j, j + 1
+            if src_cls[i] in merged:
+                take(dst_cls[j], layer_class)
+                take(dst_cls[j + 1], merged[src_cls[i]])
+    return tuple(tuple(c) for c in out), tuple(sorted(merged))
+
+
+def _merges(wide, narrow):
+    """(j, i) pairs where a reshape between shapes `wide` and `narrow` joins dims j and
+    j + 1 of `wide` into dim i of `narrow` (equal sizes before them, the product after)."""
+    found, before = [], 1
+    for j in range(len(wide) - 1):
+        size = 1
+        for i, n in enumerate(narrow):
+            if size == before and n == wide[j] * wide[j + 1] and wide[j] > 1 and wide[j + 1] > 1:
+                found.append((j, i))
+            size *= n
+        before *= wide[j]
+    return found
 
 
 def _conflict_map(analysis, new, origin):
