@@ -434,7 +434,7 @@ class PipelinedScans:
         (_, _, bufs, outs), _ = jax.lax.scan(tick, (h0, back0, bufs0, outs0),
                                              jnp.arange(self._ticks(), dtype=np.int32))
         env[("pipeline", op.id)] = (dict(zip(kept, bufs)), bufs[len(kept):], cut_consts)
-        return [self._uncut(r, o[s_count - 1]) for r, o in zip(op.results[:nk], outs)] + \
+        return [self._uncut(r, _from_stage(o)) for r, o in zip(op.results[:nk], outs)] + \
             [None] * (len(op.results) - nk)
 
     # --- G: the backward loop -------------------------------------------------------------
@@ -532,7 +532,7 @@ class PipelinedScans:
         (_, _, acc, grads, outs), _ = jax.lax.scan(
             tick, (h0, back0, acc0, grads0, outs0), jnp.arange(self._ticks(), dtype=np.int32))
         carry_out = dict(zip(sp.g_carry_batch,
-                             [self._uncut(op.results[k], o[0])
+                             [self._uncut(op.results[k], _from_stage(o))
                               for k, o in zip(sp.g_carry_batch, outs)]))
         carry_out.update((k, args[nc + k] + a.sum(axis=0).astype(args[nc + k].dtype))
                          for k, a in zip(sp.g_carry_acc, acc))
@@ -544,6 +544,14 @@ class PipelinedScans:
 def _per_stage(mask, x):
     """A per-stage [S] mask broadcast against x [S, ...]."""
     return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+
+
+def _from_stage(buf):
+    """What one stage wrote into `buf` [S, ...] (the others' slices stay zeros), on every
+    stage. A sum over the stage dim: XLA runs it as an all-reduce of one slice, where a slice
+    of the stage-sharded dim would gather all S slices onto every device (S times the bytes,
+    and S times the memory). Adding zeros leaves every value as the stage wrote it."""
+    return buf.sum(axis=0)
 
 
 def _put(buf, x, keep, pos, axis: int):
