@@ -550,8 +550,9 @@ def _from_stage(buf):
     """What one stage wrote into `buf` [S, ...] (the others' slices stay zeros), on every
     stage. A sum over the stage dim: XLA runs it as an all-reduce of one slice, where a slice
     of the stage-sharded dim would gather all S slices onto every device (S times the bytes,
-    and S times the memory). Adding zeros leaves every value as the stage wrote it."""
-    return buf.sum(axis=0)
+    and S times the memory). Adding zeros leaves every value as the stage wrote it, so the
+    sum runs in the buffer's own dtype (jnp.sum would widen bfloat16 to float32 first)."""
+    return jax.lax.reduce(buf, np.zeros((), buf.dtype), jax.lax.add, (0,))
 
 
 def _put(buf, x, keep, pos, axis: int):
