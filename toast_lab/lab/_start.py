@@ -121,8 +121,8 @@ def unpriced_start(name: str, overruled=()) -> Start:
     overrule it)."""
     mine = f", with your pins of {', '.join(overruled)} on top" if overruled else ""
     return Start(name, "unpriced", None, None,
-                 f"{name}{mine} until the expert plans are priced (the recipe that fits most "
-                 f"often); the Lab then starts on the fastest plan that fits")
+                 f"{name}{mine} is shown until the expert plans are priced, as the recipe that "
+                 f"fits most often; then the Lab starts on the fastest plan that fits")
 
 
 def first_plan(session, pins: dict, with_pins):
