@@ -75,7 +75,8 @@ def _edits(tl, an, mesh, model) -> list:
 
 
 def _search(tl, an, mesh) -> tuple:
-    res = tl.search(an, mesh, simulations=SIMULATIONS, seed=0)
+    # (no time budget: a search cut short by a loaded machine would compare another plan)
+    res = tl.search(an, mesh, simulations=SIMULATIONS, budget_s=None, seed=0)
     if res.plan is None:
         return (None, None)
     return (tuple(res.plan.assignments), dataclasses.asdict(res.estimate))
