@@ -80,6 +80,25 @@ def test_micro_batches_divide_the_activations_and_gather_the_weights_each_time()
     assert gathers[1] > 2 * gathers[0]
 
 
+def test_the_estimate_of_a_rewritten_step_is_split_by_the_scopes_as_written():
+    """by_scope names the step's own scopes (a recomputation counts in its layer's), and what
+    the rewrite adds (the micro-batches' cuts and accumulators) under a name of its own."""
+    _, _, an = analysed("gpt")
+    model = tl.CostModel(an, MESH)
+    written = set(model.estimate(_plan(an)).by_scope)
+    for plan in (_plan(an, "full"), _plan(an, count=2)):
+        est = model.estimate(plan)
+        added = set(est.by_scope) - written
+        assert added <= {"(micro-batches, stages)"}, added
+        assert bool(added) == (plan.step.micro_batches > 1)
+        assert sum(c for c, _ in est.by_scope.values()) == pytest.approx(est.compute_s)
+    plain = model.estimate(_plan(an)).by_scope
+    full = model.estimate(_plan(an, "full")).by_scope
+    more = {k: full[k][0] - plain[k][0] for k in plain}
+    blocks = sum(d for k, d in more.items() if k.startswith("block"))
+    assert blocks > 0.9 * sum(more.values())  # the recomputation is in the layers
+
+
 def test_the_plans_classes_carry_over_to_the_rewritten_step():
     """Every class the plan shards reaches the rewritten step; a replicated plan stays free of
     collectives there, and the sharded one pays on the axes it uses."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..plan import format_bytes
 
 # collective-permute: point to point: a shard_map body's ppermute (_manual.py), and the
@@ -127,3 +129,17 @@ class Estimate:
                              "time_s": c.time_s} for (k, a), c in self.collectives.items()],
             "memory_breakdown": dict(self.memory_breakdown),
         }
+
+
+def top_scope(op) -> str:
+    """The key of Estimate.by_scope an op counts in: its top-level name scope, "(top)" outside
+    any."""
+    return op.name_scope.split("/")[0] or "(top)"
+
+
+def scope_index(names) -> tuple[np.ndarray, list[str]]:
+    """([N] the index of each of `names` among the distinct ones, the distinct ones in order
+    of first appearance)."""
+    scopes: dict[str, int] = {}
+    index = [scopes.setdefault(name, len(scopes)) for name in names]
+    return np.array(index, np.int64), list(scopes)

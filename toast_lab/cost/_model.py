@@ -39,7 +39,7 @@ from ._collectives import collective_costs
 from ._compress import compress
 from ._compiler import compiler_profile
 from ._device_tables import device_ops, device_record
-from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate
+from ._estimate import COLLECTIVE_KINDS, CollectiveCost, Estimate, scope_index, top_scope
 from ._manual import fixed_charges, out_spec_masks
 from ._memory_tables import memory_tables
 from ._op_collectives import OpCollective, op_charges, op_collectives
@@ -120,10 +120,7 @@ class CostModel:
         self.capacity = float(dev.memory_bytes)
         self.is_state = np.zeros(st.num_values, bool)
         self.is_state[list(state_inputs(prog))] = True
-        scopes = {}
-        self.op_scope = np.array([scopes.setdefault(op.name_scope.split("/")[0] or "(top)",
-                                                    len(scopes)) for op in prog.ops], np.int64)
-        self.scope_names = list(scopes)
+        self.op_scope, self.scope_names = scope_index(top_scope(op) for op in prog.ops)
         self.ty = build_types(static=st, analysis=an, device_ops=dev_ops)
         tables = self.ty.tables
         self.op_count = tables.ops["count"]
