@@ -1,5 +1,10 @@
 /** Number formatting for seconds and bytes, the two units of every estimate. */
 
+/** Three significant digits, never in exponent form: 1,010 KiB, not 1.01e+3 KiB. */
+function three(a: number): string {
+  return Math.abs(a) >= 999.5 ? Math.round(a).toLocaleString('en-US') : a.toPrecision(3);
+}
+
 export function seconds(s: number | null | undefined): string {
   if (s === null || s === undefined || !isFinite(s)) {
     return '–';
@@ -9,15 +14,15 @@ export function seconds(s: number | null | undefined): string {
     return '0 s';
   }
   if (a < 1e-6) {
-    return `${(s * 1e9).toPrecision(3)} ns`;
+    return `${three(s * 1e9)} ns`;
   }
   if (a < 1e-3) {
-    return `${(s * 1e6).toPrecision(3)} µs`;
+    return `${three(s * 1e6)} µs`;
   }
   if (a < 1) {
-    return `${(s * 1e3).toPrecision(3)} ms`;
+    return `${three(s * 1e3)} ms`;
   }
-  return `${s.toPrecision(3)} s`;
+  return `${three(s)} s`;
 }
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -33,7 +38,7 @@ export function bytes(b: number | null | undefined): string {
     u++;
   }
   const sign = b < 0 ? '−' : '';
-  return `${sign}${u === 0 ? a.toFixed(0) : a.toPrecision(3)} ${UNITS[u]}`;
+  return `${sign}${u === 0 ? a.toFixed(0) : three(a)} ${UNITS[u]}`;
 }
 
 /** Below this a difference of seconds or bytes is rounding in the sums, not a change: a
