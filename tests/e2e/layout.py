@@ -119,14 +119,16 @@ def graph_fit(locator) -> dict:
     return locator.evaluate(GRAPH)
 
 
+# BokehJS's view of the plot named `name` (undefined until drawn), found through the root views
+# of every document in the page, by their models' ids: enumerating Bokeh.index itself fails
+# while another notebook shows a view twice.
+BOKEH_PLOT_VIEW = '''name => (window.Bokeh?.documents ?? []).flatMap(d => d.roots())
+  .map(m => window.Bokeh.index[m.id]).find(v => v && v.model?.name === name)'''
+
 # The memory chart as BokehJS drew it (null until drawn): where its peak marker is on the page
 # (x, y), its size, its labels, lines and stacked areas, and its axes' labels.
 MEMORY_CHART = '''() => {
-  // the root views of every document in the page, by their models' ids (enumerating
-  // Bokeh.index itself fails while another notebook shows a view twice)
-  const views = (window.Bokeh?.documents ?? []).flatMap(d => d.roots())
-    .map(m => window.Bokeh.index[m.id]).filter(v => v);
-  const plot = views.find(v => v.model?.name === 'toast-lab-memory-timeline');
+  const plot = (''' + BOKEH_PLOT_VIEW + ''')('toast-lab-memory-timeline');
   if (!plot) { return null; }
   const marker = plot.model.renderers.find(r => r.glyph?.type === 'Scatter');
   const data = marker.data_source.data;

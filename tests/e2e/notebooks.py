@@ -109,7 +109,6 @@ def send_to_widget(page, widget_model_id: str, content: dict) -> None:
     }''', [widget_model_id, content])
 
 
-# Reads a chart's data source back from BokehJS in the page: what the browser really holds.
 # The colours the graph is drawn in: every node's fill and outline, every edge's stroke.
 GRAPH_COLOURS = r'''(root) => {
   const colours = new Set();
@@ -123,6 +122,7 @@ GRAPH_COLOURS = r'''(root) => {
 }'''
 
 
+# Reads a chart's data source back from BokehJS in the page: what the browser really holds.
 BOKEH_SOURCE = '''name => {
   for (const doc of (window.Bokeh?.documents ?? [])) {
     const m = doc.get_model_by_name(name);

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import shoot
+from .layout import BOKEH_PLOT_VIEW
 from .notebooks import kernel_execute, kernel_json, open_step_decisions
 
 pytestmark = pytest.mark.e2e
@@ -26,11 +27,7 @@ lab'''
 
 # The schedule chart as BokehJS drew it (null until drawn): its cells by kind and its labels.
 SCHEDULE_CHART = '''() => {
-  // the root views of every document in the page, by their models' ids (enumerating
-  // Bokeh.index itself fails while another notebook shows a view twice)
-  const views = (window.Bokeh?.documents ?? []).flatMap(d => d.roots())
-    .map(m => window.Bokeh.index[m.id]).filter(v => v);
-  const plot = views.find(v => v.model?.name === 'toast-lab-pipeline-schedule');
+  const plot = (''' + BOKEH_PLOT_VIEW + ''')('toast-lab-pipeline-schedule');
   if (!plot) { return null; }
   const rects = plot.model.renderers.filter(r => r.glyph?.type === 'Rect');
   const size = r => {
