@@ -281,8 +281,8 @@ export class LabGraphView implements PanelHost, MemoryHost {
     // Before its prices, the line says why they are not there yet (the kernel's progress
     // line above the Lab counts the seconds).
     this.startLine.hidden = start === null && pricing === null;
-    const pending = pricing ? `prices pending: ${pricing}` : '';
-    this.startLine.textContent = start && pending ? `${start.label} · ${pending}` : pending || (start ? start.label : '');
+    this.startLine.textContent = [start?.label, pricing && `prices pending: ${pricing}`]
+      .filter(Boolean).join(' · ');
     this.startLine.title = pricing
       ? `The graph and the decisions are drawn${start ? ` (${start.note})` : ''}; every price follows once the cost model is ready. Pins and a Search clicked meanwhile are kept and applied then.`
       : start

@@ -120,7 +120,7 @@ class CostModel:
         self.capacity = float(dev.memory_bytes)
         self.is_state = np.zeros(st.num_values, bool)
         self.is_state[list(state_inputs(prog))] = True
-        self.op_scope, self.scope_names = scope_index(top_scope(op) for op in prog.ops)
+        self.count_in_scopes(top_scope(op) for op in prog.ops)
         self.ty = build_types(static=st, analysis=an, device_ops=dev_ops)
         tables = self.ty.tables
         self.op_count = tables.ops["count"]
@@ -175,6 +175,12 @@ class CostModel:
         return masks, resolutions, overrides
 
     # --- evaluation -----------------------------------------------------------------------------
+
+    def count_in_scopes(self, names) -> None:
+        """Makes Estimate.by_scope add up each op's time under `names` (one per op; by
+        default its top-level name scope). A rewritten step's model counts its ops in the
+        scopes of the step as written (_step_models.StepCostModel)."""
+        self.op_scope, self.scope_names = scope_index(names)
 
     def estimate(self, plan) -> Estimate:
         if not plan.step.is_default:  # remat, micro-batches: the step as they rewrite it

@@ -30,7 +30,7 @@ import numpy as np
 from ..analysis import NO_CLASS, analyze
 from ..plan import OP_SCOPE, STAGE_SCOPE, Plan, rewritten_step, stack_pipeline
 from ..program import trace
-from ._estimate import scope_index, top_scope
+from ._estimate import top_scope
 from ._plan_arrays import plan_arrays
 
 _TAG = re.compile(re.escape(OP_SCOPE) + r"(\d+)")
@@ -243,9 +243,8 @@ class StepCostModel:
         # scope of the op as written it runs; what the rewrite adds (the micro-batches' cuts
         # and accumulators, the stages' hand-offs) in REWRITE_SCOPE
         ops, new = written.analysis.program.ops, rewrite.analysis.program.ops
-        model.op_scope, model.scope_names = scope_index(
-            top_scope(ops[o]) if _TAG.search(op.name_scope) else REWRITE_SCOPE
-            for op, o in zip(new, rewrite.op_origin))
+        model.count_in_scopes(top_scope(ops[o]) if _TAG.search(op.name_scope) else REWRITE_SCOPE
+                              for op, o in zip(new, rewrite.op_origin))
         self._sizes = [c.size for c in self.rewrite.analysis.classes]
         self._devices = {}
         # (batch class id as written, examples per micro-batch) where the step splits it

@@ -21,9 +21,9 @@ from ..progress import stage
 SEARCH_SIMULATIONS = 2000   # the short search's simulations (seeded: the same start each time)
 SEARCH_BUDGET_S = 5.0       # ... and its wall-clock limit, on a model too large for them
 # Before the expert plans can be priced (a Lab's first view while the cost model's kernel
-# compiles), the view shows the first of these recipes that the pins leave: fsdp shards the
-# weights, the optimizer state and the batch over the data axes, the recipe that fits most
-# often; the priced start replaces it.
+# compiles), the view shows the expert plan the pins contradict least, the first of these
+# among equals: fsdp shards the weights, the optimizer state and the batch over the data
+# axes, the recipe that fits most often; the priced start replaces it.
 UNPRICED_ORDER = ("fsdp", "fsdp+tp", "dp")
 
 
@@ -112,7 +112,7 @@ def unpriced(experts: dict, pins: dict):
     if not names:
         return None
     overruled = {n: ruled_out(experts[n], pins) for n in names}
-    name = min(names, key=lambda n: (len(overruled[n]), names.index(n)))
+    name = min(names, key=lambda n: len(overruled[n]))  # (the first of equals)
     return name, experts[name], overruled[name]
 
 
